@@ -1,0 +1,100 @@
+"""Finding the repeated per-layer blocks of a model, in global order.
+
+Two styles of model exist, and hf_ckpt treats both the same way:
+
+* **layer-flag** models (``GradientCheckpointingLayer``, transformers >= 4.52): each block carries its own
+  ``gradient_checkpointing`` flag and ``_gradient_checkpointing_func``.
+* **stack-flag** models (``LlamaModel`` <= 4.51, ``GPT2Model``, ``BertEncoder``, ``T5Stack`` <= 4.52 and many
+  remote-code models): the flag lives on the stack, whose loop calls
+  ``self._gradient_checkpointing_func(layer.__call__, ...)``. The blocks are the elements of the stack's
+  ``nn.ModuleList``.
+
+Blocks are numbered in module registration order, which is encoder blocks then decoder blocks for
+encoder-decoder models.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import nn
+
+from ._compat import is_gradient_checkpointing_layer
+
+#: Attribute hf_ckpt sets on the blocks of a stack-flag model to say whether the stack should recompute them.
+SELECTED_ATTRIBUTE = "_hf_ckpt_selected"
+
+
+@dataclass(frozen=True)
+class Block:
+    """One repeated per-layer block.
+
+    Attributes:
+        index: Position in global order (encoder blocks first, then decoder blocks).
+        name: Qualified module name inside the model, for example ``model.layers.3``.
+        module: The block itself.
+        owner: The module whose ``gradient_checkpointing`` flag governs the block: the block itself for
+            layer-flag models, the stack for stack-flag models.
+    """
+
+    index: int
+    name: str
+    module: nn.Module
+    owner: nn.Module
+
+    @property
+    def layer_flag(self) -> bool:
+        return self.owner is self.module
+
+
+def _is_inside(name: str, prefixes: list[str]) -> bool:
+    return any(name.startswith(prefix + ".") for prefix in prefixes)
+
+
+def _stack_block_list(stack: nn.Module) -> nn.ModuleList | None:
+    """The ``ModuleList`` of repeated blocks a stack iterates over: its largest direct ``ModuleList`` child,
+    else the largest one below it."""
+    direct = [child for child in stack.children() if isinstance(child, nn.ModuleList) and len(child) > 0]
+    candidates = direct or [m for m in stack.modules() if isinstance(m, nn.ModuleList) and len(m) > 0]
+    return max(candidates, key=len, default=None)
+
+
+def find_blocks(model: nn.Module) -> list[Block]:
+    """All repeated per-layer blocks of ``model``, in global order."""
+    modules = list(model.named_modules())
+    layer_names = [
+        name for name, module in modules if is_gradient_checkpointing_layer(module)
+    ]
+    outermost_layers = {name for name in layer_names if not _is_inside(name, layer_names)}
+
+    owner_of: dict[int, nn.Module] = {}
+    for name, module in modules:
+        if name in outermost_layers:
+            owner_of[id(module)] = module
+    for name, module in modules:
+        if not hasattr(module, "gradient_checkpointing") or is_gradient_checkpointing_layer(module):
+            continue
+        if _is_inside(name, sorted(outermost_layers)):
+            continue
+        block_list = _stack_block_list(module)
+        if block_list is None:
+            continue
+        for block in block_list:
+            if id(block) not in owner_of and not is_gradient_checkpointing_layer(block):
+                owner_of[id(block)] = module
+
+    blocks: list[Block] = []
+    for name, module in modules:
+        owner = owner_of.get(id(module))
+        if owner is not None and not _is_inside(name, [b.name for b in blocks]):
+            blocks.append(Block(index=len(blocks), name=name, module=module, owner=owner))
+    return blocks
+
+
+def is_block_checkpointed(block: Block) -> bool:
+    """Whether ``block`` will be recomputed in backward, as the model's flags say."""
+    if not getattr(block.owner, "gradient_checkpointing", False):
+        return False
+    if block.layer_flag:
+        return True
+    return getattr(block.module, SELECTED_ATTRIBUTE, True)

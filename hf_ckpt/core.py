@@ -1,0 +1,300 @@
+"""``enable`` / ``disable``: activation checkpointing on any loaded model, without subclassing.
+
+This module holds the one implementation every entry point shares: :func:`hf_ckpt.enable`, the
+:class:`~hf_ckpt.GradientCheckpointingMixin` methods and the methods :func:`hf_ckpt.patch_transformers` puts on
+``PreTrainedModel``.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch import nn
+from torch.utils.hooks import RemovableHandle
+
+from . import _hooks
+from ._compat import current_accelerator, has_peft_adapters, peft_model_base
+from ._warnings import warn_once
+from .blocks import SELECTED_ATTRIBUTE, Block, find_blocks, is_block_checkpointed
+from .config import CheckpointConfig
+from .functions import build_checkpoint_function, with_block_selection
+
+#: The instance attributes hf_ckpt may set on a model's modules; ``disable`` restores each one.
+_TRACKED_ATTRIBUTES = ("gradient_checkpointing", "_gradient_checkpointing_func", SELECTED_ATTRIBUTE)
+_STATE_ATTRIBUTE = "_hf_ckpt_state"
+
+
+@dataclass
+class _EnabledState:
+    """What ``enable`` changed on a model, so that ``disable`` can undo exactly that."""
+
+    config: CheckpointConfig
+    selected: list[int]
+    saved_attributes: list[tuple[nn.Module, str, bool, Any]]
+    hooks: list[RemovableHandle] = field(default_factory=list)
+    uncontrolled: list[int] = field(default_factory=list)
+
+
+def _target_model(model: nn.Module) -> nn.Module:
+    """The ``PreTrainedModel`` to act on: ``model`` itself, or the model a PEFT ``PeftModel`` wraps."""
+    from transformers import PreTrainedModel
+
+    base = peft_model_base(model)
+    target = base if base is not None else model
+    if not isinstance(target, PreTrainedModel):
+        raise TypeError(
+            "hf_ckpt expects a transformers PreTrainedModel, or a PEFT PeftModel wrapping one; "
+            f"got {type(model).__name__}"
+        )
+    return target
+
+
+def _uses_legacy_signature(model: nn.Module) -> bool:
+    """Remote-code models written before transformers 4.35 define ``_set_gradient_checkpointing(module, value)``."""
+    return "value" in inspect.signature(model._set_gradient_checkpointing).parameters
+
+
+def _overrides_set_gradient_checkpointing(model: nn.Module) -> bool:
+    from transformers import PreTrainedModel
+
+    return type(model)._set_gradient_checkpointing is not PreTrainedModel._set_gradient_checkpointing
+
+
+def _snapshot(model: nn.Module) -> list[tuple[nn.Module, str, bool, Any]]:
+    saved = []
+    for module in model.modules():
+        for name in _TRACKED_ATTRIBUTES:
+            existed = name in module.__dict__
+            saved.append((module, name, existed, module.__dict__.get(name)))
+    return saved
+
+
+def _restore(saved: list[tuple[nn.Module, str, bool, Any]]) -> None:
+    for module, name, existed, value in saved:
+        if existed:
+            setattr(module, name, value)
+        elif name in module.__dict__:
+            delattr(module, name)
+
+
+def _calls_bound_function(stack: nn.Module) -> bool:
+    """Whether ``stack.forward`` calls ``self._gradient_checkpointing_func`` (and not ``torch.utils.checkpoint``)."""
+    try:
+        source = inspect.getsource(type(stack).forward)
+    except (OSError, TypeError):
+        return False
+    return "_gradient_checkpointing_func" in source
+
+
+def _describe(config: CheckpointConfig) -> str:
+    parts = [f"every_n_layers={config.every_n_layers}"]
+    if config.offload:
+        parts.append("offload=True")
+    parts.extend(f"{key}={value!r}" for key, value in sorted(config.checkpoint_kwargs.items()))
+    return ", ".join(parts)
+
+
+def _run_model_logic(model: nn.Module, enable: bool, checkpoint_function: Any, config: CheckpointConfig) -> None:
+    """Let a model that customises ``_set_gradient_checkpointing`` run its own logic, in either signature."""
+    if _uses_legacy_signature(model):
+        model.apply(functools.partial(model._set_gradient_checkpointing, value=enable))
+    elif enable and _overrides_set_gradient_checkpointing(model):
+        options: dict[str, Any] = {"enable": True, "gradient_checkpointing_func": checkpoint_function}
+        if "every_n_layers" in inspect.signature(model._set_gradient_checkpointing).parameters:
+            options["every_n_layers"] = config.every_n_layers
+        model._set_gradient_checkpointing(**options)
+
+
+def _bind(model: nn.Module, blocks: list[Block], selected: set[int], checkpoint_function: Any, legacy: bool) -> bool:
+    """Bind the checkpoint function to every module with a ``gradient_checkpointing`` flag; False if none has one."""
+    block_of = {id(block.module): block for block in blocks}
+    nested = {id(m) for block in blocks for m in block.module.modules() if m is not block.module}
+    stack_function = with_block_selection(checkpoint_function)
+    found = False
+    for module in model.modules():
+        if not hasattr(module, "gradient_checkpointing"):
+            continue
+        found = True
+        if legacy and not module.gradient_checkpointing:
+            continue  # the model's own `_set_gradient_checkpointing` left this module off
+        block = block_of.get(id(module))
+        if block is not None:
+            module._gradient_checkpointing_func = checkpoint_function
+            module.gradient_checkpointing = block.index in selected
+        elif id(module) in nested:
+            module.gradient_checkpointing = False  # never checkpoint inside a checkpointed block
+        else:
+            module._gradient_checkpointing_func = stack_function
+            module.gradient_checkpointing = True
+    for block in blocks:
+        if not block.layer_flag:
+            setattr(block.module, SELECTED_ATTRIBUTE, block.index in selected)
+    return found
+
+
+def _warn_uncontrolled(model: nn.Module, blocks: list[Block], config: CheckpointConfig) -> list[int]:
+    """Stacks that call ``torch.utils.checkpoint`` themselves ignore hf_ckpt's function: say so, once."""
+    uncontrolled = []
+    for stack in {id(b.owner): b.owner for b in blocks if not b.layer_flag}.values():
+        if not getattr(stack, "gradient_checkpointing", False) or _calls_bound_function(stack):
+            continue
+        indices = [b.index for b in blocks if b.owner is stack]
+        uncontrolled.extend(indices)
+        warn_once(
+            f"{type(stack).__name__}.forward calls torch.utils.checkpoint itself instead of "
+            f"self._gradient_checkpointing_func, so these settings cannot take effect there: {_describe(config)}. "
+            f"All its blocks ({indices}) are recomputed with the model's own checkpoint arguments.",
+            key=f"uncontrolled:{type(stack).__qualname__}",
+            owner=model,
+            stacklevel=5,
+        )
+    return uncontrolled
+
+
+def _offload_device(model: nn.Module, config: CheckpointConfig):
+    if not config.offload:
+        return None
+    device = current_accelerator()
+    if device is None:
+        warn_once(
+            "offload=True has no effect on this machine: there is no accelerator, so activations already live in "
+            "host memory. Running plain activation checkpointing.",
+            key="offload",
+            owner=model,
+            stacklevel=5,
+        )
+    return device
+
+
+def apply_config(model: nn.Module, config: CheckpointConfig) -> nn.Module:
+    """Enable checkpointing on ``model`` as ``config`` says. The shared implementation of every entry point."""
+    target = _target_model(model)
+    if not getattr(target, "supports_gradient_checkpointing", False):
+        raise ValueError(
+            f"{type(target).__name__} does not support activation checkpointing: the class sets "
+            "supports_gradient_checkpointing = False."
+        )
+    if _STATE_ATTRIBUTE in target.__dict__:
+        remove(target)
+
+    legacy = _uses_legacy_signature(target)
+    if legacy:
+        warn_once(
+            f"{type(target).__name__} defines _set_gradient_checkpointing(module, value), a signature transformers "
+            "deprecated in 4.35. hf_ckpt calls it the old way so the model's own logic runs, then binds the "
+            "checkpoint function itself so your settings still apply. Remove that method from the modeling file "
+            "to silence this warning.",
+            key="legacy-signature",
+            owner=target,
+            stacklevel=4,
+        )
+    saved = _snapshot(target)
+    checkpoint_function = build_checkpoint_function(
+        dict(config.checkpoint_kwargs), offload_to=_offload_device(target, config)
+    )
+    _run_model_logic(target, True, checkpoint_function, config)
+
+    blocks = find_blocks(target)
+    selected = [b.index for b in blocks if b.index % config.every_n_layers == 0]
+    if not _bind(target, blocks, set(selected), checkpoint_function, legacy):
+        _restore(saved)
+        raise ValueError(
+            f"{type(target).__name__} is not compatible with activation checkpointing: none of its modules has a "
+            "`gradient_checkpointing` attribute."
+        )
+    state = _EnabledState(config=config, selected=selected, saved_attributes=saved)
+    state.uncontrolled = _warn_uncontrolled(target, blocks, config)
+
+    if config.use_reentrant or target is not model or has_peft_adapters(target):
+        handle = _hooks.add_input_grads_hook(target)
+        if handle is not None:
+            state.hooks.append(handle)
+    state.hooks.extend(_hooks.add_use_cache_hooks(target, [b.module for b in blocks]))
+    target.__dict__[_STATE_ATTRIBUTE] = state
+    return model
+
+
+def remove(model: nn.Module) -> nn.Module:
+    """Disable checkpointing on ``model`` and undo everything :func:`apply_config` did."""
+    target = _target_model(model)
+    if _uses_legacy_signature(target):
+        _run_model_logic(target, False, None, None)
+    state = target.__dict__.pop(_STATE_ATTRIBUTE, None)
+    if state is not None:
+        for handle in state.hooks:
+            handle.remove()
+        _restore(state.saved_attributes)
+    for module in target.modules():
+        if getattr(module, "gradient_checkpointing", False):
+            module.gradient_checkpointing = False
+    return model
+
+
+def enable(
+    model: nn.Module,
+    *,
+    every_n_layers: int = 1,
+    offload: bool = False,
+    **checkpoint_kwargs: Any,
+) -> nn.Module:
+    """Enable activation checkpointing on a loaded model, without subclassing it.
+
+    Works on a ``transformers.PreTrainedModel`` of any supported release (4.45 to 5.x), layer-flag and stack-flag
+    models alike, remote-code models with the legacy ``_set_gradient_checkpointing(module, value)`` signature
+    included, and on a PEFT ``PeftModel`` wrapping one. Calling it again replaces the previous setting.
+
+    Args:
+        model: The model, in any state; checkpointing takes effect in training mode.
+        every_n_layers: Recompute blocks ``0, n, 2n, ...`` of the repeated per-layer blocks, counted in global
+            order (encoder blocks, then decoder blocks). ``1`` recomputes every block.
+        offload: Keep the inputs saved for the recompute in pinned host memory. Without an accelerator there is
+            nothing to offload: plain checkpointing runs and one warning says so.
+        **checkpoint_kwargs: Passed to ``torch.utils.checkpoint.checkpoint`` (``use_reentrant``,
+            ``preserve_rng_state``, ``context_fn``, ``determinism_check``, ``debug``, ...). ``use_reentrant``
+            defaults to ``False`` and is always passed explicitly.
+
+    Returns:
+        ``model``, so that calls chain.
+
+    Raises:
+        TypeError: ``model`` is no ``PreTrainedModel``; ``every_n_layers`` or ``offload`` has the wrong type; a
+            checkpoint keyword argument is unknown to ``torch.utils.checkpoint.checkpoint``.
+        ValueError: ``every_n_layers`` is below 1; the model's class sets
+            ``supports_gradient_checkpointing = False``.
+
+    Adapters: input grads are turned on where the recompute needs them (reentrant checkpointing, PEFT adapters),
+    so LoRA weights get gradients whichever order the model was wrapped and enabled in.
+    """
+    config = CheckpointConfig.from_arguments(
+        checkpoint_kwargs, every_n_layers=every_n_layers, offload=offload, dict_name="checkpoint_kwargs"
+    )
+    return apply_config(model, config)
+
+
+def disable(model: nn.Module) -> nn.Module:
+    """Disable activation checkpointing and restore the model as it was before :func:`enable`.
+
+    No block is recomputed afterwards, the hooks and attributes ``enable`` added are gone, and a model that was
+    never enabled is simply switched off (as ``gradient_checkpointing_disable`` does upstream).
+    """
+    return remove(model)
+
+
+def checkpointed_layers(model: nn.Module) -> list[int]:
+    """Indices of the repeated blocks that will be recomputed in backward, in global order.
+
+    Blocks are counted as :func:`hf_ckpt.enable`'s ``every_n_layers`` counts them: encoder blocks, then decoder
+    blocks. Works whoever enabled checkpointing (hf_ckpt, upstream ``gradient_checkpointing_enable``, or the
+    model's legacy ``_set_gradient_checkpointing``).
+    """
+    target = _target_model(model)
+    state = target.__dict__.get(_STATE_ATTRIBUTE)
+    uncontrolled = set(state.uncontrolled) if state is not None else set()
+    return [
+        block.index
+        for block in find_blocks(target)
+        if block.index in uncontrolled or is_block_checkpointed(block)
+    ]

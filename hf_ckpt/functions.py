@@ -1,0 +1,96 @@
+"""The checkpoint functions hf_ckpt binds to a model's ``_gradient_checkpointing_func``.
+
+* Layer-flag blocks get ``functools.partial(torch.utils.checkpoint.checkpoint, use_reentrant=..., **kwargs)``
+  (or its offloading twin), exactly like upstream, so nothing changes in how a block runs.
+* Stacks get :func:`checkpoint_selected_blocks` in front of the same partial: a stack calls its one function
+  for every block, so the function itself looks at which block it was handed and runs unselected blocks
+  directly. That is how ``every_n_layers`` works on stack-flag models, which upstream ignores.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from typing import Any, Callable
+
+import torch
+from torch import nn
+from torch.autograd.graph import save_on_cpu
+from torch.utils.checkpoint import checkpoint
+
+from .blocks import SELECTED_ATTRIBUTE
+
+
+def offloaded_checkpoint(
+    function: Callable[..., Any],
+    *args: Any,
+    pin_memory: bool = True,
+    device_type: str | None = None,
+    **kwargs: Any,
+) -> Any:
+    """``torch.utils.checkpoint.checkpoint`` whose saved inputs are kept in host memory.
+
+    The inputs that checkpointing keeps for the recompute (and nothing else: the block's own activations are
+    not saved at all) are packed to CPU by ``torch.autograd.graph.save_on_cpu`` and copied back when backward
+    recomputes the block. ``pin_memory`` pins the host copies; it needs an accelerator, so hf_ckpt turns it off
+    on a CPU-only machine (where nothing needs offloading anyway).
+    """
+    options: dict[str, Any] = {"pin_memory": pin_memory}
+    if device_type is not None and "device_type" in inspect.signature(save_on_cpu).parameters:
+        options["device_type"] = device_type
+    with save_on_cpu(**options):
+        return checkpoint(function, *args, **kwargs)
+
+
+def module_of(function: Callable[..., Any]) -> nn.Module | None:
+    """The module a stack handed to its checkpoint function, or None when it cannot be told.
+
+    Stacks pass ``layer.__call__`` or ``layer.forward`` (bound methods), ``partial(forward, layer, ...)``
+    (transformers >= 5.23) or a closure over the layer (``create_custom_forward(layer)`` in remote code).
+    """
+    while isinstance(function, functools.partial):
+        for argument in function.args:
+            if isinstance(argument, nn.Module):
+                return argument
+        function = function.func
+    owner = getattr(function, "__self__", None)
+    if isinstance(owner, nn.Module):
+        return owner
+    for cell in getattr(function, "__closure__", None) or ():
+        try:
+            contents = cell.cell_contents
+        except ValueError:  # an empty cell
+            continue
+        if isinstance(contents, nn.Module):
+            return contents
+    return None
+
+
+def checkpoint_selected_blocks(
+    checkpoint_function: Callable[..., Any], function: Callable[..., Any], *args: Any, **kwargs: Any
+) -> Any:
+    """Checkpoint ``function`` when the block it runs is selected; run it directly otherwise.
+
+    A block is unselected when hf_ckpt set its ``_hf_ckpt_selected`` attribute to False. A function whose block
+    cannot be told is checkpointed (the stack's flag asked for it).
+    """
+    module = module_of(function)
+    if module is not None and getattr(module, SELECTED_ATTRIBUTE, True) is False:
+        return function(*args, **kwargs)
+    return checkpoint_function(function, *args, **kwargs)
+
+
+def with_block_selection(checkpoint_function: Callable[..., Any]) -> functools.partial:
+    """The function to bind to a stack: ``checkpoint_function`` behind :func:`checkpoint_selected_blocks`."""
+    return functools.partial(checkpoint_selected_blocks, checkpoint_function)
+
+
+def build_checkpoint_function(
+    checkpoint_kwargs: dict[str, Any], *, offload_to: torch.device | None
+) -> functools.partial:
+    """``partial(checkpoint, **checkpoint_kwargs)``, or its offloading twin when ``offload_to`` is a device."""
+    if offload_to is None:
+        return functools.partial(checkpoint, **checkpoint_kwargs)
+    return functools.partial(
+        offloaded_checkpoint, pin_memory=True, device_type=offload_to.type, **checkpoint_kwargs
+    )

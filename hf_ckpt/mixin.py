@@ -1,0 +1,88 @@
+"""``GradientCheckpointingMixin``: hf_ckpt's checkpointing as the model's own methods.
+
+Mix it in front of any ``PreTrainedModel`` subclass::
+
+    class MyLlama(GradientCheckpointingMixin, LlamaForCausalLM):
+        pass
+
+and ``gradient_checkpointing_enable`` (and, on transformers >= 5.23, ``activation_checkpointing_enable``) accept
+``every_n_layers`` and ``offload`` as arguments or as keys of the kwargs dict, on every supported release.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+from ._compat import has_activation_checkpointing_names
+from .config import CheckpointConfig
+from .core import apply_config, remove
+
+
+def _enable(model: Any, kwargs_dict: dict[str, Any] | None, every_n_layers: int | None, offload: bool | None, dict_name: str) -> None:
+    config = CheckpointConfig.from_arguments(
+        kwargs_dict, every_n_layers=every_n_layers, offload=offload, dict_name=dict_name
+    )
+    apply_config(model, config)
+
+
+def _deprecated(old: str, new: str) -> None:
+    warnings.warn(f"`{old}` is deprecated and will be removed in v6. Use `{new}` instead.", FutureWarning, stacklevel=3)
+
+
+class GradientCheckpointingMixin:
+    """Correct ``every_n_layers``, ``offload`` and checkpoint kwargs for a ``PreTrainedModel`` subclass.
+
+    Put it first among the bases. The methods keep upstream's names and signatures, so the stock ``Trainer``,
+    TRL and PEFT call them as they call upstream's. On transformers >= 5.23, where upstream renamed the methods
+    to ``activation_checkpointing_*`` and kept the old names as deprecated aliases, the mixin provides both: the
+    new names are the implementation and the old names warn with the same ``FutureWarning`` as upstream before
+    delegating. The mixin never calls a deprecated name itself, and neither name calls back into upstream's,
+    so there is no recursion.
+    """
+
+    def gradient_checkpointing_enable(
+        self,
+        gradient_checkpointing_kwargs: dict[str, Any] | None = None,
+        every_n_layers: int | None = None,
+        offload: bool | None = None,
+    ) -> None:
+        """Enable activation checkpointing (see :func:`hf_ckpt.enable` for every option).
+
+        Args:
+            gradient_checkpointing_kwargs: Keyword arguments for ``torch.utils.checkpoint.checkpoint``; may also
+                hold ``every_n_layers`` and ``offload``, which are taken out before the rest is passed on.
+            every_n_layers: Recompute blocks ``0, n, 2n, ...``; default 1 (every block).
+            offload: Keep the inputs saved for the recompute in pinned host memory; default False.
+        """
+        if has_activation_checkpointing_names():
+            _deprecated("gradient_checkpointing_enable", "activation_checkpointing_enable")
+        _enable(self, gradient_checkpointing_kwargs, every_n_layers, offload, "gradient_checkpointing_kwargs")
+
+    def gradient_checkpointing_disable(self) -> None:
+        """Disable activation checkpointing and undo everything the enable call added."""
+        if has_activation_checkpointing_names():
+            _deprecated("gradient_checkpointing_disable", "activation_checkpointing_disable")
+        remove(self)
+
+    if has_activation_checkpointing_names():
+
+        def activation_checkpointing_enable(
+            self,
+            activation_checkpointing_kwargs: dict[str, Any] | None = None,
+            every_n_layers: int | None = None,
+            offload: bool | None = None,
+        ) -> None:
+            """Enable activation checkpointing (see :func:`hf_ckpt.enable` for every option).
+
+            Args:
+                activation_checkpointing_kwargs: Keyword arguments for ``torch.utils.checkpoint.checkpoint``; may
+                    also hold ``every_n_layers`` and ``offload``, which are taken out before the rest is passed on.
+                every_n_layers: Recompute blocks ``0, n, 2n, ...``; default 1 (every block).
+                offload: Keep the inputs saved for the recompute in pinned host memory; default False.
+            """
+            _enable(self, activation_checkpointing_kwargs, every_n_layers, offload, "activation_checkpointing_kwargs")
+
+        def activation_checkpointing_disable(self) -> None:
+            """Disable activation checkpointing and undo everything the enable call added."""
+            remove(self)

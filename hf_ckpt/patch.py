@@ -1,0 +1,56 @@
+"""Opt-in patch of ``transformers`` so that stock models and the stock ``Trainer`` behave like the mixin.
+
+After :func:`patch_transformers`, ``TrainingArguments(gradient_checkpointing=True,
+gradient_checkpointing_kwargs={"every_n_layers": 2})`` works with the stock ``Trainer`` (and TRL's trainers,
+which pass the same kwargs) on every supported release. :func:`unpatch_transformers` puts upstream's methods
+back, identical objects included.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .mixin import GradientCheckpointingMixin
+
+_PATCHED_NAMES = (
+    "gradient_checkpointing_enable",
+    "gradient_checkpointing_disable",
+    "activation_checkpointing_enable",
+    "activation_checkpointing_disable",
+)
+_originals: dict[str, Any] = {}
+
+
+def _patchable_names() -> list[str]:
+    from transformers import PreTrainedModel
+
+    return [name for name in _PATCHED_NAMES if name in PreTrainedModel.__dict__]
+
+
+def is_patched() -> bool:
+    """Whether :func:`patch_transformers` is in effect."""
+    return bool(_originals)
+
+
+def patch_transformers() -> None:
+    """Give ``transformers.PreTrainedModel`` hf_ckpt's ``gradient_checkpointing_*`` (and ``activation_*``) methods.
+
+    Idempotent: patching twice is the same as once. Reversible with :func:`unpatch_transformers`. Subclasses
+    that define these methods themselves (the mixin, some remote-code models) keep their own.
+    """
+    from transformers import PreTrainedModel
+
+    if _originals:
+        return
+    for name in _patchable_names():
+        _originals[name] = PreTrainedModel.__dict__[name]
+        setattr(PreTrainedModel, name, GradientCheckpointingMixin.__dict__[name])
+
+
+def unpatch_transformers() -> None:
+    """Restore upstream's methods on ``transformers.PreTrainedModel``. A no-op when not patched."""
+    from transformers import PreTrainedModel
+
+    for name, original in _originals.items():
+        setattr(PreTrainedModel, name, original)
+    _originals.clear()
