@@ -16,7 +16,7 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from . import _hooks
-from ._compat import current_accelerator, has_peft_adapters, peft_model_base
+from ._compat import current_accelerator, has_peft_adapters, is_gradient_checkpointing_layer, peft_model_base
 from ._warnings import warn_once
 from .blocks import SELECTED_ATTRIBUTE, Block, find_blocks, is_block_checkpointed
 from .config import CheckpointConfig
@@ -81,12 +81,23 @@ def _restore(saved: list[tuple[nn.Module, str, bool, Any]]) -> None:
 
 
 def _calls_bound_function(stack: nn.Module) -> bool:
-    """Whether ``stack.forward`` calls ``self._gradient_checkpointing_func`` (and not ``torch.utils.checkpoint``)."""
-    try:
-        source = inspect.getsource(type(stack).forward)
-    except (OSError, TypeError):
-        return False
-    return "_gradient_checkpointing_func" in source
+    """Whether the stack's code calls ``self._gradient_checkpointing_func`` (and not ``torch.utils.checkpoint``).
+
+    Reads the source of every class of the stack's own hierarchy (a loop may delegate to a helper method). When
+    no source can be read at all, the stack is given the benefit of the doubt.
+    """
+    readable = False
+    for cls in type(stack).__mro__:
+        if cls.__module__.startswith(("torch.", "builtins")) or cls.__module__ == "transformers.modeling_utils":
+            continue
+        try:
+            source = inspect.getsource(cls)
+        except (OSError, TypeError):
+            continue
+        readable = True
+        if "_gradient_checkpointing_func" in source:
+            return True
+    return not readable
 
 
 def _describe(config: CheckpointConfig) -> str:
@@ -111,7 +122,7 @@ def _run_model_logic(model: nn.Module, enable: bool, checkpoint_function: Any, c
 def _bind(model: nn.Module, blocks: list[Block], selected: set[int], checkpoint_function: Any, legacy: bool) -> bool:
     """Bind the checkpoint function to every module with a ``gradient_checkpointing`` flag; False if none has one."""
     block_of = {id(block.module): block for block in blocks}
-    nested = {id(m) for block in blocks for m in block.module.modules() if m is not block.module}
+    enclosing = {id(m): block for block in blocks for m in block.module.modules() if m is not block.module}
     stack_function = with_block_selection(checkpoint_function)
     found = False
     for module in model.modules():
@@ -124,8 +135,13 @@ def _bind(model: nn.Module, blocks: list[Block], selected: set[int], checkpoint_
         if block is not None:
             module._gradient_checkpointing_func = checkpoint_function
             module.gradient_checkpointing = block.index in selected
-        elif id(module) in nested:
-            module.gradient_checkpointing = False  # never checkpoint inside a checkpointed block
+        elif id(module) in enclosing:
+            # A flag inside a block says "my block is checkpointed" (T5Attention reads it to make its position bias
+            # require grad). A nested checkpointing layer stays off: never checkpoint inside a checkpoint.
+            module._gradient_checkpointing_func = checkpoint_function
+            module.gradient_checkpointing = (
+                enclosing[id(module)].index in selected and not is_gradient_checkpointing_layer(module)
+            )
         else:
             module._gradient_checkpointing_func = stack_function
             module.gradient_checkpointing = True

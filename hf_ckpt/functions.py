@@ -88,9 +88,12 @@ def with_block_selection(checkpoint_function: Callable[..., Any]) -> functools.p
 def build_checkpoint_function(
     checkpoint_kwargs: dict[str, Any], *, offload_to: torch.device | None
 ) -> functools.partial:
-    """``partial(checkpoint, **checkpoint_kwargs)``, or its offloading twin when ``offload_to`` is a device."""
+    """``partial(checkpoint, **checkpoint_kwargs)``, or its offloading twin when ``offload_to`` is a device.
+
+    Host copies are pinned (for asynchronous copies) unless ``offload_to`` is the host itself.
+    """
     if offload_to is None:
         return functools.partial(checkpoint, **checkpoint_kwargs)
     return functools.partial(
-        offloaded_checkpoint, pin_memory=True, device_type=offload_to.type, **checkpoint_kwargs
+        offloaded_checkpoint, pin_memory=offload_to.type != "cpu", device_type=offload_to.type, **checkpoint_kwargs
     )

@@ -1,0 +1,15 @@
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+
+@pytest.fixture(autouse=True)
+def _always_unpatched():
+    """No test leaks a patched ``transformers`` into the next one."""
+    import hf_ckpt
+
+    yield
+    hf_ckpt.unpatch_transformers()

@@ -1,0 +1,73 @@
+"""The mixin's method names stay coherent with upstream's, on every release."""
+
+import warnings
+
+from transformers import PreTrainedModel
+
+import hf_ckpt
+from helpers import batch_for, recomputed_in_step, tiny_llama
+
+RENAMED = hasattr(PreTrainedModel, "activation_checkpointing_enable")
+
+
+def _mixin_llama():
+    cls = type("CkptLlama", (hf_ckpt.GradientCheckpointingMixin, type(tiny_llama())), {})
+    return tiny_llama(cls=cls)
+
+
+def test_names_follow_the_installed_release():
+    model = _mixin_llama()
+    assert hasattr(model, "activation_checkpointing_enable") == RENAMED
+    assert hasattr(model, "activation_checkpointing_disable") == RENAMED
+
+
+def test_kwargs_dict_and_arguments():
+    model = _mixin_llama()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"every_n_layers": 2, "use_reentrant": True})
+    recomputed, _ = recomputed_in_step(model, batch_for(model))
+    assert recomputed == [0, 2]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        assert model.is_gradient_checkpointing
+        model.gradient_checkpointing_disable()
+        assert not model.is_gradient_checkpointing
+
+
+def _future_warnings(record):
+    return [str(w.message) for w in record if issubclass(w.category, FutureWarning)]
+
+
+def test_deprecation_warnings_match_the_installed_release():
+    """From 5.23 the old names warn exactly as upstream's do and the new ones never warn; before, nothing warns."""
+    model = _mixin_llama()
+    if RENAMED:
+        with warnings.catch_warnings(record=True) as record:
+            warnings.simplefilter("always")
+            model.activation_checkpointing_enable(every_n_layers=2)
+            assert model.is_activation_checkpointing
+            model.activation_checkpointing_disable()
+        assert _future_warnings(record) == []
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        model.gradient_checkpointing_enable(every_n_layers=2)
+    expected = (
+        ["`gradient_checkpointing_enable` is deprecated and will be removed in v6. Use `activation_checkpointing_enable` instead."]
+        if RENAMED
+        else []
+    )
+    assert _future_warnings(record) == expected
+    recomputed, _ = recomputed_in_step(model, batch_for(model))
+    assert recomputed == [0, 2]
+
+
+def test_post_init_backward_compatibility_path():
+    """``config.gradient_checkpointing=True`` makes ``post_init`` call the enable method: the mixin's, no recursion."""
+    model = tiny_llama()
+    model.config.gradient_checkpointing = True
+    cls = type("CkptLlama", (hf_ckpt.GradientCheckpointingMixin, type(model)), {})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        rebuilt = cls(model.config)
+    assert hf_ckpt.checkpointed_layers(rebuilt) == [0, 1, 2, 3]
