@@ -3,7 +3,8 @@
 Every entry point (``hf_ckpt.enable``, the mixin, the patched ``transformers`` methods, the stock ``Trainer``)
 funnels its arguments through :meth:`CheckpointConfig.from_arguments`, so bad input fails at the call that
 carried it, with a message that names the argument and the values it accepts, and never three layers deep at
-the first training step.
+the first training step. Checks that need the model (an index past the last block) run in
+:meth:`CheckpointConfig.resolve`, still inside the enable call.
 """
 
 from __future__ import annotations
@@ -12,17 +13,31 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from ._compat import checkpoint_keyword_names
+from .selection import (
+    SELECTION_METHODS,
+    check_layers_in_range,
+    check_num_layers_in_range,
+    every_nth,
+)
+from .selective import check_policy, selective_supported
 
 #: Keys of a checkpointing kwargs dict that hf_ckpt consumes itself; every other key goes to
 #: ``torch.utils.checkpoint.checkpoint``.
-HF_CKPT_KEYS = ("every_n_layers", "offload")
+HF_CKPT_KEYS = ("every_n_layers", "layers", "num_layers", "method", "strategy", "policy", "plan", "offload")
+
+#: Per-block strategies: recompute the whole block, recompute only its cheap ops, or keep its activations.
+STRATEGIES = ("full", "selective", "none")
 
 _EVERY_N_ACCEPTS = "a positive int (1 checkpoints every block, 2 every other block, ...)"
 
 
+def _type_name(value: Any) -> str:
+    return type(value).__name__
+
+
 def _check_every_n_layers(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"every_n_layers must be {_EVERY_N_ACCEPTS}; got {value!r} of type {type(value).__name__}")
+        raise TypeError(f"every_n_layers must be {_EVERY_N_ACCEPTS}; got {value!r} of type {_type_name(value)}")
     if value < 1:
         raise ValueError(f"every_n_layers must be {_EVERY_N_ACCEPTS}; got {value!r}")
     return value
@@ -30,8 +45,39 @@ def _check_every_n_layers(value: Any) -> int:
 
 def _check_offload(value: Any) -> bool:
     if not isinstance(value, bool):
-        raise TypeError(f"offload must be True or False; got {value!r} of type {type(value).__name__}")
+        raise TypeError(f"offload must be True or False; got {value!r} of type {_type_name(value)}")
     return value
+
+
+def _check_layers(value: Any) -> tuple[int, ...] | None:
+    if value is None:
+        return None
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+        raise TypeError(f"layers must be a list of block indices (ints); got {value!r} of type {_type_name(value)}")
+    layers = tuple(value)
+    bad = [i for i in layers if isinstance(i, bool) or not isinstance(i, int)]
+    if bad:
+        raise TypeError(f"layers must be a list of block indices (ints); got {bad[0]!r} of type {_type_name(bad[0])}")
+    if not layers:
+        raise ValueError("layers must name at least one block index; to checkpoint nothing, call hf_ckpt.disable")
+    if len(set(layers)) != len(layers):
+        raise ValueError(f"layers must not repeat an index; got {list(layers)}")
+    return tuple(sorted(layers))
+
+
+def _check_num_layers(value: Any) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"num_layers must be a positive int (how many blocks to checkpoint); got {value!r} of type {_type_name(value)}")
+    if value < 1:
+        raise ValueError(f"num_layers must be a positive int (how many blocks to checkpoint); got {value!r}")
+    return value
+
+
+def _check_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(repr(c) for c in choices)}; got {value!r}")
 
 
 def _check_checkpoint_kwargs(kwargs: Mapping[str, Any], source: str) -> dict[str, Any]:
@@ -45,19 +91,38 @@ def _check_checkpoint_kwargs(kwargs: Mapping[str, Any], source: str) -> dict[str
     checked = dict(kwargs)
     use_reentrant = checked.setdefault("use_reentrant", False)
     if not isinstance(use_reentrant, bool):
-        raise TypeError(
-            f"use_reentrant must be True or False; got {use_reentrant!r} of type {type(use_reentrant).__name__}"
-        )
+        raise TypeError(f"use_reentrant must be True or False; got {use_reentrant!r} of type {_type_name(use_reentrant)}")
     return checked
+
+
+def _load_plan(plan: Any) -> Any:
+    from .plan import CheckpointPlan
+
+    if plan is None or isinstance(plan, CheckpointPlan):
+        return plan
+    if isinstance(plan, str):
+        return CheckpointPlan.load(plan)
+    raise TypeError(f"plan must be a CheckpointPlan or the path of a plan saved as JSON; got {_type_name(plan)}")
 
 
 @dataclass(frozen=True)
 class CheckpointConfig:
     """A validated checkpointing setting.
 
+    Selection (give at most one of ``every_n_layers`` > 1, ``layers``, ``num_layers``, ``plan``):
+
     Attributes:
-        every_n_layers: Recompute blocks ``0, n, 2n, ...``, counting only the repeated per-layer blocks in global
-            order (encoder blocks, then decoder blocks). ``1`` recomputes every block.
+        every_n_layers: Checkpoint blocks ``0, n, 2n, ...``, counting only the repeated per-layer blocks in global
+            order (encoder blocks, then decoder blocks). ``1`` checkpoints every block.
+        layers: Explicit block indices to checkpoint.
+        num_layers: How many blocks to checkpoint, placed by ``method``.
+        method: ``"uniform"`` (spread evenly, the default) or ``"block"`` (the first ``num_layers``); see
+            :mod:`hf_ckpt.selection` to register more.
+        strategy: What happens to each selected block: ``"full"`` recomputes the whole block, ``"selective"``
+            keeps the outputs of matmuls and attention and recomputes the cheap ops in between.
+        policy: For ``"selective"``: a policy name (``"matmuls_and_attention"``, ``"matmuls"``, ``"attention"``),
+            a list of aten ops to save, or a callable ``(ctx, op, *args, **kwargs) -> CheckpointPolicy``.
+        plan: A :class:`~hf_ckpt.CheckpointPlan` giving a strategy per block (from :func:`hf_ckpt.plan`).
         offload: Keep the inputs saved for the recompute in host memory (pinned) instead of on the accelerator.
             On a machine without an accelerator there is nothing to offload: plain checkpointing runs, with one
             warning.
@@ -66,41 +131,109 @@ class CheckpointConfig:
     """
 
     every_n_layers: int = 1
+    layers: tuple[int, ...] | None = None
+    num_layers: int | None = None
+    method: str | None = None
+    strategy: str = "full"
+    policy: Any = None
+    plan: Any = None
     offload: bool = False
     checkpoint_kwargs: Mapping[str, Any] = field(default_factory=lambda: {"use_reentrant": False})
 
     def __post_init__(self) -> None:
         _check_every_n_layers(self.every_n_layers)
         _check_offload(self.offload)
-        object.__setattr__(self, "checkpoint_kwargs", _check_checkpoint_kwargs(self.checkpoint_kwargs, "checkpoint_kwargs"))
+        object.__setattr__(self, "layers", _check_layers(self.layers))
+        _check_num_layers(self.num_layers)
+        object.__setattr__(self, "plan", _load_plan(self.plan))
+        object.__setattr__(
+            self, "checkpoint_kwargs", _check_checkpoint_kwargs(self.checkpoint_kwargs, "checkpoint_kwargs")
+        )
+        _check_choice("strategy", self.strategy, STRATEGIES[:2])
+        if self.method is not None:
+            _check_choice("method", self.method, tuple(SELECTION_METHODS))
+            if self.num_layers is None:
+                raise ValueError("method only applies together with num_layers; give num_layers too")
+        check_policy(self.policy)
+        self._check_exclusive()
+        self._check_selective()
+
+    def _check_exclusive(self) -> None:
+        given = [
+            name
+            for name, active in (
+                ("every_n_layers", self.every_n_layers != 1),
+                ("layers", self.layers is not None),
+                ("num_layers", self.num_layers is not None),
+                ("plan", self.plan is not None),
+            )
+            if active
+        ]
+        if self.plan is not None and self.strategy != "full":
+            given.append("strategy")
+        if len(given) > 1:
+            raise ValueError(
+                f"{' and '.join(given)} select blocks in different ways; give only one of every_n_layers, layers, "
+                "num_layers (with method) and plan"
+            )
+
+    def _check_selective(self) -> None:
+        wants_selective = self.strategy == "selective" or (
+            self.plan is not None and "selective" in self.plan.strategies
+        )
+        if self.policy is not None and not wants_selective:
+            raise ValueError('policy only applies to strategy="selective"; set strategy="selective" or drop policy')
+        if not wants_selective:
+            return
+        if not selective_supported():
+            raise ValueError('strategy="selective" needs torch.utils.checkpoint.create_selective_checkpoint_contexts (torch >= 2.4)')
+        if self.checkpoint_kwargs["use_reentrant"]:
+            raise ValueError('strategy="selective" needs use_reentrant=False (selective recompute is non-reentrant only)')
+        if "context_fn" in self.checkpoint_kwargs:
+            raise ValueError('strategy="selective" sets context_fn itself; drop context_fn or use strategy="full"')
 
     @property
     def use_reentrant(self) -> bool:
         return bool(self.checkpoint_kwargs["use_reentrant"])
 
+    def resolve(self, num_blocks: int) -> dict[int, str]:
+        """The strategy of each checkpointed block, for a model with ``num_blocks`` repeated blocks."""
+        if self.plan is not None:
+            self.plan.check_fits(num_blocks)
+            return {i: s for i, s in enumerate(self.plan.strategies) if s != "none"}
+        if self.layers is not None:
+            check_layers_in_range(self.layers, num_blocks)
+            indices = list(self.layers)
+        elif self.num_layers is not None:
+            check_num_layers_in_range(self.num_layers, num_blocks)
+            indices = SELECTION_METHODS[self.method or "uniform"](num_blocks, self.num_layers)
+        else:
+            indices = every_nth(num_blocks, self.every_n_layers)
+        return {i: self.strategy for i in indices}
+
     @classmethod
     def from_arguments(
         cls,
         kwargs_dict: Mapping[str, Any] | None = None,
-        *,
-        every_n_layers: int | None = None,
-        offload: bool | None = None,
         dict_name: str = "gradient_checkpointing_kwargs",
+        **arguments: Any,
     ) -> "CheckpointConfig":
         """Build a config from the arguments of a ``gradient_checkpointing_enable``-style call.
 
-        ``every_n_layers`` and ``offload`` may be given as arguments or as keys of ``kwargs_dict`` (as
-        ``TrainingArguments.gradient_checkpointing_kwargs`` does); they are popped from a copy of the dict (the
-        caller's dict is never modified) before the rest is validated against
-        ``torch.utils.checkpoint.checkpoint``'s signature. Giving one both ways with different values is an error.
+        hf_ckpt's own options (``every_n_layers``, ``offload``, ``layers``, ...) may be given as ``arguments`` or as
+        keys of ``kwargs_dict`` (as ``TrainingArguments.gradient_checkpointing_kwargs`` does); they are taken from
+        a copy of the dict (the caller's dict is never modified) before the rest is validated against
+        ``torch.utils.checkpoint.checkpoint``'s signature. Giving one both ways with different values is an
+        error. ``None`` means "not given".
         """
         if kwargs_dict is None:
             kwargs_dict = {}
         if not isinstance(kwargs_dict, Mapping):
-            raise TypeError(f"{dict_name} must be a dict or None; got {type(kwargs_dict).__name__}")
+            raise TypeError(f"{dict_name} must be a dict or None; got {_type_name(kwargs_dict)}")
         remaining = dict(kwargs_dict)
         resolved: dict[str, Any] = {}
-        for name, argument in (("every_n_layers", every_n_layers), ("offload", offload)):
+        for name in HF_CKPT_KEYS:
+            argument = arguments.pop(name, None)
             in_dict = remaining.pop(name, None)
             if argument is not None and in_dict is not None and argument != in_dict:
                 raise ValueError(
@@ -110,5 +243,7 @@ class CheckpointConfig:
             value = argument if argument is not None else in_dict
             if value is not None:
                 resolved[name] = value
+        if arguments:
+            raise TypeError(f"unexpected arguments {sorted(arguments)}; hf_ckpt accepts: {', '.join(HF_CKPT_KEYS)}")
         checkpoint_kwargs = _check_checkpoint_kwargs(remaining, dict_name)
         return cls(checkpoint_kwargs=checkpoint_kwargs, **resolved)

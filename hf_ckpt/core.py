@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import inspect
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from torch import nn
 from torch.utils.hooks import RemovableHandle
@@ -20,7 +20,10 @@ from ._compat import current_accelerator, has_peft_adapters, is_gradient_checkpo
 from ._warnings import warn_once
 from .blocks import SELECTED_ATTRIBUTE, Block, find_blocks, is_block_checkpointed
 from .config import CheckpointConfig
-from .functions import build_checkpoint_function, with_block_selection
+
+if TYPE_CHECKING:
+    from .plan import CheckpointPlan
+from .functions import build_block_functions, build_checkpoint_function, with_block_selection
 
 #: The instance attributes hf_ckpt may set on a model's modules; ``disable`` restores each one.
 _TRACKED_ATTRIBUTES = ("gradient_checkpointing", "_gradient_checkpointing_func", SELECTED_ATTRIBUTE)
@@ -102,6 +105,14 @@ def _calls_bound_function(stack: nn.Module) -> bool:
 
 def _describe(config: CheckpointConfig) -> str:
     parts = [f"every_n_layers={config.every_n_layers}"]
+    for name in ("layers", "num_layers", "method", "policy"):
+        value = getattr(config, name)
+        if value is not None:
+            parts.append(f"{name}={list(value) if name == 'layers' else value!r}")
+    if config.strategy != "full":
+        parts.append(f"strategy={config.strategy!r}")
+    if config.plan is not None:
+        parts.append("plan=<CheckpointPlan>")
     if config.offload:
         parts.append("offload=True")
     parts.extend(f"{key}={value!r}" for key, value in sorted(config.checkpoint_kwargs.items()))
@@ -119,11 +130,16 @@ def _run_model_logic(model: nn.Module, enable: bool, checkpoint_function: Any, c
         model._set_gradient_checkpointing(**options)
 
 
-def _bind(model: nn.Module, blocks: list[Block], selected: set[int], checkpoint_function: Any, legacy: bool) -> bool:
-    """Bind the checkpoint function to every module with a ``gradient_checkpointing`` flag; False if none has one."""
+def _bind(
+    model: nn.Module, blocks: list[Block], functions: dict[int, Any], default_function: Any, legacy: bool
+) -> bool:
+    """Bind checkpoint functions to every module with a ``gradient_checkpointing`` flag; False if none has one.
+
+    ``functions`` maps the index of each block to checkpoint to its function; other blocks run directly.
+    """
     block_of = {id(block.module): block for block in blocks}
     enclosing = {id(m): block for block in blocks for m in block.module.modules() if m is not block.module}
-    stack_function = with_block_selection(checkpoint_function)
+    stack_function = with_block_selection(default_function)
     found = False
     for module in model.modules():
         if not hasattr(module, "gradient_checkpointing"):
@@ -133,21 +149,20 @@ def _bind(model: nn.Module, blocks: list[Block], selected: set[int], checkpoint_
             continue  # the model's own `_set_gradient_checkpointing` left this module off
         block = block_of.get(id(module))
         if block is not None:
-            module._gradient_checkpointing_func = checkpoint_function
-            module.gradient_checkpointing = block.index in selected
+            module._gradient_checkpointing_func = functions.get(block.index, default_function)
+            module.gradient_checkpointing = block.index in functions
         elif id(module) in enclosing:
             # A flag inside a block says "my block is checkpointed" (T5Attention reads it to make its position bias
             # require grad). A nested checkpointing layer stays off: never checkpoint inside a checkpoint.
-            module._gradient_checkpointing_func = checkpoint_function
-            module.gradient_checkpointing = (
-                enclosing[id(module)].index in selected and not is_gradient_checkpointing_layer(module)
-            )
+            index = enclosing[id(module)].index
+            module._gradient_checkpointing_func = functions.get(index, default_function)
+            module.gradient_checkpointing = index in functions and not is_gradient_checkpointing_layer(module)
         else:
             module._gradient_checkpointing_func = stack_function
             module.gradient_checkpointing = True
     for block in blocks:
         if not block.layer_flag:
-            setattr(block.module, SELECTED_ATTRIBUTE, block.index in selected)
+            setattr(block.module, SELECTED_ATTRIBUTE, functions.get(block.index, False))
     return found
 
 
@@ -207,15 +222,18 @@ def apply_config(model: nn.Module, config: CheckpointConfig) -> nn.Module:
             owner=target,
             stacklevel=4,
         )
+    blocks = find_blocks(target)
+    strategies = config.resolve(len(blocks))
     saved = _snapshot(target)
-    checkpoint_function = build_checkpoint_function(
-        dict(config.checkpoint_kwargs), offload_to=_offload_device(target, config)
+    offload_to = _offload_device(target, config)
+    checkpoint_function = build_checkpoint_function(dict(config.checkpoint_kwargs), offload_to=offload_to)
+    functions = build_block_functions(
+        strategies, dict(config.checkpoint_kwargs), offload_to=offload_to, policy=config.policy
     )
     _run_model_logic(target, True, checkpoint_function, config)
 
-    blocks = find_blocks(target)
-    selected = [b.index for b in blocks if b.index % config.every_n_layers == 0]
-    if not _bind(target, blocks, set(selected), checkpoint_function, legacy):
+    selected = sorted(strategies)
+    if not _bind(target, blocks, functions, checkpoint_function, legacy):
         _restore(saved)
         raise ValueError(
             f"{type(target).__name__} is not compatible with activation checkpointing: none of its modules has a "
@@ -253,6 +271,14 @@ def enable(
     model: nn.Module,
     *,
     every_n_layers: int = 1,
+    layers: Sequence[int] | None = None,
+    num_layers: int | None = None,
+    method: str | None = None,
+    strategy: str = "full",
+    policy: Any = None,
+    plan: "CheckpointPlan | str | None" = None,
+    budget: float | int | None = None,
+    sample_inputs: Mapping[str, Any] | None = None,
     offload: bool = False,
     **checkpoint_kwargs: Any,
 ) -> nn.Module:
@@ -262,10 +288,23 @@ def enable(
     models alike, remote-code models with the legacy ``_set_gradient_checkpointing(module, value)`` signature
     included, and on a PEFT ``PeftModel`` wrapping one. Calling it again replaces the previous setting.
 
+    Which blocks (give at most one way; blocks are the repeated per-layer blocks in global order, encoder blocks
+    then decoder blocks):
+
     Args:
         model: The model, in any state; checkpointing takes effect in training mode.
-        every_n_layers: Recompute blocks ``0, n, 2n, ...`` of the repeated per-layer blocks, counted in global
-            order (encoder blocks, then decoder blocks). ``1`` recomputes every block.
+        every_n_layers: Checkpoint blocks ``0, n, 2n, ...``. ``1`` (the default) checkpoints every block.
+        layers: Explicit block indices, e.g. ``[0, 1, 5]``.
+        num_layers: Checkpoint this many blocks, placed by ``method``: ``"uniform"`` (spread evenly, default)
+            or ``"block"`` (the first ``num_layers``).
+        method: See ``num_layers``.
+        strategy: ``"full"`` recomputes each selected block; ``"selective"`` keeps the outputs of its matmuls and
+            attention and recomputes only the cheap ops in between (see :mod:`hf_ckpt.selective`).
+        policy: The selective policy: a name, a list of aten ops to save, or a callable.
+        plan: A :class:`~hf_ckpt.CheckpointPlan` (or the path of one saved as JSON): a strategy per block.
+        budget: With ``sample_inputs``: make a plan that fits this activation-memory budget (bytes, or a
+            fraction of the no-checkpointing activation memory) at the least recompute, and apply it.
+        sample_inputs: A representative batch for ``budget``'s profiling step.
         offload: Keep the inputs saved for the recompute in pinned host memory. Without an accelerator there is
             nothing to offload: plain checkpointing runs and one warning says so.
         **checkpoint_kwargs: Passed to ``torch.utils.checkpoint.checkpoint`` (``use_reentrant``,
@@ -276,16 +315,35 @@ def enable(
         ``model``, so that calls chain.
 
     Raises:
-        TypeError: ``model`` is no ``PreTrainedModel``; ``every_n_layers`` or ``offload`` has the wrong type; a
-            checkpoint keyword argument is unknown to ``torch.utils.checkpoint.checkpoint``.
-        ValueError: ``every_n_layers`` is below 1; the model's class sets
+        TypeError: ``model`` is no ``PreTrainedModel``; an option has the wrong type; a checkpoint keyword
+            argument is unknown to ``torch.utils.checkpoint.checkpoint``.
+        ValueError: an option is out of range (``every_n_layers`` below 1, a layer index past the last block),
+            two options select blocks in different ways, or the model's class sets
             ``supports_gradient_checkpointing = False``.
 
     Adapters: input grads are turned on where the recompute needs them (reentrant checkpointing, PEFT adapters),
     so LoRA weights get gradients whichever order the model was wrapped and enabled in.
     """
+    if (budget is None) != (sample_inputs is None):
+        raise ValueError("budget and sample_inputs go together: the budget is fitted by profiling sample_inputs")
+    if budget is not None:
+        if plan is not None:
+            raise ValueError("give either plan or budget (which makes a plan), not both")
+        from .planner import plan as make_plan
+
+        plan = make_plan(model, sample_inputs, budget, policy=policy, **checkpoint_kwargs)
+        policy = policy if "selective" in plan.strategies else None
     config = CheckpointConfig.from_arguments(
-        checkpoint_kwargs, every_n_layers=every_n_layers, offload=offload, dict_name="checkpoint_kwargs"
+        checkpoint_kwargs,
+        dict_name="checkpoint_kwargs",
+        every_n_layers=every_n_layers,
+        layers=layers,
+        num_layers=num_layers,
+        method=method,
+        strategy=None if strategy == "full" else strategy,
+        policy=policy,
+        plan=plan,
+        offload=offload,
     )
     return apply_config(model, config)
 

@@ -69,14 +69,18 @@ def module_of(function: Callable[..., Any]) -> nn.Module | None:
 def checkpoint_selected_blocks(
     checkpoint_function: Callable[..., Any], function: Callable[..., Any], *args: Any, **kwargs: Any
 ) -> Any:
-    """Checkpoint ``function`` when the block it runs is selected; run it directly otherwise.
+    """Checkpoint ``function`` as its block's ``_hf_ckpt_selected`` attribute says.
 
-    A block is unselected when hf_ckpt set its ``_hf_ckpt_selected`` attribute to False. A function whose block
-    cannot be told is checkpointed (the stack's flag asked for it).
+    The attribute is False for a block to run directly, or the block's own checkpoint function (a selective
+    block's differs from a full one's). A function whose block cannot be told is checkpointed with
+    ``checkpoint_function`` (the stack's flag asked for it).
     """
     module = module_of(function)
-    if module is not None and getattr(module, SELECTED_ATTRIBUTE, True) is False:
+    choice = getattr(module, SELECTED_ATTRIBUTE, None) if module is not None else None
+    if choice is False:
         return function(*args, **kwargs)
+    if callable(choice):
+        return choice(function, *args, **kwargs)
     return checkpoint_function(function, *args, **kwargs)
 
 
@@ -97,3 +101,18 @@ def build_checkpoint_function(
     return functools.partial(
         offloaded_checkpoint, pin_memory=offload_to.type != "cpu", device_type=offload_to.type, **checkpoint_kwargs
     )
+
+
+def build_block_functions(
+    strategies: dict[int, str], checkpoint_kwargs: dict[str, Any], *, offload_to: torch.device | None, policy: Any
+) -> dict[int, functools.partial]:
+    """One checkpoint function per checkpointed block; blocks of the same strategy share one."""
+    from .selective import selective_context_fn
+
+    by_strategy: dict[str, functools.partial] = {}
+    for strategy in set(strategies.values()):
+        kwargs = dict(checkpoint_kwargs)
+        if strategy == "selective":
+            kwargs["context_fn"] = selective_context_fn(policy)
+        by_strategy[strategy] = build_checkpoint_function(kwargs, offload_to=offload_to)
+    return {index: by_strategy[strategy] for index, strategy in strategies.items()}

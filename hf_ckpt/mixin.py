@@ -19,10 +19,8 @@ from .config import CheckpointConfig
 from .core import apply_config, remove
 
 
-def _enable(model: Any, kwargs_dict: dict[str, Any] | None, every_n_layers: int | None, offload: bool | None, dict_name: str) -> None:
-    config = CheckpointConfig.from_arguments(
-        kwargs_dict, every_n_layers=every_n_layers, offload=offload, dict_name=dict_name
-    )
+def _enable(model: Any, kwargs_dict: dict[str, Any] | None, dict_name: str, **options: Any) -> None:
+    config = CheckpointConfig.from_arguments(kwargs_dict, dict_name=dict_name, **options)
     apply_config(model, config)
 
 
@@ -46,18 +44,24 @@ class GradientCheckpointingMixin:
         gradient_checkpointing_kwargs: dict[str, Any] | None = None,
         every_n_layers: int | None = None,
         offload: bool | None = None,
+        **options: Any,
     ) -> None:
         """Enable activation checkpointing (see :func:`hf_ckpt.enable` for every option).
 
         Args:
             gradient_checkpointing_kwargs: Keyword arguments for ``torch.utils.checkpoint.checkpoint``; may also
-                hold ``every_n_layers`` and ``offload``, which are taken out before the rest is passed on.
+                hold hf_ckpt's own options (``every_n_layers``, ``offload``, ``layers``, ``num_layers``,
+                ``method``, ``strategy``, ``policy``, ``plan``), which are taken out before the rest is passed on.
             every_n_layers: Recompute blocks ``0, n, 2n, ...``; default 1 (every block).
             offload: Keep the inputs saved for the recompute in pinned host memory; default False.
+            **options: hf_ckpt's other options, as keywords (``layers=[0, 3]``, ``strategy="selective"``, ...).
         """
         if has_activation_checkpointing_names():
             _deprecated("gradient_checkpointing_enable", "activation_checkpointing_enable")
-        _enable(self, gradient_checkpointing_kwargs, every_n_layers, offload, "gradient_checkpointing_kwargs")
+        _enable(
+            self, gradient_checkpointing_kwargs, "gradient_checkpointing_kwargs",
+            every_n_layers=every_n_layers, offload=offload, **options,
+        )
 
     def gradient_checkpointing_disable(self) -> None:
         """Disable activation checkpointing and undo everything the enable call added."""
@@ -72,16 +76,22 @@ class GradientCheckpointingMixin:
             activation_checkpointing_kwargs: dict[str, Any] | None = None,
             every_n_layers: int | None = None,
             offload: bool | None = None,
+            **options: Any,
         ) -> None:
             """Enable activation checkpointing (see :func:`hf_ckpt.enable` for every option).
 
             Args:
                 activation_checkpointing_kwargs: Keyword arguments for ``torch.utils.checkpoint.checkpoint``; may
-                    also hold ``every_n_layers`` and ``offload``, which are taken out before the rest is passed on.
+                    also hold hf_ckpt's own options (``every_n_layers``, ``offload``, ``layers``, ``num_layers``,
+                    ``method``, ``strategy``, ``policy``, ``plan``), taken out before the rest is passed on.
                 every_n_layers: Recompute blocks ``0, n, 2n, ...``; default 1 (every block).
                 offload: Keep the inputs saved for the recompute in pinned host memory; default False.
+                **options: hf_ckpt's other options, as keywords (``layers=[0, 3]``, ``strategy="selective"``, ...).
             """
-            _enable(self, activation_checkpointing_kwargs, every_n_layers, offload, "activation_checkpointing_kwargs")
+            _enable(
+                self, activation_checkpointing_kwargs, "activation_checkpointing_kwargs",
+                every_n_layers=every_n_layers, offload=offload, **options,
+            )
 
         def activation_checkpointing_disable(self) -> None:
             """Disable activation checkpointing and undo everything the enable call added."""

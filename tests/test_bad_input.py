@@ -47,7 +47,9 @@ def test_unknown_checkpoint_kwarg_names_the_key_and_the_accepted_ones():
     assert message.startswith("Unknown checkpoint keyword argument 'use_reentrnat' in checkpoint_kwargs. ")
     for accepted in ("use_reentrant", "preserve_rng_state", "context_fn", "determinism_check", "debug"):
         assert accepted in message
-    assert message.endswith("hf_ckpt itself accepts: every_n_layers, offload.")
+    assert message.endswith(
+        "hf_ckpt itself accepts: every_n_layers, layers, num_layers, method, strategy, policy, plan, offload."
+    )
 
 
 def test_unknown_key_in_the_trainer_style_dict():
