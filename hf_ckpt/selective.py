@@ -10,10 +10,12 @@ recomputed in backward. Named policies are registered in :data:`SELECTIVE_POLICI
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from typing import Any, Callable, Iterable, Union
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 aten = torch.ops.aten
 
@@ -85,8 +87,76 @@ def policy_function(policy: Policy | None) -> Callable[..., Any]:
     return functools.partial(_save_listed, frozenset(policy))
 
 
-def selective_context_fn(policy: Policy | None) -> Callable[[], Any]:
-    """A ``context_fn`` for ``torch.utils.checkpoint.checkpoint`` that applies ``policy``."""
+class SelectiveRecomputeError(RuntimeError):
+    """A block modifies in place a tensor that selective recompute saved, so its gradients would be wrong."""
+
+
+def _written_tensors(func: Any, args: tuple, kwargs: dict) -> list[torch.Tensor]:
+    written = []
+    for position, argument in enumerate(func._schema.arguments):
+        if argument.alias_info is not None and argument.alias_info.is_write:
+            value = args[position] if position < len(args) else kwargs.get(argument.name)
+            if isinstance(value, torch.Tensor):
+                written.append(value)
+    return written
+
+
+class _InPlaceGuard(TorchDispatchMode):
+    """Forward-side guard: fail loudly when an op writes into the output of an op the policy saves.
+
+    Selective recompute stores such outputs and hands them back during the recompute; an in-place op on one
+    (``scores += position_bias`` in T5's attention up to transformers 4.52) would then be applied twice, and the
+    gradients would silently be wrong. PyTorch does not check this; hf_ckpt does.
+    """
+
+    def __init__(self, policy_fn: Callable[..., Any]) -> None:
+        super().__init__()
+        self.policy_fn = policy_fn
+        self.saved: dict[int, str] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        from torch.utils.checkpoint import CheckpointPolicy, SelectiveCheckpointContext
+
+        kwargs = kwargs or {}
+        for tensor in _written_tensors(func, args, kwargs):
+            producer = self.saved.get(tensor.untyped_storage().data_ptr())
+            if producer is not None:
+                raise SelectiveRecomputeError(
+                    f"strategy='selective' cannot run on this block: {func} modifies in place the output of "
+                    f"{producer}, which the selective policy saves, so the recompute would apply it twice and the "
+                    "gradients would be wrong. Use strategy='full' for this model, or a policy that does not save "
+                    f"{producer}."
+                )
+        out = func(*args, **kwargs)
+        policy = self.policy_fn(SelectiveCheckpointContext(is_recompute=False), func, *args, **kwargs)
+        if policy in (CheckpointPolicy.MUST_SAVE, CheckpointPolicy.PREFER_SAVE):
+            for tensor in out if isinstance(out, (tuple, list)) else (out,):
+                if isinstance(tensor, torch.Tensor):
+                    self.saved[tensor.untyped_storage().data_ptr()] = str(func)
+        return out
+
+
+def _guarded_contexts(policy_fn: Callable[..., Any]) -> tuple[Any, Any]:
     from torch.utils.checkpoint import create_selective_checkpoint_contexts
 
-    return functools.partial(create_selective_checkpoint_contexts, policy_function(policy))
+    forward_context, recompute_context = create_selective_checkpoint_contexts(policy_fn)
+    stack = contextlib.ExitStack()
+
+    class _Forward:
+        def __enter__(self):
+            stack.enter_context(forward_context)
+            stack.enter_context(_InPlaceGuard(policy_fn))
+
+        def __exit__(self, *exc_info):
+            return stack.__exit__(*exc_info)
+
+    return _Forward(), recompute_context
+
+
+def selective_context_fn(policy: Policy | None) -> Callable[[], Any]:
+    """A ``context_fn`` for ``torch.utils.checkpoint.checkpoint`` that applies ``policy``.
+
+    PyTorch's selective checkpoint contexts, plus a forward-side guard that raises
+    :class:`SelectiveRecomputeError` when the block writes in place into a tensor the policy saved.
+    """
+    return functools.partial(_guarded_contexts, policy_function(policy))

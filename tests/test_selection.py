@@ -109,12 +109,13 @@ def test_selective_with_a_custom_op_list_and_callable():
     assert _mm_flops(model, batch) > _mm_flops(hf_ckpt.disable(model), batch)
 
 
-@pytest.mark.parametrize("name", ["llama", "gpt2", "t5"])
-def test_plan_applies_a_strategy_per_block(name, tmp_path):
+# T5 up to transformers 4.52 adds its position bias in place into a saved matmul output: no selective there
+@pytest.mark.parametrize("name, third", [("llama", "selective"), ("gpt2", "selective"), ("t5", "full")])
+def test_plan_applies_a_strategy_per_block(name, third, tmp_path):
     model = MODEL_BUILDERS[name]()
     batch = batch_for(model)
     reference = train_step(model, batch)
-    plan = CheckpointPlan(strategies=("full", "none", "selective", "none"))
+    plan = CheckpointPlan(strategies=("full", "none", third, "none"))
     hf_ckpt.enable(model, plan=plan)
     recomputed, grads = recomputed_in_step(model, batch)
     assert recomputed == [0, 2]
@@ -163,3 +164,32 @@ def test_plan_prints_readably():
         "  predicted: 1.00 MiB (50.0% of no checkpointing)",
         "  block  strategy",
     ]
+
+
+def test_selective_refuses_a_block_that_writes_into_a_saved_output():
+    """Silent gradient corruption becomes a clear error: the block adds in place into a saved matmul output."""
+    from hf_ckpt.selective import SelectiveRecomputeError
+    from helpers import LegacyBlock, LegacyFuncModel, tiny_legacy
+
+    class InPlaceBlock(LegacyBlock):
+        def forward(self, hidden_states):
+            scores = self.up(self.norm(hidden_states))
+            scores += 1.0  # like T5's `scores += position_bias` (transformers <= 4.52)
+            return hidden_states + self.down(torch.tanh(scores))
+
+    model = tiny_legacy(LegacyFuncModel)
+    model.layers = torch.nn.ModuleList(InPlaceBlock(model.config.hidden_size) for _ in range(4))
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        hf_ckpt.enable(model, strategy="selective", layers=[1])
+    message = (
+        "strategy='selective' cannot run on this block: aten.add_.Tensor modifies in place the output of "
+        "aten.addmm.default, which the selective policy saves, so the recompute would apply it twice and the "
+        "gradients would be wrong. Use strategy='full' for this model, or a policy that does not save aten.addmm.default."
+    )
+    with pytest.raises(SelectiveRecomputeError, match=re.escape(message)):
+        train_step(model, batch_for(model))
+    hf_ckpt.enable(model, strategy="full", layers=[1])
+    assert recomputed_in_step(model, batch_for(model))[0] == [1]
