@@ -96,7 +96,7 @@ def _check_checkpoint_kwargs(kwargs: Mapping[str, Any], source: str) -> dict[str
 
 
 def _load_plan(plan: Any) -> Any:
-    from .plan import CheckpointPlan
+    from .plans import CheckpointPlan
 
     if plan is None or isinstance(plan, CheckpointPlan):
         return plan

@@ -22,7 +22,7 @@ from .blocks import SELECTED_ATTRIBUTE, Block, find_blocks, is_block_checkpointe
 from .config import CheckpointConfig
 
 if TYPE_CHECKING:
-    from .plan import CheckpointPlan
+    from .plans import CheckpointPlan
 from .functions import build_block_functions, build_checkpoint_function, with_block_selection
 
 #: The instance attributes hf_ckpt may set on a model's modules; ``disable`` restores each one.

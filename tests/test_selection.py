@@ -7,7 +7,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 import hf_ckpt
-from hf_ckpt.plan import CheckpointPlan
+from hf_ckpt.plans import CheckpointPlan
 from helpers import MODEL_BUILDERS, batch_for, max_grad_diff, recomputed_in_step, tiny_llama, train_step
 
 

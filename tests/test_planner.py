@@ -1,0 +1,148 @@
+"""``hf_ckpt.plan``: fits the budget (measured), at no more recompute than every_n_layers, predictions that hold."""
+
+import re
+import warnings
+
+import pytest
+import torch
+
+import hf_ckpt
+from hf_ckpt.measure import measure_step
+from hf_ckpt.planner import profile_blocks, solve
+from helpers import VOCAB, tiny_llama, tiny_t5
+
+
+@pytest.fixture(scope="module")
+def workload():
+    model = tiny_llama(layers=6)
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(1, VOCAB, (2, 32), generator=generator)
+    return model, {"input_ids": ids, "labels": ids}
+
+
+def _measured(model, batch, **options):
+    hf_ckpt.disable(model)
+    if options:
+        hf_ckpt.enable(model, **options)
+    result = measure_step(model, batch)
+    hf_ckpt.disable(model)
+    return result
+
+
+@pytest.fixture(scope="module")
+def every_n(workload):
+    """Measured (retained bytes, extra FLOPs) of every_n_layers = 1..6, and the no-checkpointing measurement."""
+    model, batch = workload
+    none = _measured(model, batch)
+    costs = {}
+    for n in range(1, 7):
+        m = _measured(model, batch, every_n_layers=n)
+        costs[n] = (m.retained_bytes, m.flops - none.flops)
+    return none, costs
+
+
+def _cheapest_fitting(costs, budget_bytes):
+    fitting = [flops for retained, flops in costs.values() if retained <= budget_bytes]
+    assert fitting, "full checkpointing always fits these budgets"
+    return min(fitting)
+
+
+@pytest.fixture(scope="module")
+def plans(workload):
+    model, batch = workload
+    return {fraction: hf_ckpt.plan(model, batch, fraction) for fraction in (0.25, 0.5, 0.75)}
+
+
+@pytest.mark.parametrize("fraction", [0.25, 0.5, 0.75])
+def test_plan_fits_the_budget_at_no_more_recompute_than_every_n_layers(workload, every_n, plans, fraction):
+    model, batch = workload
+    none, costs = every_n
+    plan = plans[fraction]
+    measured = _measured(model, batch, plan=plan)
+
+    assert measured.retained_bytes <= plan.budget_bytes == int(fraction * plan.baseline_bytes)
+    assert abs(plan.predicted_bytes - measured.retained_bytes) <= 0.10 * measured.retained_bytes
+    assert plan.baseline_bytes == none.retained_bytes
+    assert plan.predicted_recompute_flops == measured.flops - none.flops
+    assert plan.predicted_recompute_flops <= _cheapest_fitting(costs, plan.budget_bytes)
+
+
+def test_plan_is_strictly_cheaper_than_every_n_layers_somewhere(every_n, plans):
+    _, costs = every_n
+    assert any(p.predicted_recompute_flops < _cheapest_fitting(costs, p.budget_bytes) for p in plans.values())
+
+
+def test_plan_leaves_the_model_as_found(workload):
+    model, batch = workload
+    hf_ckpt.enable(model, every_n_layers=3)
+    model.eval()
+    rng = torch.get_rng_state()
+    hf_ckpt.plan(model, batch, 0.5)
+    assert hf_ckpt.checkpointed_layers(model) == [0, 3]
+    assert not model.training
+    assert all(p.grad is None for p in model.parameters())
+    assert torch.equal(torch.get_rng_state(), rng)
+    hf_ckpt.disable(model)
+
+
+def test_enable_with_budget_plans_and_applies(workload):
+    model, batch = workload
+    hf_ckpt.enable(model, budget=0.5, sample_inputs=batch)
+    measured = measure_step(model, batch)
+    hf_ckpt.disable(model)
+    baseline = _measured(model, batch).retained_bytes
+    assert measured.retained_bytes <= 0.5 * baseline
+
+
+def test_budget_in_bytes_and_an_impossible_budget(workload):
+    model, batch = workload
+    profile = profile_blocks(model, batch)
+    assert solve(profile, profile.baseline_bytes) == ("none",) * 6
+    smallest = profile.base_bytes + sum(min(v[i] for v in profile.retained.values()) for i in range(6))
+    assert profile.predicted_bytes(solve(profile, smallest)) <= smallest
+    with pytest.raises(ValueError, match=re.escape("no plan fits a budget of")) as raised:
+        solve(profile, smallest - 1)
+    assert f"the smallest activation memory reachable with none, selective, full is {smallest / 2**20:.2f} MiB" in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    "budget, error, message",
+    [
+        (0.0, ValueError, "budget as a fraction must be in (0, 1]; got 0.0"),
+        (1.5, ValueError, "budget as a fraction must be in (0, 1]; got 1.5"),
+        (-5, ValueError, "budget in bytes must be positive; got -5"),
+        ("50%", TypeError, "budget must be a number of bytes (int) or a fraction of the no-checkpointing activation memory (float in (0, 1]); got '50%' of type str"),
+        (True, TypeError, "got True of type bool"),
+    ],
+)
+def test_bad_budget(workload, budget, error, message):
+    model, batch = workload
+    with pytest.raises(error, match=re.escape(message)):
+        hf_ckpt.plan(model, batch, budget)
+
+
+def test_bad_strategies(workload):
+    model, batch = workload
+    with pytest.raises(ValueError, match=re.escape("strategies must be a non-empty subset of none, selective, full; got ['half']")):
+        hf_ckpt.plan(model, batch, 0.5, strategies=["half"])
+
+
+def test_a_model_that_cannot_run_selective_is_planned_without_it():
+    """A block that writes into a saved output makes selective unusable: the planner says why and does without."""
+    from helpers import LegacyBlock, LegacyFuncModel, batch_for, tiny_legacy
+
+    class InPlaceBlock(LegacyBlock):
+        def forward(self, hidden_states):
+            scores = self.up(self.norm(hidden_states))
+            scores += 1.0
+            return hidden_states + self.down(torch.tanh(scores))
+
+    model = tiny_legacy(LegacyFuncModel)
+    model.layers = torch.nn.ModuleList(InPlaceBlock(model.config.hidden_size) for _ in range(4))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        profile = profile_blocks(model, batch_for(model))
+        plan = hf_ckpt.plan(model, batch_for(model), 0.5)
+    assert set(profile.retained) == {"none", "full"}
+    assert "modifies in place the output of aten.addmm.default" in profile.unusable["selective"]
+    assert "selective" not in plan.strategies
