@@ -23,6 +23,7 @@ from .config import CheckpointConfig
 
 if TYPE_CHECKING:
     from .plans import CheckpointPlan
+from .offload import OverlappedOffload
 from .functions import build_block_functions, build_checkpoint_function, with_block_selection
 
 #: The instance attributes hf_ckpt may set on a model's modules; ``disable`` restores each one.
@@ -226,9 +227,10 @@ def apply_config(model: nn.Module, config: CheckpointConfig) -> nn.Module:
     strategies = config.resolve(len(blocks))
     saved = _snapshot(target)
     offload_to = _offload_device(target, config)
-    checkpoint_function = build_checkpoint_function(dict(config.checkpoint_kwargs), offload_to=offload_to)
+    offloader = None if offload_to is None else OverlappedOffload(offload_to.type, pin_memory=offload_to.type != "cpu")
+    checkpoint_function = build_checkpoint_function(dict(config.checkpoint_kwargs), offloader=offloader)
     functions = build_block_functions(
-        strategies, dict(config.checkpoint_kwargs), offload_to=offload_to, policy=config.policy
+        strategies, dict(config.checkpoint_kwargs), offloader=offloader, policy=config.policy
     )
     _run_model_logic(target, True, checkpoint_function, config)
 

@@ -10,35 +10,26 @@
 from __future__ import annotations
 
 import functools
-import inspect
 from typing import Any, Callable
 
 import torch
 from torch import nn
-from torch.autograd.graph import save_on_cpu
 from torch.utils.checkpoint import checkpoint
 
 from .blocks import SELECTED_ATTRIBUTE
+from .offload import OverlappedOffload
 
 
 def offloaded_checkpoint(
-    function: Callable[..., Any],
-    *args: Any,
-    pin_memory: bool = True,
-    device_type: str | None = None,
-    **kwargs: Any,
+    function: Callable[..., Any], *args: Any, offloader: OverlappedOffload, **kwargs: Any
 ) -> Any:
     """``torch.utils.checkpoint.checkpoint`` whose saved inputs are kept in host memory.
 
-    The inputs that checkpointing keeps for the recompute (and nothing else: the block's own activations are
-    not saved at all) are packed to CPU by ``torch.autograd.graph.save_on_cpu`` and copied back when backward
-    recomputes the block. ``pin_memory`` pins the host copies; it needs an accelerator, so hf_ckpt turns it off
-    on a CPU-only machine (where nothing needs offloading anyway).
+    The inputs that checkpointing keeps for the recompute (and nothing else: the block's own activations are not
+    saved at all) go to host memory through ``offloader`` (an :class:`~hf_ckpt.offload.OverlappedOffload`), whose
+    copies run on side streams, and come back, prefetched, when backward recomputes the block.
     """
-    options: dict[str, Any] = {"pin_memory": pin_memory}
-    if device_type is not None and "device_type" in inspect.signature(save_on_cpu).parameters:
-        options["device_type"] = device_type
-    with save_on_cpu(**options):
+    with offloader:
         return checkpoint(function, *args, **kwargs)
 
 
@@ -90,21 +81,20 @@ def with_block_selection(checkpoint_function: Callable[..., Any]) -> functools.p
 
 
 def build_checkpoint_function(
-    checkpoint_kwargs: dict[str, Any], *, offload_to: torch.device | None
+    checkpoint_kwargs: dict[str, Any], *, offloader: OverlappedOffload | None = None
 ) -> functools.partial:
-    """``partial(checkpoint, **checkpoint_kwargs)``, or its offloading twin when ``offload_to`` is a device.
-
-    Host copies are pinned (for asynchronous copies) unless ``offload_to`` is the host itself.
-    """
-    if offload_to is None:
+    """``partial(checkpoint, **checkpoint_kwargs)``, or its offloading twin when an ``offloader`` is given."""
+    if offloader is None:
         return functools.partial(checkpoint, **checkpoint_kwargs)
-    return functools.partial(
-        offloaded_checkpoint, pin_memory=offload_to.type != "cpu", device_type=offload_to.type, **checkpoint_kwargs
-    )
+    return functools.partial(offloaded_checkpoint, offloader=offloader, **checkpoint_kwargs)
 
 
 def build_block_functions(
-    strategies: dict[int, str], checkpoint_kwargs: dict[str, Any], *, offload_to: torch.device | None, policy: Any
+    strategies: dict[int, str],
+    checkpoint_kwargs: dict[str, Any],
+    *,
+    offloader: OverlappedOffload | None,
+    policy: Any,
 ) -> dict[int, functools.partial]:
     """One checkpoint function per checkpointed block; blocks of the same strategy share one."""
     from .selective import selective_context_fn
@@ -114,5 +104,5 @@ def build_block_functions(
         kwargs = dict(checkpoint_kwargs)
         if strategy == "selective":
             kwargs["context_fn"] = selective_context_fn(policy)
-        by_strategy[strategy] = build_checkpoint_function(kwargs, offload_to=offload_to)
+        by_strategy[strategy] = build_checkpoint_function(kwargs, offloader=offloader)
     return {index: by_strategy[strategy] for index, strategy in strategies.items()}
