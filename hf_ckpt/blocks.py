@@ -24,6 +24,9 @@ from ._compat import is_gradient_checkpointing_layer
 #: Attribute hf_ckpt sets on the blocks of a stack-flag model to say whether the stack should recompute them.
 SELECTED_ATTRIBUTE = "_hf_ckpt_selected"
 
+#: Where wrappers keep the module they wrap: FSDP1 units, ``torch.distributed``'s ``CheckpointWrapper``.
+_WRAPPED_ATTRIBUTES = ("_fsdp_wrapped_module", "_checkpoint_wrapped_module")
+
 
 @dataclass(frozen=True)
 class Block:
@@ -51,6 +54,22 @@ def _is_inside(name: str, prefixes: list[str]) -> bool:
     return any(name.startswith(prefix + ".") for prefix in prefixes)
 
 
+def _unwrapped(module: nn.Module) -> nn.Module:
+    """The module inside FSDP1 units and checkpoint wrappers (``module`` itself when it wraps nothing).
+
+    Such wrappers forward attribute reads to the module they wrap, so without this a wrapper around a
+    ``GradientCheckpointingLayer`` would pass for a stack-flag block, and one around a block for a stack.
+    """
+    while True:
+        inner = next(
+            (module._modules[name] for name in _WRAPPED_ATTRIBUTES if isinstance(module._modules.get(name), nn.Module)),
+            None,
+        )
+        if inner is None:
+            return module
+        module = inner
+
+
 def _stack_block_list(stack: nn.Module) -> nn.ModuleList | None:
     """The ``ModuleList`` of repeated blocks a stack iterates over: its largest direct ``ModuleList`` child,
     else the largest one below it."""
@@ -74,13 +93,16 @@ def find_blocks(model: nn.Module) -> list[Block]:
     for name, module in modules:
         if not hasattr(module, "gradient_checkpointing") or is_gradient_checkpointing_layer(module):
             continue
+        if _unwrapped(module) is not module:
+            continue  # a wrapper, not a stack: its flag is the wrapped module's
         if _is_inside(name, sorted(outermost_layers)):
             continue
         block_list = _stack_block_list(module)
         if block_list is None:
             continue
         for block in block_list:
-            if id(block) not in owner_of and not is_gradient_checkpointing_layer(block):
+            inner = _unwrapped(block)
+            if id(inner) not in owner_of and not is_gradient_checkpointing_layer(inner):
                 owner_of[id(block)] = module
 
     blocks: list[Block] = []

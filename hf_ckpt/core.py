@@ -43,9 +43,13 @@ class _EnabledState:
 
 
 def _target_model(model: nn.Module) -> nn.Module:
-    """The ``PreTrainedModel`` to act on: ``model`` itself, or the model a PEFT ``PeftModel`` wraps."""
+    """The ``PreTrainedModel`` to act on: ``model`` itself, the model a PEFT ``PeftModel`` wraps, or the model
+    inside ``DistributedDataParallel`` / FSDP1's ``FullyShardedDataParallel`` (either of those)."""
     from transformers import PreTrainedModel
 
+    from .distributed._engines import unwrap_engine
+
+    model = unwrap_engine(model)
     base = peft_model_base(model)
     target = base if base is not None else model
     if not isinstance(target, PreTrainedModel):
@@ -211,6 +215,9 @@ def apply_config(model: nn.Module, config: CheckpointConfig) -> nn.Module:
         )
     if _STATE_ATTRIBUTE in target.__dict__:
         remove(target)
+    from .distributed import wrapper as distributed_wrapper
+
+    distributed_wrapper.remove(target)  # enable replaces hf_ckpt.distributed.apply
 
     legacy = _uses_legacy_signature(target)
     if legacy:
@@ -249,6 +256,11 @@ def apply_config(model: nn.Module, config: CheckpointConfig) -> nn.Module:
         if handle is not None:
             state.hooks.append(handle)
     state.hooks.extend(_hooks.add_use_cache_hooks(target, [b.module for b in blocks]))
+    from .distributed import checks as distributed_checks
+
+    guard = distributed_checks.install(target)  # one checkpoint per block under any engine; the DDP trap
+    if guard is not None:
+        state.hooks.append(guard)
     target.__dict__[_STATE_ATTRIBUTE] = state
     return model
 
@@ -263,6 +275,9 @@ def remove(model: nn.Module) -> nn.Module:
         for handle in state.hooks:
             handle.remove()
         _restore(state.saved_attributes)
+    from .distributed import wrapper as distributed_wrapper
+
+    distributed_wrapper.remove(target)  # disable also turns hf_ckpt.distributed.apply's wrappers off
     for module in target.modules():
         if getattr(module, "gradient_checkpointing", False):
             module.gradient_checkpointing = False
@@ -364,13 +379,17 @@ def checkpointed_layers(model: nn.Module) -> list[int]:
 
     Blocks are counted as :func:`hf_ckpt.enable`'s ``every_n_layers`` counts them: encoder blocks, then decoder
     blocks. Works whoever enabled checkpointing (hf_ckpt, upstream ``gradient_checkpointing_enable``, or the
-    model's legacy ``_set_gradient_checkpointing``).
+    model's legacy ``_set_gradient_checkpointing``), and counts blocks under a checkpoint wrapper
+    (:func:`hf_ckpt.distributed.apply`, ``torch.distributed``'s ``checkpoint_wrapper``).
     """
+    from .distributed.wrapper import wrapped_layers
+
     target = _target_model(model)
     state = target.__dict__.get(_STATE_ATTRIBUTE)
     uncontrolled = set(state.uncontrolled) if state is not None else set()
+    wrapped = set(wrapped_layers(target))  # hf_ckpt.distributed.apply, or anyone's checkpoint_wrapper
     return [
         block.index
         for block in find_blocks(target)
-        if block.index in uncontrolled or is_block_checkpointed(block)
+        if block.index in uncontrolled or block.index in wrapped or is_block_checkpointed(block)
     ]

@@ -54,3 +54,16 @@ def unpatch_transformers() -> None:
     for name, original in _originals.items():
         setattr(PreTrainedModel, name, original)
     _originals.clear()
+
+
+def original(name: str) -> Any:
+    """Upstream's ``PreTrainedModel.<name>``, also while :func:`patch_transformers` is in effect."""
+    from transformers import PreTrainedModel
+
+    if name not in _PATCHED_NAMES:
+        raise ValueError(f"name must be one of {', '.join(_PATCHED_NAMES)}; got {name!r}")
+    if name in _originals:
+        return _originals[name]
+    if name not in PreTrainedModel.__dict__:
+        raise ValueError(f"transformers.PreTrainedModel has no {name} in this release")
+    return PreTrainedModel.__dict__[name]

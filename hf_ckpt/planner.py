@@ -7,8 +7,9 @@ block retains at the end of forward and what its recompute costs, then picks a s
 1. **Profile.** For each strategy, every block is switched to it and one training step runs on the sample inputs.
    A :class:`~hf_ckpt.measure.StorageTracker` labels each storage with the block that created it, so the bytes
    alive when forward returns split per block (what is created outside the blocks, embeddings and head, is the
-   fixed base). ``FlopCounterMode`` attributes FLOPs to modules; a block's recompute cost under a strategy is its
-   FLOPs under that strategy less its FLOPs without checkpointing.
+   fixed base). Recompute cost is counted by ``FlopCounterMode`` over whole steps: one step per strategy and
+   group of twin blocks (same class, same parameter shapes: all decoder layers of a Llama, the encoder and the
+   decoder blocks of a T5), less the step without checkpointing, shared among the group.
 2. **Solve.** Retained bytes add up over blocks (a block's retention depends on its own strategy only: its output
    is kept whatever the next block does), so the plan is a multiple-choice knapsack: reach the required savings at
    the least recompute FLOPs. It is solved exactly by dynamic programming over savings quantised *down* (so the
@@ -99,17 +100,42 @@ def _retained_per_block(model: nn.Module, blocks: list[Block], inputs: Mapping[s
     return by_block.get(None, 0), tuple(by_block.get(block.index, 0) for block in blocks)
 
 
-def _flops_per_block(model: nn.Module, blocks: list[Block], inputs: Mapping[str, Any], loss_fn: LossFn | None):
-    from torch.utils.flop_counter import FlopCounterMode
+def _step_flops(model: nn.Module, inputs: Mapping[str, Any], loss_fn: LossFn | None) -> int:
+    from .measure.flops import count_flops
 
-    with FlopCounterMode(display=False) as counter:
+    torch.manual_seed(0)
+    model.zero_grad(set_to_none=True)
+    with count_flops() as flops:
         _loss_of(model(**inputs), loss_fn).backward()
-    by_module = {name: sum(ops.values()) for name, ops in counter.get_flop_counts().items()}
-    result = []
+    return flops.total
+
+
+def _twin_groups(blocks: list[Block]) -> list[list[int]]:
+    """Blocks of the same class with parameters of the same shapes: they cost the same to recompute."""
+    groups: dict[tuple, list[int]] = {}
     for block in blocks:
-        matches = [name for name in by_module if name.endswith("." + block.name)]
-        result.append(by_module[min(matches, key=len)] if matches else 0)
-    return tuple(result)
+        shapes = tuple((name, tuple(p.shape)) for name, p in block.module.named_parameters())
+        groups.setdefault((type(block.module), shapes), []).append(block.index)
+    return list(groups.values())
+
+
+def _recompute_flops_per_block(
+    model: nn.Module, blocks: list[Block], strategy: str, config: dict[str, Any], inputs: Mapping[str, Any],
+    loss_fn: LossFn | None, none_flops: int,
+) -> tuple[int, ...]:
+    """Each block's recompute FLOPs under ``strategy``: whole-step FLOPs with the strategy on one group of twin
+    blocks, less the FLOPs without checkpointing, shared among the group. Whole-step totals are exact where
+    per-module attribution of the recompute (which runs in backward) is not."""
+    per_block = [0] * len(blocks)
+    for group in _twin_groups(blocks):
+        strategies = tuple(strategy if i in group else "none" for i in range(len(blocks)))
+        remove(model)
+        apply_config(model, CheckpointConfig.from_arguments(config, dict_name="checkpoint_kwargs", plan=CheckpointPlan(strategies)))
+        extra = max(0, _step_flops(model, inputs, loss_fn) - none_flops)
+        share, remainder = divmod(extra, len(group))
+        for position, index in enumerate(group):
+            per_block[index] = share + (1 if position < remainder else 0)
+    return tuple(per_block)
 
 
 def profile_blocks(
@@ -133,16 +159,18 @@ def profile_blocks(
     previous = target.__dict__.get(_STATE_ATTRIBUTE)
     was_training = model.training
     retained: dict[str, tuple[int, ...]] = {}
-    flops: dict[str, tuple[int, ...]] = {}
+    recompute: dict[str, tuple[int, ...]] = {}
     unusable: dict[str, str] = {}
     base_bytes = 0
     try:
         with torch.random.fork_rng(devices=[]):
             model.train()
+            remove(model)
+            none_flops = _step_flops(model, sample_inputs, loss_fn)
             for strategy in dict.fromkeys(("none", *strategies)):
                 remove(model)
+                options = {"policy": policy} if strategy == "selective" else {}
                 if strategy != "none":
-                    options = {"policy": policy} if strategy == "selective" else {}
                     apply_config(model, CheckpointConfig.from_arguments(
                         checkpoint_kwargs, dict_name="checkpoint_kwargs", strategy=strategy, **options
                     ))
@@ -150,24 +178,22 @@ def profile_blocks(
                     torch.manual_seed(0)
                     model.zero_grad(set_to_none=True)
                     base, retained[strategy] = _retained_per_block(model, blocks, sample_inputs, loss_fn)
-                    torch.manual_seed(0)
-                    model.zero_grad(set_to_none=True)
-                    flops[strategy] = _flops_per_block(model, blocks, sample_inputs, loss_fn)
                 except SelectiveRecomputeError as error:
                     unusable[strategy] = str(error)
-                    retained.pop(strategy, None)
                     continue
                 if strategy == "none":
                     base_bytes = base
+                    recompute[strategy] = (0,) * len(blocks)
+                else:
+                    recompute[strategy] = _recompute_flops_per_block(
+                        model, blocks, strategy, {**checkpoint_kwargs, **options}, sample_inputs, loss_fn, none_flops
+                    )
     finally:
         remove(model)
         model.zero_grad(set_to_none=True)
         if previous is not None:
             apply_config(model, previous.config)
         model.train(was_training)
-    recompute = {
-        s: tuple(max(0, f - n) for f, n in zip(flops[s], flops["none"])) for s in retained
-    }
     return BlockProfile(base_bytes=base_bytes, retained=retained, recompute_flops=recompute, unusable=unusable)
 
 

@@ -1,0 +1,348 @@
+#!/usr/bin/env python3
+"""Run the test suite against every supported transformers release, one cached virtualenv per release.
+
+    python ci/matrix.py                         # every release, the whole suite (pytest tests)
+    python ci/matrix.py --releases 4.45.2 5.24.0 -- tests/test_architectures.py
+    python ci/matrix.py --list                  # releases, their pins and whether their environment is built
+
+Each release has a constraints file, ``ci/pins/transformers-<release>.txt``, pinning torch, transformers and the
+``huggingface_hub``/``tokenizers`` that release needs (4.x and 5.x need different ones). Its environment is built
+once and kept outside the clone, in ``~/.cache/hf_ckpt/venvs/matrix-<release>-<hash>`` (``--cache-dir`` or
+``HF_CKPT_MATRIX_CACHE`` to move it): the hash covers the pins, the requirements in ``pyproject.toml`` (the core
+dependencies and the ``test`` extra), the Python version and this recipe, so that a change to any of them builds
+a fresh environment and a fresh clone on the same machine reuses the existing one. An environment counts as built
+only once its stamp file is written, so an interrupted build is redone, not reused.
+
+torch is installed first, on its own, so that pip takes the CPU build on local disk. hf_ckpt itself is not
+installed: the tests import it from the clone under test through ``PYTHONPATH``.
+
+Output: the pytest output of each release, then one line per release, ``transformers X: N passed, M failed`` (with
+xfailed/skipped counts), and a final ``matrix: N passed, M failed``. The exit status is non-zero if any release
+failed, its environment could not be built, or its pytest run ended with a non-zero status. ``--out`` (default
+``build/matrix``) receives each release's log, JUnit XML and the architecture sweep's JSON, and ``matrix.json``,
+the input of ``ci/compat_report.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+import tomllib
+import xml.etree.ElementTree as ElementTree
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PINS_DIR = ROOT / "ci" / "pins"
+DEFAULT_CACHE = Path(os.environ.get("HF_CKPT_MATRIX_CACHE", "~/.cache/hf_ckpt/venvs")).expanduser()
+
+#: Supported releases, oldest first; each needs ``ci/pins/transformers-<release>.txt``.
+RELEASES = ("4.45.2", "4.51.3", "4.57.6", "5.0.0", "5.15.1", "5.22.2", "5.24.0")
+
+#: Bump to rebuild every environment after a change to how they are built.
+RECIPE_VERSION = "1"
+STAMP = ".hf_ckpt-matrix-stamp.json"
+
+_print_lock = threading.Lock()
+
+
+def say(*lines: str) -> None:
+    with _print_lock:
+        for line in lines:
+            print(line, flush=True)
+
+
+# --------------------------------------------------------------------------------------------------- environments
+
+
+def pins_file(release: str) -> Path:
+    return PINS_DIR / f"transformers-{release}.txt"
+
+
+def requirements() -> list[str]:
+    """What each environment installs: hf_ckpt's dependencies and its ``test`` extra, from pyproject.toml."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    return list(project["dependencies"]) + list(project.get("optional-dependencies", {}).get("test", []))
+
+
+def pinned(release: str, package: str) -> str | None:
+    """The line of ``release``'s pins that pins ``package``, if any."""
+    for line in pins_file(release).read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        name = line.split("==", 1)[0].strip().lower().replace("_", "-")
+        if line and name == package:
+            return line
+    return None
+
+
+def env_hash(release: str) -> str:
+    digest = hashlib.sha256()
+    for part in (
+        RECIPE_VERSION,
+        f"{sys.implementation.name}-{sys.version_info.major}.{sys.version_info.minor}",
+        pins_file(release).read_text(),
+        "\n".join(requirements()),
+    ):
+        digest.update(part.encode())
+        digest.update(b"\0")
+    return digest.hexdigest()[:12]
+
+
+def env_dir(cache: Path, release: str) -> Path:
+    return cache / f"matrix-{release}-{env_hash(release)}"
+
+
+def env_is_built(path: Path) -> bool:
+    stamp = path / STAMP
+    if not stamp.is_file():
+        return False
+    try:
+        return json.loads(stamp.read_text()).get("hash") == path.name.rsplit("-", 1)[-1]
+    except json.JSONDecodeError:
+        return False
+
+
+@contextlib.contextmanager
+def locked(path: Path):
+    """An exclusive lock on ``path`` (two CI runs on one machine must not build the same environment at once)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def run_logged(command: list[str], log, env: dict[str, str] | None = None, echo: bool = False) -> int:
+    """Run ``command``, appending its output to ``log`` (and echoing it live when ``echo``)."""
+    log.write(f"$ {' '.join(command)}\n")
+    log.flush()
+    process = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT, bufsize=1
+    )
+    assert process.stdout is not None
+    for line in process.stdout:
+        log.write(line)
+        if echo:
+            say(line.rstrip("\n"))
+    return process.wait()
+
+
+def build_env(cache: Path, release: str, log, echo: bool, rebuild: bool) -> tuple[Path, bool]:
+    """The environment for ``release``, built unless a complete one with the same hash exists; (path, built now)."""
+    path = env_dir(cache, release)
+    with locked(cache / f"matrix-{release}.lock"):
+        if env_is_built(path) and not rebuild:
+            return path, False
+        shutil.rmtree(path, ignore_errors=True)
+        python = path / "bin" / "python"
+        pins = str(pins_file(release))
+        pip = [str(python), "-m", "pip", "install", "--no-input", "--disable-pip-version-check", "-q"]
+        steps = [
+            [sys.executable, "-m", "venv", str(path)],
+            # torch first and alone: pip then takes the CPU build on local disk, not a multi-GB CUDA build.
+            pip + ["-c", pins, pinned(release, "torch") or "torch"],
+            pip + ["-c", pins, *requirements()],
+            [str(python), "-m", "pip", "check"],
+        ]
+        for step in steps:
+            if run_logged(step, log, echo=echo) != 0:
+                raise RuntimeError(f"environment build failed at: {' '.join(step)}")
+        versions = subprocess.run(
+            [str(python), "-c", "import json, torch, transformers; "
+             "print(json.dumps({'torch': torch.__version__, 'transformers': transformers.__version__}))"],
+            capture_output=True, text=True, check=True,
+        ).stdout
+        installed = json.loads(versions)
+        if installed["transformers"] != release:
+            raise RuntimeError(f"environment has transformers {installed['transformers']}, expected {release}")
+        (path / STAMP).write_text(json.dumps({"hash": path.name.rsplit("-", 1)[-1], **installed}) + "\n")
+        for stale in cache.glob(f"matrix-{release}-*"):
+            if stale != path and stale.is_dir():
+                shutil.rmtree(stale, ignore_errors=True)
+        return path, True
+
+
+# --------------------------------------------------------------------------------------------------------- tests
+
+
+@dataclass
+class Result:
+    release: str
+    passed: int = 0
+    failed: int = 0
+    errors: int = 0
+    skipped: int = 0
+    xfailed: int = 0
+    exit_status: int | None = None
+    problem: str | None = None
+    env: str | None = None
+    env_built_now: bool = False
+    build_seconds: float = 0.0
+    test_seconds: float = 0.0
+    failures: list[str] = field(default_factory=list)
+    sweep: dict | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.problem is None and self.exit_status == 0 and self.failed == 0 and self.errors == 0
+
+    def line(self) -> str:
+        if self.problem is None and self.exit_status == 0 and self.test_seconds == 0 and not self.passed:
+            return f"transformers {self.release}: environment ready ({self._timing()})"
+        failed = self.failed + self.errors
+        line = f"transformers {self.release}: {self.passed} passed, {failed} failed"
+        extras = [f"{n} {what}" for n, what in ((self.xfailed, "xfailed"), (self.skipped, "skipped")) if n]
+        line += "".join(f", {extra}" for extra in extras)
+        if self.problem:
+            line += f" [{self.problem}]"
+        elif self.exit_status not in (0, None) and not failed:
+            line += f" [pytest exited with status {self.exit_status}]"
+        return f"{line} ({self._timing()}, tests {self.test_seconds:.0f} s)"
+
+    def _timing(self) -> str:
+        return f"env built in {self.build_seconds:.0f} s" if self.env_built_now else "env reused"
+
+
+def read_junit(path: Path, result: Result) -> None:
+    """Count outcomes from pytest's JUnit XML: passed, failed, errors, skipped and (strict or not) xfailed."""
+    for case in ElementTree.parse(path).getroot().iter("testcase"):
+        name = f"{case.get('classname', '')}::{case.get('name', '')}"
+        tags = {child.tag: child for child in case}
+        if "failure" in tags:
+            result.failed += 1
+            result.failures.append(name)
+        elif "error" in tags:
+            result.errors += 1
+            result.failures.append(name)
+        elif "skipped" in tags:
+            if tags["skipped"].get("type") == "pytest.xfail":
+                result.xfailed += 1
+            else:
+                result.skipped += 1
+        else:
+            result.passed += 1
+
+
+def run_release(release: str, args: argparse.Namespace, echo: bool) -> Result:
+    result = Result(release)
+    out = args.out / release
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    with open(out / "log.txt", "w") as log:
+        started = time.monotonic()
+        try:
+            path, result.env_built_now = build_env(args.cache_dir, release, log, echo, args.rebuild)
+        except (RuntimeError, subprocess.CalledProcessError, OSError) as error:
+            result.problem = f"environment: {error}"
+            result.build_seconds = time.monotonic() - started
+            return result
+        result.env = str(path)
+        result.build_seconds = time.monotonic() - started
+        if args.build_only:
+            result.exit_status = 0
+            return result
+
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+            "HF_CKPT_SWEEP_REPORT": str(out / "sweep.json"),
+            "PYTHONDONTWRITEBYTECODE": "1",
+        }
+        if args.jobs > 1:
+            env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // args.jobs)))
+        junit = out / "junit.xml"
+        command = [
+            str(path / "bin" / "python"), "-m", "pytest", "-p", "no:cacheprovider",
+            f"--junitxml={junit}", *(args.pytest_args or ["tests"]),
+        ]
+        started = time.monotonic()
+        result.exit_status = run_logged(command, log, env=env, echo=echo)
+        result.test_seconds = time.monotonic() - started
+    if junit.is_file():
+        read_junit(junit, result)
+    elif result.exit_status != 0:
+        result.problem = f"pytest exited with status {result.exit_status} and wrote no report"
+    sweep = out / "sweep.json"
+    if sweep.is_file():
+        result.sweep = json.loads(sweep.read_text())
+    return result
+
+
+# ----------------------------------------------------------------------------------------------------------- CLI
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    parser.add_argument("--releases", nargs="+", metavar="X", help="releases to run (default: all); commas work too")
+    parser.add_argument("--list", action="store_true", help="list the releases, their pins and environments, and exit")
+    parser.add_argument("--jobs", type=int, default=1, help="releases run at once (default 1)")
+    parser.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE, help=f"where environments live ({DEFAULT_CACHE})")
+    parser.add_argument("--out", type=Path, default=ROOT / "build" / "matrix", help="logs and reports (build/matrix)")
+    parser.add_argument("--rebuild", action="store_true", help="rebuild the environments even if they exist")
+    parser.add_argument("--build-only", action="store_true", help="build the environments, run no test")
+    parser.add_argument("pytest_args", nargs="*", help="after --: what pytest runs (default: tests)")
+    args = parser.parse_args(argv)
+    chosen = [r for item in (args.releases or RELEASES) for r in item.split(",") if r]
+    unknown = [r for r in chosen if r not in RELEASES]
+    if unknown:
+        parser.error(f"unknown release(s) {', '.join(unknown)}; known: {', '.join(RELEASES)}")
+    args.releases = [r for r in RELEASES if r in chosen]
+    args.out = args.out.resolve()
+    return args
+
+
+def list_releases(args: argparse.Namespace) -> None:
+    for release in args.releases:
+        path = env_dir(args.cache_dir, release)
+        state = "built" if env_is_built(path) else "not built"
+        say(f"{release:8} pins {pins_file(release).relative_to(ROOT)}  env {path} ({state})")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    if args.list:
+        list_releases(args)
+        return 0
+    args.out.mkdir(parents=True, exist_ok=True)
+    echo = args.jobs == 1
+    started = time.monotonic()
+    results: dict[str, Result] = {}
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        futures = {pool.submit(run_release, release, args, echo): release for release in args.releases}
+        for future in concurrent.futures.as_completed(futures):
+            result = future.result()
+            results[result.release] = result
+            if not echo:
+                say(f"===== transformers {result.release} =====", (args.out / result.release / "log.txt").read_text())
+            say(result.line())
+    ordered = [results[release] for release in args.releases]
+    say("", "===== transformers release matrix =====")
+    say(*(result.line() for result in ordered))
+    for result in ordered:
+        for name in result.failures:
+            say(f"  FAILED [{result.release}] {name}")
+    report = {
+        "releases": [{**asdict(result), "ok": result.ok} for result in ordered],
+        "seconds": round(time.monotonic() - started, 1),
+    }
+    (args.out / "matrix.json").write_text(json.dumps(report, indent=1) + "\n")
+    passed = sum(r.passed for r in ordered)
+    failed = sum(r.failed + r.errors for r in ordered)
+    say(f"matrix: {passed} passed, {failed} failed")
+    return 0 if all(r.ok for r in ordered) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

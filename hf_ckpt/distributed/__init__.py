@@ -1,0 +1,17 @@
+"""hf_ckpt inside DDP, FSDP2, FSDP1 and accelerate: the same selection, one checkpoint per block.
+
+* :func:`apply` / :func:`remove`: hf_ckpt's selection applied through ``torch.distributed``'s
+  ``checkpoint_wrapper`` (``apply_activation_checkpointing``), for training loops built on FSDP's wrapper
+  mechanism. :func:`wrapped_layers` lists the blocks that checkpoint wrappers cover.
+* :func:`guard` / :func:`unguard`: at every training forward, no block checkpointed twice (an engine's
+  ``CheckpointWrapper`` wins over hf_ckpt's flags, with one warning), and a clear error for reentrant
+  checkpointing under ``DistributedDataParallel(find_unused_parameters=True)``.
+
+``hf_ckpt.enable`` itself works under the engines; ``docs/guides/distributed.md`` gives the order of calls each
+engine needs.
+"""
+
+from .checks import guard, unguard
+from .wrapper import apply, remove, wrapped_layers
+
+__all__ = ["apply", "guard", "remove", "unguard", "wrapped_layers"]

@@ -1,0 +1,146 @@
+"""Activation memory, measured from the tensor storages a training step actually creates.
+
+:class:`StorageTracker` is a ``TorchDispatchMode``: every aten op of the step (forward, backward, the recompute of
+checkpointed blocks, the copies an offloading hook makes) passes through it. For each tensor an op returns, it
+looks at the tensor's untyped storage:
+
+* a storage it has seen as the *input* of an op before seeing it created is **foreign**: parameters, buffers,
+  the batch, anything that existed before the step (and every view of them). Foreign storages are never counted.
+* any other storage was created during the step. The tracker records its size and device and keeps a weak
+  reference whose callback subtracts the bytes again when the storage is freed.
+
+So the live count is exactly the bytes of storages created inside the mode and still alive, per device, and the
+peak is the largest that count reached. This is what backward holds, whatever holds it: autograd's saved tensors,
+checkpoint's saved inputs, ``save_on_cpu``'s host copies (which count on the device of their storage: host
+memory is ``cpu``), tensors a selective-recompute policy keeps. Summing the tensors that saved-tensor hooks see
+undercounts all but the first of these, which is why the tracker watches storages instead.
+
+Sizes are the storages' own ``nbytes``; allocator rounding and fragmentation are not included (on CUDA,
+:func:`hf_ckpt.measure.measure_step` reports ``torch.cuda.max_memory_allocated`` next to it). Storages created
+without passing through the dispatcher (``torch.tensor(data)``, ``torch.from_numpy``) are treated as foreign.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections import Counter
+from typing import Any, Callable, Hashable
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+from torch.utils.weak import WeakIdKeyDictionary
+
+
+def _storage_of(value: Any) -> torch.UntypedStorage | None:
+    """The untyped storage behind a plain tensor, or None (no tensor, meta/sparse tensor, tensor subclass)."""
+    if not isinstance(value, torch.Tensor) or value.is_meta or value.layout is not torch.strided:
+        return None
+    try:
+        return value.untyped_storage()
+    except (RuntimeError, NotImplementedError):
+        return None
+
+
+class StorageTracker(TorchDispatchMode):
+    """Count the bytes of tensor storages created while the mode is active, live and at their peak, per device.
+
+    Example::
+
+        with StorageTracker() as tracker:
+            loss = model(**batch).loss
+            retained = tracker.live_bytes()      # what backward will hold, per device
+            loss.backward()
+        tracker.peak_bytes()                     # the most that was alive at once during the step
+
+    Parameters, buffers and every storage that existed before the mode was entered are ignored, and so are views
+    of them. The counts stay valid after the mode exits (storages freed later keep being subtracted).
+    """
+
+    def __init__(self, label: Callable[[], Hashable] | None = None) -> None:
+        """``label``, when given, is called as each storage is created; :meth:`live_bytes_by_label` then splits
+        the live bytes by those labels (the planner labels storages with the block being run)."""
+        super().__init__()
+        self._lock = threading.Lock()
+        self._foreign: WeakIdKeyDictionary = WeakIdKeyDictionary()
+        self._tracked: dict[int, tuple[weakref.ref, str, int]] = {}
+        self._live: Counter[str] = Counter()
+        self._peak: Counter[str] = Counter()
+        self._label = label
+        self._labels: dict[int, Hashable] = {}
+
+    # -- the mode ---------------------------------------------------------------------------------------------
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        for value in tree_leaves((args, kwargs)):
+            storage = _storage_of(value)
+            if storage is not None and id(storage) not in self._tracked and storage not in self._foreign:
+                self._foreign[storage] = True
+        out = func(*args, **kwargs)
+        for value in tree_leaves(out):
+            storage = _storage_of(value)
+            if storage is not None and storage not in self._foreign:
+                self._track(storage)
+        return out
+
+    def _track(self, storage: torch.UntypedStorage) -> None:
+        key = id(storage)
+        nbytes = storage.nbytes()
+        with self._lock:
+            known = self._tracked.get(key)
+            if known is not None:
+                reference, device, old = known
+                if old == nbytes:
+                    return
+                self._tracked[key] = (reference, device, nbytes)  # resized in place (an ``out=`` op)
+                self._add(device, nbytes - old)
+                return
+            device = str(storage.device)
+            reference = weakref.ref(storage, self._on_free(key))
+            self._tracked[key] = (reference, device, nbytes)
+            if self._label is not None:
+                self._labels[key] = self._label()
+            self._add(device, nbytes)
+
+    def _add(self, device: str, nbytes: int) -> None:
+        self._live[device] += nbytes
+        if self._live[device] > self._peak[device]:
+            self._peak[device] = self._live[device]
+
+    def _on_free(self, key: int):
+        def callback(_reference: weakref.ref) -> None:
+            with self._lock:
+                entry = self._tracked.pop(key, None)
+                self._labels.pop(key, None)
+                if entry is not None:
+                    self._live[entry[1]] -= entry[2]
+
+        return callback
+
+    # -- results ----------------------------------------------------------------------------------------------
+
+    def live_bytes(self) -> dict[str, int]:
+        """Bytes of storages created under the mode and alive now, per device (``"cpu"``, ``"cuda:0"``, ...)."""
+        with self._lock:
+            return {device: count for device, count in self._live.items() if count}
+
+    def live_bytes_by_label(self, device: str) -> dict[Hashable, int]:
+        """Bytes alive now on ``device``, split by the label each storage got when it was created."""
+        result: Counter[Hashable] = Counter()
+        with self._lock:
+            for key, (_reference, storage_device, nbytes) in self._tracked.items():
+                if storage_device == device:
+                    result[self._labels.get(key)] += nbytes
+        return {label: count for label, count in result.items() if count}
+
+    def peak_bytes(self) -> dict[str, int]:
+        """The largest :meth:`live_bytes` reached on each device since the mode was entered or :meth:`reset_peak`."""
+        with self._lock:
+            return {device: count for device, count in self._peak.items() if count}
+
+    def reset_peak(self) -> None:
+        """Start a new peak from the bytes alive now."""
+        with self._lock:
+            self._peak = Counter(self._live)

@@ -1,0 +1,307 @@
+"""Reading a :class:`~hf_ckpt.measure.bench.BenchmarkReport`: the table, the checks, the JSON and the plot."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from .bench import BenchmarkReport
+from .timing import median
+
+MIB = 2**20
+
+#: Full checkpointing keeps at most this fraction of the activation memory of no checkpointing.
+MAX_FULL_RETAINED_FRACTION = 0.15
+#: One extra forward of every block on top of forward + backward (1 + 2 + 1) / (1 + 2) = 1.33 is the ceiling.
+MAX_FULL_FLOPS_RATIO = 1.34
+#: hf_ckpt may cost at most this fraction of step time over transformers' own checkpointing at the same setting.
+MAX_OVERHEAD_VS_UPSTREAM = 0.02
+#: Selective recompute on every block saves at least this fraction of the activation memory...
+MIN_SELECTIVE_SAVING = 0.30
+#: ...for at most this many extra FLOPs (matmuls and attention are kept, not recomputed).
+MAX_SELECTIVE_FLOPS_RATIO = 1.02
+#: A plan's predicted activation bytes are within this fraction of the measured.
+MAX_PLAN_PREDICTION_ERROR = 0.10
+
+
+@dataclass(frozen=True)
+class Check:
+    """One criterion, its measured value and whether it held."""
+
+    name: str
+    measured: str
+    limit: str
+    passed: bool
+
+
+def checks(report: BenchmarkReport) -> list[Check]:
+    """The criteria that apply to the strategies in ``report``.
+
+    * every strategy: the blocks that ran twice are exactly those its flags selected;
+    * ``full``: retains at most 15% of ``none``'s activation memory, and costs at most 1.34x its FLOPs;
+    * ``every_n:N``: retains strictly more than ``full`` and strictly less than ``none``;
+    * ``upstream:X`` next to ``X``: hf_ckpt's step is at most 2% slower than transformers' own.
+    """
+    found: list[Check] = []
+    for result in report.results:
+        measured = result.measurement.recomputed_blocks
+        found.append(
+            Check(
+                f"{result.strategy}: recomputed blocks == selected blocks",
+                _blocks(measured),
+                _blocks(result.selected_blocks),
+                measured == result.selected_blocks,
+            )
+        )
+    if "full" in report:
+        fraction = report.retained_fraction("full")
+        found.append(
+            Check(
+                "full: retained activation memory <= 15% of none",
+                f"{fraction:.1%}",
+                f"<= {MAX_FULL_RETAINED_FRACTION:.0%}",
+                fraction <= MAX_FULL_RETAINED_FRACTION,
+            )
+        )
+        ratio = report.flops_ratio("full")
+        found.append(
+            Check(
+                "full: FLOPs <= 1.34x none",
+                f"{ratio:.3f}x",
+                f"<= {MAX_FULL_FLOPS_RATIO}x",
+                ratio <= MAX_FULL_FLOPS_RATIO,
+            )
+        )
+        full = report["full"].measurement.retained_bytes
+        none = report.baseline.measurement.retained_bytes
+        for result in report.results:
+            if result.strategy.startswith("every_n:") and result.strategy != "every_n:1":
+                retained = result.measurement.retained_bytes
+                found.append(
+                    Check(
+                        f"{result.strategy}: full < retained < none",
+                        f"{retained / MIB:.2f} MiB",
+                        f"({full / MIB:.2f}, {none / MIB:.2f}) MiB",
+                        full < retained < none,
+                    )
+                )
+    found.extend(_selective_checks(report))
+    found.extend(_plan_checks(report))
+    for result in report.results:
+        if result.strategy.startswith("upstream:"):
+            ours = result.strategy.removeprefix("upstream:")
+            if ours in report:
+                overhead = overhead_vs(report, ours, result.strategy)
+                found.append(
+                    Check(
+                        f"{ours}: hf_ckpt step time vs {result.strategy} (median of per-round ratios)",
+                        f"{overhead:+.1%}",
+                        f"<= +{MAX_OVERHEAD_VS_UPSTREAM:.0%}",
+                        overhead <= MAX_OVERHEAD_VS_UPSTREAM,
+                    )
+                )
+    return found
+
+
+def _selective_checks(report: BenchmarkReport) -> list[Check]:
+    if "selective" not in report:
+        return []
+    saving = 1 - report.retained_fraction("selective")
+    ratio = report.flops_ratio("selective")
+    return [
+        Check("selective: saves >= 30% of none's activation memory", f"{saving:.1%}",
+              f">= {MIN_SELECTIVE_SAVING:.0%}", saving >= MIN_SELECTIVE_SAVING),
+        Check("selective: FLOPs <= 1.02x none", f"{ratio:.3f}x", f"<= {MAX_SELECTIVE_FLOPS_RATIO}x",
+              ratio <= MAX_SELECTIVE_FLOPS_RATIO),
+    ]
+
+
+def _every_n_costs(report: BenchmarkReport) -> dict[str, tuple[int, int]]:
+    """(retained bytes, FLOPs) of the every_n_layers settings measured in the report (``full`` is every_n:1)."""
+    return {
+        result.strategy: (result.measurement.retained_bytes, result.measurement.flops)
+        for result in report.results
+        if result.strategy in ("full", "none") or result.strategy.startswith("every_n:")
+    }
+
+
+def _plan_checks(report: BenchmarkReport) -> list[Check]:
+    plans = [result for result in report.results if result.strategy.startswith("plan:")]
+    if not plans:
+        return []
+    costs = _every_n_costs(report)
+    none_flops = report.baseline.measurement.flops
+    found, strictly_cheaper = [], []
+    for result in plans:
+        measured = result.measurement.retained_bytes
+        budget = result.details["budget_bytes"]
+        predicted = result.details["predicted_bytes"]
+        found.append(Check(f"{result.strategy}: retained <= budget", f"{measured / MIB:.2f} MiB",
+                           f"<= {budget / MIB:.2f} MiB", measured <= budget))
+        error = abs(predicted - measured) / measured
+        found.append(Check(f"{result.strategy}: predicted bytes within 10% of measured", f"{error:.1%}",
+                           f"<= {MAX_PLAN_PREDICTION_ERROR:.0%}", error <= MAX_PLAN_PREDICTION_ERROR))
+        fitting = {name: flops for name, (retained, flops) in costs.items() if retained <= budget}
+        if not fitting:
+            continue
+        cheapest = min(fitting, key=fitting.get)
+        overhead, reference = result.measurement.flops - none_flops, fitting[cheapest] - none_flops
+        found.append(Check(f"{result.strategy}: recompute FLOPs <= cheapest fitting every_n ({cheapest})",
+                           f"{overhead / 1e9:.3f} GFLOP", f"<= {reference / 1e9:.3f} GFLOP", overhead <= reference))
+        strictly_cheaper.append(overhead < reference)
+    if strictly_cheaper:
+        found.append(Check("plans: strictly cheaper than every_n for at least one budget",
+                           f"{sum(strictly_cheaper)} of {len(strictly_cheaper)}", ">= 1", any(strictly_cheaper)))
+    return found
+
+
+def overhead_vs(report: BenchmarkReport, strategy: str, reference: str) -> float:
+    """How much slower ``strategy``'s step is than ``reference``'s: the median over rounds of the ratio of the two
+    steps of the same round, less 1. Pairing by round cancels the drift both see (rounds interleave them)."""
+    ratios = [ours / theirs for ours, theirs in zip(report[strategy].step_times_s, report[reference].step_times_s)]
+    return median(ratios) - 1
+
+
+def _blocks(blocks: list[int]) -> str:
+    if not blocks:
+        return "-"
+    if len(blocks) > 2 and blocks == list(range(blocks[0], blocks[-1] + 1)):
+        return f"{blocks[0]}-{blocks[-1]}"
+    return ",".join(str(block) for block in blocks)
+
+
+def _mib(nbytes: int | None) -> str:
+    return "-" if nbytes is None else f"{nbytes / MIB:.2f}"
+
+
+def rows(report: BenchmarkReport) -> list[dict[str, Any]]:
+    """One dict per strategy with every figure of the table (the JSON's ``strategies``)."""
+    table = []
+    for result in report.results:
+        measurement = result.measurement
+        table.append(
+            {
+                "strategy": result.strategy,
+                "description": result.description,
+                "recomputed_blocks": measurement.recomputed_blocks,
+                "selected_blocks": result.selected_blocks,
+                "retained_bytes": measurement.retained_bytes,
+                "retained_fraction": report.retained_fraction(result.strategy),
+                "peak_bytes": measurement.peak_bytes,
+                "retained_bytes_by_device": measurement.retained_bytes_by_device,
+                "peak_bytes_by_device": measurement.peak_bytes_by_device,
+                "allocator_retained_bytes": measurement.allocator_retained_bytes,
+                "allocator_peak_bytes": measurement.allocator_peak_bytes,
+                "flops": measurement.flops,
+                "flops_ratio": report.flops_ratio(result.strategy),
+                "step_time_s": result.step_time_s,
+                "step_times_s": result.step_times_s,
+                "speed_ratio": report.speed_ratio(result.strategy),
+                "loss": measurement.loss,
+                "details": result.details,
+            }
+        )
+    return table
+
+
+def to_dict(report: BenchmarkReport) -> dict[str, Any]:
+    """Everything in the report as plain JSON-ready data."""
+    return {
+        "info": report.info,
+        "repeat": report.repeat,
+        "warmup": report.warmup,
+        "clock": report.clock,
+        "strategies": rows(report),
+        "checks": [asdict(check) for check in checks(report)],
+    }
+
+
+def format_table(report: BenchmarkReport) -> str:
+    """The trade-off table, one row per strategy, as fixed-width text (Markdown-compatible)."""
+    with_device = any(result.measurement.allocator_peak_bytes is not None for result in report.results)
+    header = ["strategy", "retained MiB", "% of none", "peak MiB"]
+    if with_device:
+        header.append("device peak MiB")
+    header += ["FLOPs ratio", "step ms", "speed", "recomputed blocks"]
+    lines = []
+    for row, result in zip(rows(report), report.results):
+        cells = [
+            row["strategy"],
+            _mib(row["retained_bytes"]),
+            f"{row['retained_fraction']:.1%}",
+            _mib(row["peak_bytes"]),
+        ]
+        if with_device:
+            cells.append(_mib(row["allocator_peak_bytes"]))
+        cells += [
+            f"{row['flops_ratio']:.3f}x",
+            f"{row['step_time_s'] * 1000:.1f}",
+            f"{row['speed_ratio']:.2f}x",
+            _blocks(row["recomputed_blocks"]),
+        ]
+        lines.append(cells)
+    widths = [max(len(header[i]), *(len(line[i]) for line in lines)) for i in range(len(header))]
+
+    def render(cells: list[str]) -> str:
+        last = len(cells) - 1  # names left-aligned, figures right-aligned
+        padded = [
+            cell.ljust(width) if i in (0, last) else cell.rjust(width)
+            for i, (cell, width) in enumerate(zip(cells, widths))
+        ]
+        return "| " + " | ".join(padded) + " |"
+
+    rule = "|" + "|".join("-" * (width + 2) for width in widths) + "|"
+    return "\n".join([render(header), rule, *(render(line) for line in lines)])
+
+
+def format_checks(report: BenchmarkReport) -> str:
+    """The checks, one per line: PASS/FAIL, the criterion, the measured value and the limit."""
+    return "\n".join(
+        f"{'PASS' if check.passed else 'FAIL'}  {check.name}: {check.measured} (limit {check.limit})"
+        for check in checks(report)
+    )
+
+
+def plot_tradeoff(report: BenchmarkReport, path: str) -> None:
+    """Write a PNG: retained activation memory against step time, one point per strategy, the Pareto front drawn.
+
+    Needs matplotlib (``pip install hf_ckpt[bench]``); uses the Agg canvas directly, so no GUI and no global
+    pyplot state is touched.
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    points = [
+        (result.step_time_s * 1000, result.measurement.retained_bytes / MIB, result.strategy)
+        for result in report.results
+    ]
+    front = pareto_front([(x, y) for x, y, _ in points])
+    figure = Figure(figsize=(7, 4.5), dpi=120)
+    FigureCanvasAgg(figure)
+    axes = figure.add_subplot()
+    for x, y, name in points:
+        reference = name.startswith("upstream:")  # transformers' own: a hollow marker, labelled below
+        axes.scatter(
+            [x], [y], zorder=3, s=40, marker="o",
+            facecolors="none" if reference else "tab:blue", edgecolors="tab:gray" if reference else "tab:blue",
+        )
+        axes.annotate(name, (x, y), textcoords="offset points", xytext=(5, -12 if reference else 5), fontsize=8)
+    axes.step([x for x, _ in front], [y for _, y in front], where="post", color="tab:red", label="Pareto front")
+    axes.set_xlabel(f"step time (ms, median, {'process CPU time' if report.clock == 'cpu' else 'wall time'})")
+    axes.set_ylabel("activation memory retained after forward (MiB)")
+    model = report.info.get("model", {})
+    title = f"{model.get('class', 'model')}: batch {model.get('batch', '?')} x seq {model.get('seq', '?')}"
+    axes.set_title(title, fontsize=10)
+    axes.grid(True, alpha=0.3)
+    axes.legend()
+    figure.tight_layout()
+    figure.savefig(path, format="png")
+
+
+def pareto_front(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The points no other point beats on both coordinates (lower is better), sorted by the first."""
+    front: list[tuple[float, float]] = []
+    for x, y in sorted(points):
+        if not front or y < front[-1][1]:
+            front.append((x, y))
+    return front

@@ -1,0 +1,312 @@
+"""Checkpointing strategies by name: the small registry behind ``hf-ckpt bench --strategies``.
+
+A strategy is spelled ``NAME`` or ``NAME:ARGUMENT`` (``none``, ``full``, ``every_n:2``, ``upstream:every_n:2``).
+Each name maps to a factory that parses the argument and returns a :class:`Strategy`: how to switch the setting
+on a model and off again. Later features register theirs with :func:`register_strategy`::
+
+    register_strategy("selective", _selective, syntax="selective", help="...")
+"""
+
+from __future__ import annotations
+
+import inspect
+import weakref
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+from torch import nn
+
+from ..core import disable, enable
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """A checkpointing setting the benchmark can switch on and off.
+
+    Attributes:
+        name: The canonical spelling (``"every_n:2"``); the key of the results.
+        description: One line for people.
+        apply: Switches the setting on for a model (with checkpointing off).
+        remove: Switches it off again, leaving the model as ``apply`` found it.
+        prepare: Called once with the model (checkpointing off) and the batch before anything is measured, for
+            strategies that need to look at the workload first (``plan:F`` profiles it to make its plan).
+        details: Figures a strategy wants reported next to its measurements (a plan's predicted bytes).
+    """
+
+    name: str
+    description: str
+    apply: Callable[[nn.Module], None]
+    remove: Callable[[nn.Module], None]
+    prepare: Callable[[nn.Module, Mapping[str, Any]], None] | None = None
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class _Entry:
+    factory: Callable[[str | None], Strategy]
+    syntax: str
+    help: str
+
+
+_REGISTRY: dict[str, _Entry] = {}
+
+
+def register_strategy(name: str, factory: Callable[[str | None], Strategy], *, syntax: str, help: str) -> None:
+    """Make ``NAME`` and ``NAME:ARGUMENT`` parse to ``factory(argument)`` (``argument`` is None without a colon).
+
+    The factory raises ``ValueError`` with a message naming the accepted values when the argument is wrong.
+    Registering a name again replaces the previous factory.
+    """
+    if not name or ":" in name:
+        raise ValueError(f"a strategy name must be non-empty and contain no ':'; got {name!r}")
+    _REGISTRY[name] = _Entry(factory, syntax, help)
+
+
+def available_strategies() -> dict[str, str]:
+    """``{syntax: help}`` for every registered strategy, in registration order."""
+    return {entry.syntax: entry.help for entry in _REGISTRY.values()}
+
+
+def _accepted() -> str:
+    return ", ".join(entry.syntax for entry in _REGISTRY.values())
+
+
+def parse_strategy(spec: str) -> Strategy:
+    """The :class:`Strategy` spelled ``spec``.
+
+    Raises:
+        ValueError: The name is not registered, or its argument is wrong; the message lists what is accepted.
+    """
+    if not isinstance(spec, str) or not spec.strip():
+        raise ValueError(f"a strategy must be a non-empty string, one of: {_accepted()}; got {spec!r}")
+    name, colon, argument = spec.strip().partition(":")
+    entry = _REGISTRY.get(name)
+    if entry is None:
+        raise ValueError(f"unknown strategy {spec!r}; accepted: {_accepted()}")
+    return entry.factory(argument if colon else None)
+
+
+def parse_strategies(specs: str) -> list[Strategy]:
+    """Parse a comma-separated list (``"none,full,every_n:2"``); names must not repeat."""
+    strategies = [parse_strategy(spec) for spec in specs.split(",")]
+    names = [strategy.name for strategy in strategies]
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    if repeated:
+        raise ValueError(f"strategy given more than once: {', '.join(repeated)}")
+    return strategies
+
+
+# -- the built-in strategies ----------------------------------------------------------------------------------
+
+
+def _no_argument(name: str, argument: str | None) -> None:
+    if argument is not None:
+        raise ValueError(f"strategy {name!r} takes no argument; got {name}:{argument}")
+
+
+def _every_n(argument: str | None, spelled: str = "every_n") -> int:
+    try:
+        value = int(argument) if argument is not None else 0
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ValueError(
+            f"{spelled} needs a positive int (every_n:2 recomputes every other block); got {spelled}:{argument or ''}"
+        )
+    return value
+
+
+def _none(argument: str | None) -> Strategy:
+    _no_argument("none", argument)
+    return Strategy("none", "no checkpointing", apply=disable, remove=disable)
+
+
+def _full(argument: str | None) -> Strategy:
+    _no_argument("full", argument)
+    return Strategy("full", "hf_ckpt.enable(model): every block", apply=enable, remove=disable)
+
+
+def _every_n_strategy(argument: str | None) -> Strategy:
+    n = _every_n(argument)
+    return Strategy(
+        f"every_n:{n}",
+        f"hf_ckpt.enable(model, every_n_layers={n})",
+        apply=lambda model: enable(model, every_n_layers=n),
+        remove=disable,
+    )
+
+
+def _offload(argument: str | None) -> Strategy:
+    _no_argument("offload", argument)
+    return Strategy(
+        "offload",
+        "hf_ckpt.enable(model, offload=True): every block, saved inputs in host memory",
+        apply=lambda model: enable(model, offload=True),
+        remove=disable,
+    )
+
+
+def _upstream_functions() -> tuple[str, Any, Any]:
+    """transformers' own enable/disable functions (the originals, if ``hf_ckpt.patch_transformers`` is active)."""
+    from transformers import PreTrainedModel
+
+    from ..patch import original
+
+    prefix = "activation" if "activation_checkpointing_enable" in PreTrainedModel.__dict__ else "gradient"
+    name = f"{prefix}_checkpointing_enable"
+    return name, original(name), original(f"{prefix}_checkpointing_disable")
+
+
+def _upstream(argument: str | None) -> Strategy:
+    import transformers
+
+    accepted = "upstream:full or upstream:every_n:N"
+    if argument is None:
+        raise ValueError(f"upstream needs the setting to compare, {accepted}; got upstream")
+    inner, colon, inner_argument = argument.partition(":")
+    if inner == "full" and not colon:
+        n = 1
+    elif inner == "every_n":
+        n = _every_n(inner_argument if colon else None, spelled="upstream:every_n")
+    else:
+        raise ValueError(f"upstream compares only {accepted}; got upstream:{argument}")
+
+    method, upstream_enable, upstream_disable = _upstream_functions()
+    options: dict[str, Any] = {}
+    if n > 1:
+        if "every_n_layers" not in inspect.signature(upstream_enable).parameters:
+            raise ValueError(
+                f"upstream:every_n:{n} cannot run: transformers {transformers.__version__}'s "
+                f"PreTrainedModel.{method} has no every_n_layers argument (use upstream:full)"
+            )
+        options["every_n_layers"] = n
+
+    added_input_hooks: "weakref.WeakKeyDictionary[nn.Module, bool]" = weakref.WeakKeyDictionary()
+
+    def has_input_hooks(model: nn.Module) -> bool:
+        return hasattr(model, "_require_grads_hook") or hasattr(model, "_require_grads_hooks")
+
+    def apply(model: nn.Module) -> None:
+        had_input_hooks = has_input_hooks(model)
+        upstream_enable(model, {"use_reentrant": False}, **options)
+        added_input_hooks[model] = not had_input_hooks and has_input_hooks(model)
+
+    def remove(model: nn.Module) -> None:
+        upstream_disable(model)
+        # Upstream's enable may register an input-grads hook on every call, which its disable keeps outside PEFT:
+        # take away the one this apply added, so that switching strategies does not pile hooks up.
+        if added_input_hooks.pop(model, False) and hasattr(model, "disable_input_require_grads"):
+            model.disable_input_require_grads()
+            for attribute in ("_require_grads_hook", "_require_grads_hooks"):
+                model.__dict__.pop(attribute, None)
+
+    setting = "every block" if n == 1 else f"every_n_layers={n}"
+    return Strategy(
+        f"upstream:{'full' if n == 1 else f'every_n:{n}'}",
+        f"transformers' own {method} ({setting}, use_reentrant=False)",
+        apply=apply,
+        remove=remove,
+    )
+
+
+def upstream_supports(argument: str) -> bool:
+    """Whether ``upstream:ARGUMENT`` can run with the installed transformers."""
+    try:
+        _upstream(argument)
+    except ValueError:
+        return False
+    return True
+
+
+register_strategy("none", _none, syntax="none", help="no checkpointing (the baseline every ratio is relative to)")
+register_strategy("full", _full, syntax="full", help="hf_ckpt.enable(model): recompute every block")
+register_strategy(
+    "every_n",
+    _every_n_strategy,
+    syntax="every_n:N",
+    help="hf_ckpt.enable(model, every_n_layers=N): blocks 0, N, 2N, ...",
+)
+register_strategy(
+    "offload", _offload, syntax="offload", help="hf_ckpt.enable(model, offload=True): every block, inputs kept on host"
+)
+register_strategy(
+    "upstream",
+    _upstream,
+    syntax="upstream:full|upstream:every_n:N",
+    help="the same setting through transformers' own activation/gradient_checkpointing_enable",
+)
+
+
+def _selective(argument: str | None) -> Strategy:
+    from ..selective import SELECTIVE_POLICIES
+
+    if argument is not None and argument not in SELECTIVE_POLICIES:
+        raise ValueError(
+            f"selective takes a policy name, one of {', '.join(sorted(SELECTIVE_POLICIES))}; got selective:{argument}"
+        )
+    policy = argument
+    return Strategy(
+        "selective" if policy is None else f"selective:{policy}",
+        f"hf_ckpt.enable(model, strategy='selective'{'' if policy is None else f', policy={policy!r}'}): every "
+        "block, matmul and attention outputs kept, cheap ops recomputed",
+        apply=lambda model: enable(model, strategy="selective", policy=policy),
+        remove=disable,
+    )
+
+
+def _fraction(argument: str | None) -> float:
+    try:
+        value = float(argument) if argument is not None else 0.0
+    except ValueError:
+        value = 0.0
+    if not 0.0 < value <= 1.0:
+        raise ValueError(
+            "plan needs the budget as a fraction of the no-checkpointing activation memory in (0, 1], "
+            f"e.g. plan:0.5; got plan:{argument or ''}"
+        )
+    return value
+
+
+def _plan(argument: str | None) -> Strategy:
+    from ..planner import plan as make_plan
+
+    fraction = _fraction(argument)
+    made: dict[str, Any] = {}
+
+    def prepare(model: nn.Module, batch: Mapping[str, Any]) -> None:
+        made["plan"] = make_plan(model, batch, fraction)
+        details.update(
+            strategies=list(made["plan"].strategies),
+            predicted_bytes=made["plan"].predicted_bytes,
+            predicted_recompute_flops=made["plan"].predicted_recompute_flops,
+            budget_bytes=made["plan"].budget_bytes,
+        )
+
+    def apply(model: nn.Module) -> None:
+        if "plan" not in made:
+            raise RuntimeError(f"plan:{fraction:g} was applied before it was prepared on a batch")
+        enable(model, plan=made["plan"])
+
+    details: dict[str, Any] = {}
+    return Strategy(
+        f"plan:{fraction:g}",
+        f"hf_ckpt.plan(model, batch, {fraction:g}): the least recompute within {fraction:.0%} of none's memory",
+        apply=apply,
+        remove=disable,
+        prepare=prepare,
+        details=details,
+    )
+
+
+register_strategy(
+    "selective",
+    _selective,
+    syntax="selective[:POLICY]",
+    help="hf_ckpt.enable(model, strategy='selective'): keep matmul/attention outputs, recompute the cheap ops",
+)
+register_strategy(
+    "plan",
+    _plan,
+    syntax="plan:F",
+    help="hf_ckpt.plan(model, batch, F): per-block plan fitting F x none's activation memory at the least recompute",
+)

@@ -1,0 +1,215 @@
+"""``verify``: one step with the model's checkpointing and one without, compared."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable, Iterator, Mapping
+
+import torch
+from torch import nn
+
+from ..blocks import find_blocks
+from ..core import _STATE_ATTRIBUTE, _describe, _target_model, checkpointed_layers
+from ..counting import BlockRunCounter
+from .gradients import compare_gradients, parameter_groups
+from .probe import StepProbe
+from .report import VerifyReport
+
+LossFn = Callable[[Any], torch.Tensor]
+
+
+def _describe_setting(target: nn.Module, wrapped: list[int]) -> str:
+    state = target.__dict__.get(_STATE_ATTRIBUTE)
+    if state is not None:
+        return f"hf_ckpt.enable({_describe(state.config)})"
+    if any(getattr(module, "gradient_checkpointing", False) is True for module in target.modules()):
+        return "checkpointing flags set outside hf_ckpt"
+    if wrapped:
+        return f"checkpoint wrappers on blocks {wrapped}"
+    return "checkpointing not enabled"
+
+
+def _wrapped_layers(model: nn.Module) -> list[int]:
+    """Blocks covered by an active checkpoint wrapper (``hf_ckpt.distributed.apply``, ``CheckpointWrapper``)."""
+    try:
+        from ..distributed import wrapped_layers
+    except ImportError:  # a PyTorch build without torch.distributed has no wrappers
+        return []
+    return wrapped_layers(model)
+
+
+def _wrapper_switch() -> str | None:
+    """The attribute that switches hf_ckpt's own checkpoint wrappers on and off (``hf_ckpt.distributed``)."""
+    try:
+        from ..distributed.checks import ACTIVE_ATTRIBUTE
+    except ImportError:
+        return None
+    return ACTIVE_ATTRIBUTE
+
+
+@contextlib.contextmanager
+def _checkpointing_off(target: nn.Module) -> Iterator[None]:
+    """Switch checkpointing off everywhere, then put back exactly what was there (the same objects).
+
+    Turns off every ``gradient_checkpointing`` flag and the switch of hf_ckpt's own checkpoint wrappers
+    (``hf_ckpt.distributed.apply``). Nothing else changes: hf_ckpt's state, hooks and bound checkpoint functions
+    stay in place, so nothing has to be rebuilt afterwards, whoever enabled checkpointing.
+    """
+    switch = _wrapper_switch()
+    switches = [m for m in target.modules() if switch is not None and switch in m.__dict__]
+    flags = [
+        (module, "gradient_checkpointing" in module.__dict__, module.__dict__.get("gradient_checkpointing"))
+        for module in target.modules()
+        if hasattr(module, "gradient_checkpointing")
+    ]
+    saved_switches = [(m, m.__dict__[switch]) for m in switches]
+    for module, _, _ in flags:
+        module.gradient_checkpointing = False
+    for module in switches:
+        module.__dict__[switch] = False
+    try:
+        yield
+    finally:
+        for module, existed, value in flags:
+            if existed:
+                module.gradient_checkpointing = value
+            else:
+                del module.gradient_checkpointing
+        for module, value in saved_switches:
+            module.__dict__[switch] = value
+
+
+def _loss_of(output: Any, loss_fn: LossFn | None) -> torch.Tensor:
+    if loss_fn is not None:
+        return loss_fn(output)
+    loss = output.get("loss") if isinstance(output, Mapping) else getattr(output, "loss", None)
+    if loss is None:
+        raise ValueError(
+            "verify: the model returned no loss: put labels in sample_inputs, or pass loss_fn (a function from the "
+            "model's output to a scalar tensor)"
+        )
+    return loss
+
+
+def _step(
+    model: nn.Module,
+    sample_inputs: Mapping[str, Any],
+    loss_fn: LossFn | None,
+    seed: int,
+    after_forward: Callable[[], None] = lambda: None,
+) -> tuple[float, dict[str, torch.Tensor]]:
+    """One forward and backward from RNG seed ``seed``; returns the loss and a copy of every gradient."""
+    for parameter in model.parameters():
+        parameter.grad = None
+    torch.manual_seed(seed)
+    loss = _loss_of(model(**sample_inputs), loss_fn)
+    after_forward()
+    loss.backward()
+    gradients = {name: p.grad.detach().clone() for name, p in model.named_parameters() if p.grad is not None}
+    return float(loss.detach()), gradients
+
+
+@contextlib.contextmanager
+def _preserved(model: nn.Module, devices: list[torch.device]) -> Iterator[None]:
+    """Training mode (per module), accumulated ``.grad`` and the global RNG state, as they were."""
+    modes = [(module, module.training) for module in model.modules()]
+    grads = [(parameter, parameter.grad) for parameter in model.parameters()]
+    fork_devices = [device.index or 0 for device in devices]
+    device_type = devices[0].type if devices else "cuda"
+    try:
+        with torch.random.fork_rng(devices=fork_devices, device_type=device_type):
+            yield
+    finally:
+        for module, training in modes:
+            module.training = training
+        for parameter, grad in grads:
+            parameter.grad = grad
+
+
+def _check_arguments(sample_inputs: Any, rtol: float | None, atol: float, seed: int) -> None:
+    if not isinstance(sample_inputs, Mapping):
+        raise TypeError(
+            "sample_inputs must be a dict of keyword arguments for the model's forward, e.g. "
+            f"{{'input_ids': ..., 'labels': ...}}; got {type(sample_inputs).__name__}"
+        )
+    if rtol is not None and (isinstance(rtol, bool) or not isinstance(rtol, (int, float)) or not rtol >= 0):
+        raise ValueError(f"rtol must be None (a default by dtype) or a float >= 0; got {rtol!r}")
+    if isinstance(atol, bool) or not isinstance(atol, (int, float)) or not atol >= 0:
+        raise ValueError(f"atol must be a float >= 0; got {atol!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise TypeError(f"seed must be an int; got {seed!r} of type {type(seed).__name__}")
+
+
+def verify(
+    model: nn.Module,
+    sample_inputs: Mapping[str, Any],
+    *,
+    loss_fn: LossFn | None = None,
+    rtol: float | None = None,
+    atol: float = 1e-8,
+    seed: int = 0,
+) -> VerifyReport:
+    """Check a model's activation checkpointing on one training step of ``sample_inputs``.
+
+    Runs one forward and backward with the model's current setting and one with checkpointing off, both in
+    training mode from RNG seed ``seed``, and reports gradient parity per parameter group, the blocks that were
+    recomputed against those that should have been, whether recomputed blocks replayed the forward's random
+    numbers, and whether an input of a recomputed block was modified in place before its recompute.
+
+    The model is left as it was: its checkpointing flags and hf_ckpt state (the very same objects), training mode,
+    accumulated gradients and the global RNG state.
+
+    Args:
+        model: A ``PreTrainedModel`` or PEFT ``PeftModel``, checkpointing enabled by any means (``hf_ckpt.enable``,
+            ``gradient_checkpointing_enable``, ``TrainingArguments(gradient_checkpointing=True)``).
+        sample_inputs: Keyword arguments for ``model(**sample_inputs)``, on the model's device; a small batch
+            with ``labels`` so that the output has a ``loss``.
+        loss_fn: Turns the model's output into a scalar loss, for models or inputs without ``labels``.
+        rtol: Largest accepted gradient difference, relative to the largest reference gradient of the group. By
+            default ``1e-3``, or ``2e-2`` for fp16/bf16 gradients.
+        atol: Absolute slack added to the tolerance.
+        seed: RNG seed both steps start from.
+
+    Returns:
+        A :class:`VerifyReport`; ``report.ok`` is the verdict and ``print(report)`` shows the details.
+
+    Raises:
+        TypeError: ``sample_inputs`` is not a dict; ``model`` is no ``PreTrainedModel`` or ``PeftModel``.
+        ValueError: ``rtol`` or ``atol`` is negative; the model returned no loss and ``loss_fn`` is None.
+        Exception: Whatever the step *without* checkpointing raises: a model that fails without checkpointing
+            cannot be verified. An error of the checkpointed step is reported in ``report.error`` instead.
+    """
+    _check_arguments(sample_inputs, rtol, atol, seed)
+    target = _target_model(model)
+    blocks = find_blocks(target)
+    devices = sorted({p.device for p in model.parameters() if p.device.type != "cpu"}, key=str)
+    wrapped = _wrapped_layers(model)
+    report = VerifyReport(
+        model=type(model).__name__,
+        setting=_describe_setting(target, wrapped),
+        block_names=[block.name for block in blocks],
+        expected_recomputed=sorted(set(checkpointed_layers(model)) | set(wrapped)),
+        recomputed=[],
+    )
+    with _preserved(model, devices), torch.enable_grad():
+        model.train()
+        with _checkpointing_off(target), StepProbe(blocks, devices) as reference_probe:
+            report.always_checkpointed = _wrapped_layers(model)
+            report.reference_loss, reference = _step(model, sample_inputs, loss_fn, seed)
+        forward_runs: dict[int, int] = {}
+        try:
+            with BlockRunCounter(model) as runs, StepProbe(blocks, devices) as probe:
+                report.loss, checkpointed = _step(
+                    model, sample_inputs, loss_fn, seed, after_forward=lambda: forward_runs.update(runs.counts)
+                )
+        except RuntimeError as error:  # CheckpointError is a RuntimeError
+            report.error = f"{type(error).__name__}: {error}"
+            report.inplace_inputs = probe.inplace
+            return report
+    # a block was recomputed when it ran again during backward (robust to blocks called twice per forward)
+    report.recomputed = [b.index for b in blocks if runs.counts[b.index] > forward_runs.get(b.index, 0)]
+    report.gradients = compare_gradients(parameter_groups(model), checkpointed, reference, rtol, atol)
+    report.random_blocks = [i for i in report.recomputed if reference_probe.draws_random_numbers(i)]
+    report.rng_mismatch = [i for i in report.random_blocks if not probe.rng_replayed(i)]
+    report.inplace_inputs = probe.inplace
+    return report

@@ -1,0 +1,143 @@
+"""The release matrix (ci/matrix.py) and the compatibility page (ci/compat_report.py) report what really happened.
+
+CI trusts these scripts for its verdict: a failed release must fail the run, a changed pin must build a fresh
+environment, an interrupted build must not be reused, and the page must show what the sweep measured.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+CI = Path(__file__).resolve().parent.parent / "ci"
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(f"hf_ckpt_ci_{name}", CI / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+matrix = _load("matrix")
+compat_report = _load("compat_report")
+
+JUNIT = """<?xml version="1.0" encoding="utf-8"?>
+<testsuites><testsuite name="pytest">
+  <testcase classname="tests.test_a" name="test_ok"/>
+  <testcase classname="tests.test_a" name="test_ok_too"/>
+  <testcase classname="tests.test_a" name="test_broken"><failure message="assert 1 == 2"/></testcase>
+  <testcase classname="tests.test_a" name="test_fixture"><error message="fixture failed"/></testcase>
+  <testcase classname="tests.test_a" name="test_known"><skipped type="pytest.xfail" message="known"/></testcase>
+  <testcase classname="tests.test_a" name="test_skip"><skipped type="pytest.skip" message="no gpu"/></testcase>
+</testsuite></testsuites>
+"""
+
+
+def test_junit_outcomes_are_counted_and_failures_named(tmp_path: Path) -> None:
+    path = tmp_path / "junit.xml"
+    path.write_text(JUNIT)
+    result = matrix.Result("4.45.2", exit_status=1)
+    matrix.read_junit(path, result)
+    assert (result.passed, result.failed, result.errors, result.xfailed, result.skipped) == (2, 1, 1, 1, 1)
+    assert result.failures == ["tests.test_a::test_broken", "tests.test_a::test_fixture"]
+    assert not result.ok
+    assert result.line().startswith("transformers 4.45.2: 2 passed, 2 failed, 1 xfailed, 1 skipped")
+
+
+def test_a_release_whose_pytest_failed_without_failures_is_not_ok() -> None:
+    result = matrix.Result("5.0.0", passed=3, exit_status=5)  # e.g. pytest collected nothing in one file
+    assert not result.ok
+    assert "[pytest exited with status 5]" in result.line()
+
+
+def test_changing_a_pin_names_a_new_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(matrix, "PINS_DIR", tmp_path)
+    pins = tmp_path / "transformers-4.45.2.txt"
+    pins.write_text("torch==2.13.0\ntransformers==4.45.2\ntokenizers==0.20.3\n")
+    before = matrix.env_dir(tmp_path, "4.45.2")
+    assert matrix.env_dir(tmp_path, "4.45.2") == before
+    pins.write_text("torch==2.13.0\ntransformers==4.45.2\ntokenizers==0.20.4\n")
+    assert matrix.env_dir(tmp_path, "4.45.2") != before
+    assert matrix.pinned("4.45.2", "torch") == "torch==2.13.0"
+
+
+def test_an_environment_without_its_stamp_is_not_reused(tmp_path: Path) -> None:
+    env = tmp_path / "matrix-5.24.0-0123456789ab"
+    env.mkdir()
+    assert not matrix.env_is_built(env)  # an interrupted build leaves no stamp
+    (env / matrix.STAMP).write_text(json.dumps({"hash": "ba9876543210"}))
+    assert not matrix.env_is_built(env)  # a stamp for other pins
+    (env / matrix.STAMP).write_text(json.dumps({"hash": "0123456789ab"}))
+    assert matrix.env_is_built(env)
+
+
+def test_every_release_has_pins_for_torch_and_transformers() -> None:
+    for release in matrix.RELEASES:
+        assert matrix.pinned(release, "transformers") == f"transformers=={release}"
+        assert matrix.pinned(release, "torch") is not None
+
+
+def test_the_run_fails_when_one_release_fails(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    outcomes = {"4.45.2": matrix.Result("4.45.2", passed=5, exit_status=0),
+                "5.24.0": matrix.Result("5.24.0", passed=4, failed=1, exit_status=1, failures=["t::x"])}
+
+    def fake_run(release, args, echo):
+        (args.out / release).mkdir(parents=True, exist_ok=True)
+        (args.out / release / "log.txt").write_text("")
+        return outcomes[release]
+
+    monkeypatch.setattr(matrix, "run_release", fake_run)
+    status = matrix.main(["--releases", "4.45.2,5.24.0", "--out", str(tmp_path)])
+    output = capsys.readouterr().out
+    assert status == 1
+    assert "transformers 4.45.2: 5 passed, 0 failed" in output
+    assert "transformers 5.24.0: 4 passed, 1 failed" in output
+    assert output.rstrip().splitlines()[-1] == "matrix: 9 passed, 1 failed"
+    report = json.loads((tmp_path / "matrix.json").read_text())
+    assert [(r["release"], r["ok"]) for r in report["releases"]] == [("4.45.2", True), ("5.24.0", False)]
+
+
+def _sweep(capabilities: dict, architectures: dict) -> dict:
+    return {"torch": "2.13.0+cpu", "capabilities": capabilities, "sweep_seconds": 12.0,
+            "architectures": architectures, "not_swept": {"gemma3_text": "not registered for causal-lm in this release"}}
+
+
+def test_the_compatibility_page_shows_what_was_measured(tmp_path: Path) -> None:
+    passed = dict.fromkeys(compat_report.VARIANTS, "passed")
+    old = _sweep(
+        {"gradient_checkpointing_layer": False, "every_n_layers": False, "offload": False,
+         "activation_checkpointing_names": False},
+        {"llama": {"task": "causal-lm", "class": "LlamaForCausalLM", "known_failure": None, **passed},
+         "t5": {"task": "seq2seq", "class": "T5ForConditionalGeneration", "known_failure": None,
+                **passed, "mixin-every2": "failed: AssertionError: measured recompute [0, 1, 2, 3]"}},
+    )
+    new = _sweep(
+        {"gradient_checkpointing_layer": True, "every_n_layers": True, "offload": True,
+         "activation_checkpointing_names": True},
+        {"llama": {"task": "causal-lm", "class": "LlamaForCausalLM", "known_failure": "why", "enable-every1": "failed: x"}},
+    )
+    release = {"failed": 0, "errors": 0, "xfailed": 0, "skipped": 0, "problem": None}
+    data = {"releases": [{**release, "release": "5.24.0", "passed": 9, "sweep": new},
+                         {**release, "release": "4.45.2", "passed": 8, "failed": 1, "sweep": old}]}
+    source = tmp_path / "matrix.json"
+    source.write_text(json.dumps(data))
+    page = tmp_path / "compatibility.md"
+    assert compat_report.main(["--input", str(source), "--output", str(page)]) == 0
+    text = page.read_text()
+    assert "| 4.45.2 | no | no | no | no | `every_n_layers`, selected inside each stack's loop" in text
+    assert "`offload`" in text.split("| 4.45.2 | no |")[1].splitlines()[0]
+    assert "| 5.24.0 | yes | yes | yes | yes |" in text
+    assert "| `llama` | `LlamaForCausalLM` | ✓ | xfail |" in text  # releases in version order
+    assert "| `t5` | `T5ForConditionalGeneration` | ✗ 3/4 | — |" in text
+    assert "- `t5` (4.45.2; mixin-every2): failed: AssertionError: measured recompute [0, 1, 2, 3]" in text
+    assert "- `llama` (5.24.0): why" in text  # the known failure's reason
+    assert "- `gemma3_text` (4.45.2, 5.24.0): not registered for causal-lm in this release" in text
+    assert "| 4.45.2 | 8 passed, 1 failed | 1 of 2 as expected | 12 s |" in text

@@ -1,0 +1,67 @@
+"""Every example runs as a user runs it (a fresh interpreter, CPU) and prints what it promises."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+def _run(name: str) -> str:
+    env = dict(os.environ)
+    repo = str(EXAMPLES.parent)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [repo, env.get("PYTHONPATH")]))
+    env["CUDA_VISIBLE_DEVICES"] = ""  # the examples promise a CPU run
+    result = subprocess.run(
+        [sys.executable, str(EXAMPLES / name)], capture_output=True, text=True, env=env, cwd=repo, timeout=300
+    )
+    assert result.returncode == 0, f"{name} failed:\n{result.stdout}\n{result.stderr}"
+    return result.stdout
+
+
+def _listed(output: str, label: str) -> str:
+    match = re.search(rf"^{re.escape(label)}\s*(\[.*\])$", output, flags=re.MULTILINE)
+    assert match, f"no line {label!r} in:\n{output}"
+    return match.group(1)
+
+
+def test_custom_model():
+    output = _run("custom_model.py")
+    assert _listed(output, "checkpointed blocks (flags):") == "[0, 2, 4]"
+    assert "hf_ckpt.verify: TinyLM (hf_ckpt.enable(every_n_layers=2, use_reentrant=False)): OK" in output
+    assert "[ok] RNG replay: recomputed blocks [0, 2, 4] replayed the forward's random numbers" in output
+    steps = re.findall(r"^step \d: loss [\d.]+, recomputed blocks \(measured\) (\[.*\])$", output, flags=re.MULTILINE)
+    assert steps == ["[0, 2, 4]"] * 3
+
+
+def test_trainer_every_n_layers():
+    output = _run("trainer_every_n_layers.py")
+    assert "trained 4 steps" in output
+    assert _listed(output, "checkpointed blocks (flags):") == "[0, 2, 4]"
+    assert _listed(output, "recomputed blocks (measured):") == "[0, 2, 4]"
+    # over 4 steps, recomputed blocks ran twice per step (forward + recompute), the others once
+    assert _listed(output, "runs per block over the whole run:") == "[8, 4, 8, 4, 8, 4]"
+
+
+def test_lora_finetune():
+    pytest.importorskip("peft")  # in the test extra; CI installs it
+    output = _run("lora_finetune.py")
+    assert "(hf_ckpt.enable(every_n_layers=2, use_reentrant=True)): OK" in output
+    assert _listed(output, "checkpointed blocks (flags):") == "[0, 2, 4]"
+    assert _listed(output, "recomputed blocks (measured):") == "[0, 2, 4]"
+    assert "updated tensors: 24, all LoRA: True" in output  # 6 blocks x (q, v) x (A, B)
+
+
+def test_plan_budget():
+    output = _run("plan_budget.py")
+    assert "within budget: True" in output
+    checkpointed = _listed(output, "blocks checkpointed:")
+    assert _listed(output, "recomputed blocks (measured):") == checkpointed
+    match = re.search(r"^extra FLOPs: (\d+) \(predicted (\d+)\)$", output, flags=re.MULTILINE)
+    assert match and match.group(1) == match.group(2)

@@ -1,0 +1,247 @@
+"""hf_ckpt.measure: the storage tracker, FLOPs, timing rounds, strategies and measure_step on a tiny model."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from torch import nn
+from torch.autograd.graph import saved_tensors_hooks
+
+import hf_ckpt
+from hf_ckpt.measure import (
+    StorageTracker,
+    count_flops,
+    interleaved_step_times,
+    measure_step,
+    parse_strategy,
+    register_strategy,
+    run_benchmark,
+)
+from hf_ckpt.measure.report import checks, pareto_front
+from hf_ckpt.measure.strategies import Strategy, _REGISTRY, _upstream_functions
+
+
+def tiny_llama(layers: int = 4):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, use_cache=False,
+    )
+    model = LlamaForCausalLM(config)
+    input_ids = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(0))
+    return model, {"input_ids": input_ids, "labels": input_ids}
+
+
+# -- StorageTracker ---------------------------------------------------------------------------------------------
+
+
+def test_tracker_counts_exact_bytes_of_new_storages_and_ignores_parameters_and_preexisting():
+    parameter = nn.Parameter(torch.randn(100))
+    before = torch.randn(50)
+    with StorageTracker() as tracker:
+        a = torch.empty(1000)                 # 4000 bytes
+        view_of_parameter = parameter.view(10, 10)  # a view of a parameter: nothing new
+        b = parameter.detach() * 2            # 400 bytes
+        c = before + 1                        # 200 bytes
+        before.add_(1)                        # in place on a pre-existing storage: nothing new
+        view_of_a = a[:10]                    # a view of a tracked storage: nothing new
+        assert tracker.live_bytes() == {"cpu": 4600}
+        del a
+        assert tracker.live_bytes() == {"cpu": 4600}  # the view keeps the storage alive
+        del view_of_a
+        assert tracker.live_bytes() == {"cpu": 600}
+        d = torch.empty(10, dtype=torch.float64)  # 80 bytes
+    assert tracker.live_bytes() == {"cpu": 680}
+    assert tracker.peak_bytes() == {"cpu": 4600}
+    del b, c, d, view_of_parameter
+    assert tracker.live_bytes() == {}
+
+
+def test_tracker_reset_peak_starts_from_live_bytes():
+    with StorageTracker() as tracker:
+        big = torch.empty(1000)
+        del big
+        small = torch.empty(10)
+        tracker.reset_peak()
+        assert tracker.peak_bytes() == {"cpu": 40}
+    del small
+
+
+def test_tracker_counts_copies_made_by_saved_tensor_hooks():
+    # exp saves its result. Without hooks the saved tensor *is* the output: 1024 bytes live. A pack hook that
+    # copies (what offloading's save_on_cpu does) makes a storage of its own, which must be counted: 2048 bytes.
+    x = torch.randn(256, requires_grad=True)
+    with StorageTracker() as plain:
+        y = x.exp()
+    assert plain.live_bytes() == {"cpu": 1024}
+    del y
+    with StorageTracker() as hooked:
+        with saved_tensors_hooks(lambda tensor: tensor.clone(), lambda packed: packed):
+            y = x.exp()
+    assert hooked.live_bytes() == {"cpu": 2048}
+    y.sum().backward()
+    assert torch.allclose(x.grad, x.detach().exp())
+
+
+# -- FLOPs and timing ---------------------------------------------------------------------------------------------
+
+
+def test_count_flops_of_a_matmul():
+    a, b = torch.randn(8, 16), torch.randn(16, 4)
+    with count_flops() as flops:
+        a @ b
+    assert flops.total == 2 * 8 * 16 * 4
+
+
+def test_count_flops_counts_attention_forward_and_backward_on_cpu():
+    # torch's attention formulas: forward = 2 batched matmuls, backward = 5 (scores recomputed, dV, dScores,
+    # dQ, dK). On a CPU, scaled_dot_product_attention runs a kernel FlopCounterMode has no formula for by itself.
+    q, k, v = (torch.randn(2, 4, 16, 8, requires_grad=True) for _ in range(3))
+    one_matmul = 2 * (2 * 4) * 16 * 16 * 8
+    with count_flops() as forward:
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+    assert forward.total == 2 * one_matmul
+    with count_flops() as backward:
+        out.sum().backward()
+    assert backward.total == 5 * one_matmul
+
+
+def test_interleaved_step_times_rotates_rounds_and_drops_warmup():
+    calls: list[str] = []
+    ticks = itertools.count()
+    times = interleaved_step_times(
+        ["a", "b", "c"], calls.append, repeat=2, warmup=1, clock=lambda: float(next(ticks))
+    )
+    assert calls == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]
+    assert times == {"a": [1.0, 1.0], "b": [1.0, 1.0], "c": [1.0, 1.0]}
+
+
+@pytest.mark.parametrize(
+    ("repeat", "warmup", "message"),
+    [(0, 1, "repeat must be a positive int; got 0"), (1, -1, "warmup must be an int >= 0; got -1")],
+)
+def test_interleaved_step_times_rejects_bad_counts(repeat, warmup, message):
+    with pytest.raises(ValueError, match=f"^{message}$"):
+        interleaved_step_times(["a"], lambda name: None, repeat=repeat, warmup=warmup)
+
+
+def test_pareto_front_keeps_the_points_nothing_beats_on_both_axes():
+    points = [(1.0, 100.0), (1.3, 10.0), (1.1, 50.0), (1.2, 60.0), (1.4, 10.0)]
+    assert pareto_front(points) == [(1.0, 100.0), (1.1, 50.0), (1.3, 10.0)]
+
+
+# -- strategies --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("bogus", "unknown strategy 'bogus'; accepted: none, full, every_n:N, offload, upstream:full|upstream:every_n:N, selective[:POLICY], plan:F"),
+        ("every_n:x", "every_n needs a positive int (every_n:2 recomputes every other block); got every_n:x"),
+        ("every_n:0", "every_n needs a positive int (every_n:2 recomputes every other block); got every_n:0"),
+        ("full:2", "strategy 'full' takes no argument; got full:2"),
+        ("upstream", "upstream needs the setting to compare, upstream:full or upstream:every_n:N; got upstream"),
+        ("upstream:offload", "upstream compares only upstream:full or upstream:every_n:N; got upstream:offload"),
+    ],
+)
+def test_parse_strategy_errors_name_the_accepted_values(spec, message):
+    with pytest.raises(ValueError) as error:
+        parse_strategy(spec)
+    assert str(error.value) == message
+
+
+def test_parse_strategy_canonical_names():
+    assert [parse_strategy(s).name for s in ("none", "full", "every_n:2", "upstream:full")] == [
+        "none", "full", "every_n:2", "upstream:full"
+    ]
+
+
+def test_upstream_every_n_follows_the_installed_signature():
+    import inspect
+
+    import transformers
+
+    method, upstream_enable, _ = _upstream_functions()
+    if "every_n_layers" in inspect.signature(upstream_enable).parameters:
+        assert parse_strategy("upstream:every_n:2").name == "upstream:every_n:2"
+    else:
+        with pytest.raises(ValueError) as error:
+            parse_strategy("upstream:every_n:2")
+        assert str(error.value) == (
+            f"upstream:every_n:2 cannot run: transformers {transformers.__version__}'s PreTrainedModel.{method} "
+            "has no every_n_layers argument (use upstream:full)"
+        )
+
+
+def test_register_strategy_extends_the_parser():
+    def factory(argument):
+        return Strategy(f"custom:{argument}", "test", apply=hf_ckpt.disable, remove=hf_ckpt.disable)
+
+    register_strategy("custom", factory, syntax="custom:X", help="a test strategy")
+    try:
+        assert parse_strategy("custom:7").name == "custom:7"
+    finally:
+        del _REGISTRY["custom"]
+    with pytest.raises(ValueError, match="unknown strategy 'custom:7'"):
+        parse_strategy("custom:7")
+
+
+def test_upstream_strategy_runs_transformers_own_code_even_when_patched():
+    model, _ = tiny_llama(layers=2)
+    hf_ckpt.patch_transformers()
+    try:
+        strategy = parse_strategy("upstream:full")
+        strategy.apply(model)
+        assert "_hf_ckpt_state" not in model.__dict__  # hf_ckpt's enable would have recorded its state
+        assert hf_ckpt.checkpointed_layers(model) == [0, 1]
+        strategy.remove(model)
+        assert hf_ckpt.checkpointed_layers(model) == []
+    finally:
+        hf_ckpt.unpatch_transformers()
+
+
+# -- measure_step and run_benchmark on a tiny model ------------------------------------------------------------
+
+
+def test_measure_step_memory_flops_and_recompute_on_tiny_llama():
+    model, batch = tiny_llama()
+    measured = {}
+    for name, setting in (("none", None), ("full", 1), ("every_n:2", 2)):
+        hf_ckpt.disable(model)
+        if setting is not None:
+            hf_ckpt.enable(model, every_n_layers=setting)
+        measured[name] = measure_step(model, batch)
+    hf_ckpt.disable(model)
+    none, full, every_2 = measured["none"], measured["full"], measured["every_n:2"]
+
+    assert full.retained_bytes < every_2.retained_bytes < none.retained_bytes
+    assert full.flops > every_2.flops > none.flops
+    assert none.recomputed_blocks == []
+    assert full.recomputed_blocks == [0, 1, 2, 3]
+    assert every_2.recomputed_blocks == [0, 2]
+    assert every_2.block_runs == {0: 2, 1: 1, 2: 2, 3: 1}
+    assert none.allocator_peak_bytes is None  # CPU: no allocator statistics
+    assert none.retained_bytes_by_device == {"cpu": none.retained_bytes}
+    assert none.loss == full.loss == every_2.loss
+
+
+def test_measure_step_without_a_loss_names_the_fix():
+    model, batch = tiny_llama(layers=1)
+    with pytest.raises(ValueError, match="^the model returned no loss: put labels in the batch, or pass loss_fn"):
+        measure_step(model, {"input_ids": batch["input_ids"]})
+
+
+def test_run_benchmark_adds_the_baseline_and_checks_the_recompute():
+    model, batch = tiny_llama()
+    report = run_benchmark(model, batch, ["every_n:2", "full"], repeat=1, warmup=0)
+    assert report.names == ["none", "every_n:2", "full"]
+    assert report["every_n:2"].selected_blocks == report["every_n:2"].measurement.recomputed_blocks == [0, 2]
+    assert report.retained_fraction("none") == 1.0
+    assert 0 < report.retained_fraction("full") < report.retained_fraction("every_n:2") < 1
+    recompute_checks = [check for check in checks(report) if "recomputed blocks" in check.name]
+    assert len(recompute_checks) == 3 and all(check.passed for check in recompute_checks)
+    assert hf_ckpt.checkpointed_layers(model) == []  # left with checkpointing off
