@@ -66,12 +66,9 @@ class BlockProfile:
 
 
 def _loss_of(output: Any, loss_fn: LossFn | None) -> torch.Tensor:
-    if loss_fn is not None:
-        return loss_fn(output)
-    loss = output.get("loss") if isinstance(output, Mapping) else getattr(output, "loss", None)
-    if loss is None:
-        raise ValueError("sample_inputs gave no loss: put labels in sample_inputs, or pass loss_fn")
-    return loss
+    from .measure.step import loss_of
+
+    return loss_of(output, loss_fn, caller="plan: ", inputs="sample_inputs")
 
 
 def _device_of(model: nn.Module) -> str:

@@ -21,20 +21,25 @@ from .memory import StorageTracker
 LossFn = Callable[[Any], torch.Tensor]
 
 
-def _default_loss(output: Any) -> torch.Tensor:
+def loss_of(output: Any, loss_fn: LossFn | None = None, *, caller: str = "", inputs: str = "the batch") -> torch.Tensor:
+    """``loss_fn(output)``, or the loss the model returned; a clear error when there is none.
+
+    ``caller`` prefixes the message (``"verify: "``) and ``inputs`` names what the user passed (``"sample_inputs"``).
+    """
+    if loss_fn is not None:
+        return loss_fn(output)
     loss = output.get("loss") if isinstance(output, Mapping) else getattr(output, "loss", None)
     if loss is None:
         raise ValueError(
-            "the model returned no loss: put labels in the batch, or pass loss_fn (a function from the model's "
-            "output to a scalar tensor)"
+            f"{caller}the model returned no loss: put labels in {inputs}, or pass loss_fn (a function from the "
+            "model's output to a scalar tensor)"
         )
     return loss
 
 
 def forward_loss(model: nn.Module, batch: Mapping[str, Any], loss_fn: LossFn | None = None) -> torch.Tensor:
     """The forward half of a step: ``loss_fn(model(**batch))``; only the loss is kept, as a training loop does."""
-    output = model(**batch)
-    return (loss_fn or _default_loss)(output)
+    return loss_of(model(**batch), loss_fn)
 
 
 def training_step(model: nn.Module, batch: Mapping[str, Any], loss_fn: LossFn | None = None) -> float:

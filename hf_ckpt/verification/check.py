@@ -11,6 +11,7 @@ from torch import nn
 from ..blocks import find_blocks
 from ..core import _STATE_ATTRIBUTE, _describe, _target_model, checkpointed_layers
 from ..counting import BlockRunCounter
+from ..measure.step import loss_of
 from .gradients import compare_gradients, parameter_groups
 from .probe import StepProbe
 from .report import VerifyReport
@@ -80,15 +81,7 @@ def _checkpointing_off(target: nn.Module) -> Iterator[None]:
 
 
 def _loss_of(output: Any, loss_fn: LossFn | None) -> torch.Tensor:
-    if loss_fn is not None:
-        return loss_fn(output)
-    loss = output.get("loss") if isinstance(output, Mapping) else getattr(output, "loss", None)
-    if loss is None:
-        raise ValueError(
-            "verify: the model returned no loss: put labels in sample_inputs, or pass loss_fn (a function from the "
-            "model's output to a scalar tensor)"
-        )
-    return loss
+    return loss_of(output, loss_fn, caller="verify: ", inputs="sample_inputs")
 
 
 def _step(
