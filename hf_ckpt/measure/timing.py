@@ -53,7 +53,8 @@ def interleaved_step_times(
         run: Runs one step of ``name``; the only thing timed.
         repeat: Timed rounds (at least 1).
         warmup: Untimed rounds run first.
-        before / after: Called around each ``run`` outside the timed region (switching strategy, zeroing grads).
+        before: Called before each ``run``, outside the timed region (switching strategy, zeroing grads).
+        after: Called after each ``run``, outside the timed region.
         synchronize: Waits for queued device work; called before the clock starts and before it stops.
         on_step: Called after every step, timed or not (a progress bar).
         clock: Seconds from some origin: ``time.perf_counter`` (wall time, the default) or a CPU-time clock

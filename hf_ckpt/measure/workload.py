@@ -201,10 +201,13 @@ def build_workload(
     Args:
         model: A local model directory, or a transformers model type (``llama``, ``gpt2``, ``bert``, ``t5``, ...)
             built tiny with random weights. Default: :data:`DEFAULT_MODEL`.
-        layers / hidden: Override the number of layers (per stack for encoder-decoders) and the hidden size. A
-            local model with an override is rebuilt from its config with random weights.
-        batch / seq: The batch: ``batch`` sequences of ``seq`` random tokens.
-        dtype / device: Where and in which precision the model runs.
+        layers: Override the number of layers (per stack for encoder-decoders). A local model with an override
+            is rebuilt from its config with random weights.
+        hidden: Override the hidden size (same rebuilding rule).
+        batch: How many sequences the batch holds.
+        seq: Tokens per sequence (random tokens).
+        dtype: The precision the model runs in.
+        device: Where the model and the batch live.
         seed: Seeds the weights and the batch.
 
     Raises:
