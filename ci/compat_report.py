@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_INPUT = ROOT / "build" / "matrix" / "matrix.json"
 DEFAULT_OUTPUT = ROOT / "docs" / "compatibility.md"
 
+PINNED_APART = ("torch", "huggingface_hub", "tokenizers", "peft")
 VARIANTS = ("enable-every1", "enable-every2", "mixin-every1", "mixin-every2")
 TASK_TITLES = {"causal-lm": "Causal LM", "masked-lm": "Masked LM", "seq2seq": "Encoder-decoder (seq2seq)"}
 
@@ -150,6 +151,17 @@ def render(releases: list[dict]) -> str:
             f"| {_yes(capabilities.get('every_n_layers'))} | {_yes(capabilities.get('offload'))} "
             f"| {_yes(capabilities.get('activation_checkpointing_names'))} | {'; '.join(hf_ckpt_adds(capabilities))} |"
         )
+    lines += [
+        "",
+        "Each environment is pinned by `ci/pins/transformers-<release>.txt`; the pins that differ between releases:",
+        "",
+        "| transformers | " + " | ".join(f"`{name}`" for name in PINNED_APART) + " |",
+        "| --- | " + " | ".join("---" for _ in PINNED_APART) + " |",
+    ]
+    for release in releases:
+        versions = dict(line.split("==", 1) for line in release.get("pins", []) if "==" in line)
+        versions = {name.lower().replace("-", "_"): version for name, version in versions.items()}
+        lines.append(f"| {release['release']} | " + " | ".join(versions.get(n, "—") for n in PINNED_APART) + " |")
     lines += [
         "",
         "## Test results",

@@ -8,10 +8,10 @@
 Each release has a constraints file, ``ci/pins/transformers-<release>.txt``, pinning torch, transformers and the
 ``huggingface_hub``/``tokenizers`` that release needs (4.x and 5.x need different ones). Its environment is built
 once and kept outside the clone, in ``~/.cache/hf_ckpt/venvs/matrix-<release>-<hash>`` (``--cache-dir`` or
-``HF_CKPT_MATRIX_CACHE`` to move it): the hash covers the pins, the requirements in ``pyproject.toml`` (the core
-dependencies and the ``test`` extra), the Python version and this recipe, so that a change to any of them builds
-a fresh environment and a fresh clone on the same machine reuses the existing one. An environment counts as built
-only once its stamp file is written, so an interrupted build is redone, not reused.
+``HF_CKPT_MATRIX_CACHE`` to move it): the hash covers the pins (not their comments), the requirements in
+``pyproject.toml`` (the core dependencies and the ``test`` extra), the Python version and this recipe, so that a
+change to any of them builds a fresh environment and a fresh clone on the same machine reuses the existing one. An
+environment counts as built only once its stamp file is written, so an interrupted build is redone, not reused.
 
 torch is installed first, on its own, so that pip takes the CPU build on local disk. hf_ckpt itself is not
 installed: the tests import it from the clone under test through ``PYTHONPATH``.
@@ -75,12 +75,16 @@ def requirements() -> list[str]:
     return list(project["dependencies"]) + list(project.get("optional-dependencies", {}).get("test", []))
 
 
+def pin_lines(release: str) -> list[str]:
+    """``release``'s pins, without comments."""
+    lines = (line.split("#", 1)[0].strip() for line in pins_file(release).read_text().splitlines())
+    return [line for line in lines if line]
+
+
 def pinned(release: str, package: str) -> str | None:
     """The line of ``release``'s pins that pins ``package``, if any."""
-    for line in pins_file(release).read_text().splitlines():
-        line = line.split("#", 1)[0].strip()
-        name = line.split("==", 1)[0].strip().lower().replace("_", "-")
-        if line and name == package:
+    for line in pin_lines(release):
+        if line.split("==", 1)[0].strip().lower().replace("_", "-") == package:
             return line
     return None
 
@@ -90,7 +94,7 @@ def env_hash(release: str) -> str:
     for part in (
         RECIPE_VERSION,
         f"{sys.implementation.name}-{sys.version_info.major}.{sys.version_info.minor}",
-        pins_file(release).read_text(),
+        "\n".join(pin_lines(release)),  # comments may change without a rebuild
         "\n".join(requirements()),
     ):
         digest.update(part.encode())
@@ -192,6 +196,7 @@ class Result:
     build_seconds: float = 0.0
     test_seconds: float = 0.0
     failures: list[str] = field(default_factory=list)
+    pins: list[str] = field(default_factory=list)
     sweep: dict | None = None
 
     @property
@@ -236,7 +241,7 @@ def read_junit(path: Path, result: Result) -> None:
 
 
 def run_release(release: str, args: argparse.Namespace, echo: bool) -> Result:
-    result = Result(release)
+    result = Result(release, pins=pin_lines(release))
     out = args.out / release
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)

@@ -18,6 +18,7 @@ few per-architecture settings the generic recipe cannot guess; each carries the 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
 from typing import Any
@@ -230,7 +231,11 @@ class NotTiny(Exception):
 
 
 def build(arch: Architecture, model_class: type | None = None, seed: int = 0) -> torch.nn.Module:
-    """A tiny fp32 instance of ``arch`` (or of ``model_class``, a subclass), in training mode."""
+    """A tiny fp32 instance of ``arch`` (or of ``model_class``, a subclass), in training mode.
+
+    The same ``seed`` gives the same weights, also where a release leaves a parameter uninitialised (Llama 4's
+    experts in 4.51 are ``torch.empty`` memory, sometimes NaN): those are drawn from N(0, 0.02) here.
+    """
     config = tiny_config(arch)
     model_class = model_class or arch.model_class()
     with torch.device("meta"):  # sizes first, without allocating: a missed size would build a full-size model
@@ -238,7 +243,26 @@ def build(arch: Architecture, model_class: type | None = None, seed: int = 0) ->
     if parameters > MAX_PARAMETERS:
         raise NotTiny(f"{arch.model_type} still has {parameters} parameters with the tiny config")
     torch.manual_seed(seed)
-    return model_class(config).float().train()
+    with _uninitialised_memory_is_nan():
+        model = model_class(config).float().train()
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            if torch.isnan(parameter).any():  # never written by the model's own init
+                parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.02)
+    return model
+
+
+@contextlib.contextmanager
+def _uninitialised_memory_is_nan():
+    """Within: ``torch.empty`` memory is filled with NaN (``torch.utils.deterministic.fill_uninitialized_memory``)."""
+    enabled = torch.are_deterministic_algorithms_enabled()
+    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
 
 
 def batch(arch: Architecture, seed: int = 0) -> dict[str, torch.Tensor]:

@@ -92,11 +92,6 @@ KNOWN_FAILURES: dict[str, KnownFailure] = {
         "the forward did and torch.utils.checkpoint raises a CheckpointError (upstream bug, up to 4.57).",
         _upstream_fails,
     ),
-    "llama4_text": KnownFailure(
-        "The first Llama 4 release trains a text-only model to NaN gradients even without checkpointing "
-        "(upstream bug, 4.51).",
-        _upstream_fails,
-    ),
 }
 
 #: ``HF_CKPT_ARCHITECTURES``: ``common`` (default), ``all`` or a comma-separated list of model types.
@@ -206,8 +201,8 @@ def _capabilities() -> dict[str, bool]:
 
 
 def _not_swept() -> dict[str, str]:
-    """Common architectures this release does not sweep, and why."""
-    swept = {arch.model_type for arch in ARCHITECTURES}
+    """Common architectures this release does not provide, and why."""
+    swept = {arch.model_type for arch in arch_zoo.architectures()}
     reasons = {}
     for model_type, task in arch_zoo.COMMON.items():
         if model_type in swept:

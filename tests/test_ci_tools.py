@@ -61,7 +61,8 @@ def test_changing_a_pin_names_a_new_environment(tmp_path: Path, monkeypatch: pyt
     pins = tmp_path / "transformers-4.45.2.txt"
     pins.write_text("torch==2.13.0\ntransformers==4.45.2\ntokenizers==0.20.3\n")
     before = matrix.env_dir(tmp_path, "4.45.2")
-    assert matrix.env_dir(tmp_path, "4.45.2") == before
+    pins.write_text("# why these pins\ntorch==2.13.0\ntransformers==4.45.2\ntokenizers==0.20.3  # for 4.x\n")
+    assert matrix.env_dir(tmp_path, "4.45.2") == before  # a comment is no reason to rebuild
     pins.write_text("torch==2.13.0\ntransformers==4.45.2\ntokenizers==0.20.4\n")
     assert matrix.env_dir(tmp_path, "4.45.2") != before
     assert matrix.pinned("4.45.2", "torch") == "torch==2.13.0"
@@ -126,7 +127,8 @@ def test_the_compatibility_page_shows_what_was_measured(tmp_path: Path) -> None:
     )
     release = {"failed": 0, "errors": 0, "xfailed": 0, "skipped": 0, "problem": None}
     data = {"releases": [{**release, "release": "5.24.0", "passed": 9, "sweep": new},
-                         {**release, "release": "4.45.2", "passed": 8, "failed": 1, "sweep": old}]}
+                         {**release, "release": "4.45.2", "passed": 8, "failed": 1, "sweep": old,
+                          "pins": ["torch==2.13.0", "huggingface_hub==0.36.2", "peft==0.13.2"]}]}
     source = tmp_path / "matrix.json"
     source.write_text(json.dumps(data))
     page = tmp_path / "compatibility.md"
@@ -141,3 +143,4 @@ def test_the_compatibility_page_shows_what_was_measured(tmp_path: Path) -> None:
     assert "- `llama` (5.24.0): why" in text  # the known failure's reason
     assert "- `gemma3_text` (4.45.2, 5.24.0): not registered for causal-lm in this release" in text
     assert "| 4.45.2 | 8 passed, 1 failed | 1 of 2 as expected | 12 s |" in text
+    assert "| 4.45.2 | 2.13.0 | 0.36.2 | — | 0.13.2 |" in text  # the pins that differ between releases
