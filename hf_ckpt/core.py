@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
@@ -40,6 +41,7 @@ class _EnabledState:
     saved_attributes: list[tuple[nn.Module, str, bool, Any]]
     hooks: list[RemovableHandle] = field(default_factory=list)
     uncontrolled: list[int] = field(default_factory=list)
+    inert: list[int] = field(default_factory=list)
 
 
 def _target_model(model: nn.Module) -> nn.Module:
@@ -88,24 +90,31 @@ def _restore(saved: list[tuple[nn.Module, str, bool, Any]]) -> None:
             delattr(module, name)
 
 
-def _calls_bound_function(stack: nn.Module) -> bool:
-    """Whether the stack's code calls ``self._gradient_checkpointing_func`` (and not ``torch.utils.checkpoint``).
-
-    Reads the source of every class of the stack's own hierarchy (a loop may delegate to a helper method). When
-    no source can be read at all, the stack is given the benefit of the doubt.
-    """
-    readable = False
+def _own_source(stack: nn.Module) -> str | None:
+    """The source of every class of the stack's own hierarchy (a loop may delegate to a helper method), or None
+    when none can be read."""
+    sources = []
     for cls in type(stack).__mro__:
         if cls.__module__.startswith(("torch.", "builtins")) or cls.__module__ == "transformers.modeling_utils":
             continue
         try:
-            source = inspect.getsource(cls)
+            sources.append(inspect.getsource(cls))
         except (OSError, TypeError):
             continue
-        readable = True
-        if "_gradient_checkpointing_func" in source:
-            return True
-    return not readable
+    return "\n".join(sources) if sources else None
+
+
+def _calls_bound_function(stack: nn.Module) -> bool:
+    """Whether the stack's code calls ``self._gradient_checkpointing_func`` (given the benefit of the doubt when
+    its source cannot be read)."""
+    source = _own_source(stack)
+    return source is None or "_gradient_checkpointing_func" in source
+
+
+def _checkpoints_at_all(stack: nn.Module) -> bool:
+    """Whether the stack's code calls a ``checkpoint(...)`` function of its own (``torch.utils.checkpoint``)."""
+    source = _own_source(stack)
+    return source is None or re.search(r"\bcheckpoint\s*\(", source) is not None
 
 
 def _describe(config: CheckpointConfig) -> str:
@@ -171,13 +180,29 @@ def _bind(
     return found
 
 
-def _warn_uncontrolled(model: nn.Module, blocks: list[Block], config: CheckpointConfig) -> list[int]:
-    """Stacks that call ``torch.utils.checkpoint`` themselves ignore hf_ckpt's function: say so, once."""
-    uncontrolled = []
+def _warn_uncontrolled(model: nn.Module, blocks: list[Block], config: CheckpointConfig) -> tuple[list[int], list[int]]:
+    """Stacks whose code ignores hf_ckpt's function: say so, once. Returns (uncontrolled, inert) block indices.
+
+    *Uncontrolled* stacks call ``torch.utils.checkpoint`` themselves: all their blocks are recomputed, with the
+    model's own arguments. *Inert* stacks never checkpoint at all (an upstream bug in a few releases): none of
+    their blocks is recomputed, whatever the flags say.
+    """
+    uncontrolled, inert = [], []
     for stack in {id(b.owner): b.owner for b in blocks if not b.layer_flag}.values():
         if not getattr(stack, "gradient_checkpointing", False) or _calls_bound_function(stack):
             continue
         indices = [b.index for b in blocks if b.owner is stack]
+        if not _checkpoints_at_all(stack):
+            inert.extend(indices)
+            warn_once(
+                f"{type(stack).__name__}.forward never checkpoints its blocks in this transformers release (an "
+                f"upstream bug: upstream's gradient_checkpointing_enable has no effect on it either), so blocks "
+                f"{indices} are not recomputed and these settings cannot take effect: {_describe(config)}.",
+                key=f"inert:{type(stack).__qualname__}",
+                owner=model,
+                stacklevel=5,
+            )
+            continue
         uncontrolled.extend(indices)
         warn_once(
             f"{type(stack).__name__}.forward calls torch.utils.checkpoint itself instead of "
@@ -187,7 +212,7 @@ def _warn_uncontrolled(model: nn.Module, blocks: list[Block], config: Checkpoint
             owner=model,
             stacklevel=5,
         )
-    return uncontrolled
+    return uncontrolled, inert
 
 
 def _offload_device(model: nn.Module, config: CheckpointConfig):
@@ -249,7 +274,7 @@ def apply_config(model: nn.Module, config: CheckpointConfig) -> nn.Module:
             "`gradient_checkpointing` attribute."
         )
     state = _EnabledState(config=config, selected=selected, saved_attributes=saved)
-    state.uncontrolled = _warn_uncontrolled(target, blocks, config)
+    state.uncontrolled, state.inert = _warn_uncontrolled(target, blocks, config)
 
     if config.use_reentrant or target is not model or has_peft_adapters(target):
         handle = _hooks.add_input_grads_hook(target)
@@ -387,9 +412,11 @@ def checkpointed_layers(model: nn.Module) -> list[int]:
     target = _target_model(model)
     state = target.__dict__.get(_STATE_ATTRIBUTE)
     uncontrolled = set(state.uncontrolled) if state is not None else set()
+    inert = set(state.inert) if state is not None else set()
     wrapped = set(wrapped_layers(target))  # hf_ckpt.distributed.apply, or anyone's checkpoint_wrapper
     return [
         block.index
         for block in find_blocks(target)
-        if block.index in uncontrolled or block.index in wrapped or is_block_checkpointed(block)
+        if block.index not in inert
+        and (block.index in uncontrolled or block.index in wrapped or is_block_checkpointed(block))
     ]

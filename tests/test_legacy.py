@@ -7,7 +7,7 @@ import pytest
 
 import hf_ckpt
 from hf_ckpt import HfCkptWarning
-from helpers import LegacyDirectModel, LegacyFuncModel, batch_for, max_grad_diff, recomputed_in_step, tiny_legacy, train_step
+from helpers import _LegacyBase, LegacyDirectModel, LegacyFuncModel, batch_for, max_grad_diff, recomputed_in_step, tiny_legacy, train_step
 
 
 def _hf_ckpt_warnings(record):
@@ -82,3 +82,25 @@ def test_legacy_disable_runs_the_model_logic_and_restores():
     assert all("_hf_ckpt_selected" not in layer.__dict__ for layer in model.layers)
     recomputed, _ = recomputed_in_step(model, batch_for(model))
     assert recomputed == []
+
+
+class LegacyInertModel(_LegacyBase):
+    """A stack that carries the flag but never checkpoints (Starcoder2Model on 4.51, GPTBigCodeModel on 4.57)."""
+
+    def _run_layer(self, layer, hidden_states):
+        return layer(hidden_states)
+
+
+def test_a_stack_that_never_checkpoints_is_reported_truthfully():
+    model = tiny_legacy(LegacyInertModel)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        hf_ckpt.enable(model, every_n_layers=2)
+    expected = (
+        "LegacyInertModel.forward never checkpoints its blocks in this transformers release (an upstream bug: "
+        "upstream's gradient_checkpointing_enable has no effect on it either), so blocks [0, 1, 2, 3] are not "
+        "recomputed and these settings cannot take effect: every_n_layers=2, use_reentrant=False."
+    )
+    assert expected in _hf_ckpt_warnings(record)
+    recomputed, _ = recomputed_in_step(model, batch_for(model))
+    assert recomputed == [] == hf_ckpt.checkpointed_layers(model)
