@@ -129,6 +129,8 @@ def main() -> None:
                   f"recomputed blocks (measured) {runs.recomputed()}")
             if step == 0:
                 print(f"activation memory kept after forward on rank 0: {retained / 1024:.1f} KiB")
+    # every rank reaches here before the group goes: tearing gloo down while a peer still talks aborts the process
+    dist.barrier()
     dist.destroy_process_group()
 
 
