@@ -104,16 +104,14 @@ def _own_source(stack: nn.Module) -> str | None:
     return "\n".join(sources) if sources else None
 
 
-def _calls_bound_function(stack: nn.Module) -> bool:
-    """Whether the stack's code calls ``self._gradient_checkpointing_func`` (given the benefit of the doubt when
+def _calls_bound_function(source: str | None) -> bool:
+    """Whether a stack's code calls ``self._gradient_checkpointing_func`` (given the benefit of the doubt when
     its source cannot be read)."""
-    source = _own_source(stack)
     return source is None or "_gradient_checkpointing_func" in source
 
 
-def _checkpoints_at_all(stack: nn.Module) -> bool:
-    """Whether the stack's code calls a ``checkpoint(...)`` function of its own (``torch.utils.checkpoint``)."""
-    source = _own_source(stack)
+def _checkpoints_at_all(source: str | None) -> bool:
+    """Whether a stack's code calls a ``checkpoint(...)`` function of its own (``torch.utils.checkpoint``)."""
     return source is None or re.search(r"\bcheckpoint\s*\(", source) is not None
 
 
@@ -189,10 +187,13 @@ def _warn_uncontrolled(model: nn.Module, blocks: list[Block], config: Checkpoint
     """
     uncontrolled, inert = [], []
     for stack in {id(b.owner): b.owner for b in blocks if not b.layer_flag}.values():
-        if not getattr(stack, "gradient_checkpointing", False) or _calls_bound_function(stack):
+        if not getattr(stack, "gradient_checkpointing", False):
+            continue
+        source = _own_source(stack)
+        if _calls_bound_function(source):
             continue
         indices = [b.index for b in blocks if b.owner is stack]
-        if not _checkpoints_at_all(stack):
+        if not _checkpoints_at_all(source):
             inert.extend(indices)
             warn_once(
                 f"{type(stack).__name__}.forward never checkpoints its blocks in this transformers release (an "

@@ -78,15 +78,10 @@ def _loss_of(output: Any, loss_fn: LossFn | None) -> torch.Tensor:
     return loss_of(output, loss_fn, caller="plan: ", inputs="sample_inputs")
 
 
-def _device_of(model: nn.Module) -> str:
-    for parameter in model.parameters():
-        return str(parameter.device)
-    return "cpu"
-
-
 def _retained_per_block(model: nn.Module, blocks: list[Block], inputs: Mapping[str, Any], loss_fn: LossFn | None):
     """(base bytes, bytes per block) alive when forward returns, labelled by the block that created them."""
     from .measure.memory import StorageTracker
+    from .measure.step import model_device
 
     current: list[int | None] = [None]
     handles = []
@@ -96,7 +91,7 @@ def _retained_per_block(model: nn.Module, blocks: list[Block], inputs: Mapping[s
     try:
         with StorageTracker(label=lambda: current[0]) as tracker:
             loss = _loss_of(model(**inputs), loss_fn)
-            by_block = tracker.live_bytes_by_label(_device_of(model))
+            by_block = tracker.live_bytes_by_label(str(model_device(model)))
             loss.backward()
     finally:
         for handle in handles:
