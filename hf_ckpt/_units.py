@@ -1,0 +1,93 @@
+"""Memory sizes and budgets as people write them: ``512MiB``, ``40GiB``, ``2e9B``, ``0.5``, ``50%``.
+
+One parser for every place that takes a size or a budget (the CLI, ``hf_ckpt.enable(budget=...)``, the Trainer's
+``gradient_checkpointing_kwargs``), so the rules are the same everywhere:
+
+* a **size** always carries a unit: ``B``, ``KB``/``MB``/``GB``/``TB`` (powers of 1000) or
+  ``KiB``/``MiB``/``GiB``/``TiB`` (powers of 1024), with or without a space, case-insensitive;
+* a **budget** is a size, or a fraction of the no-checkpointing activation memory: a bare number in ``(0, 1]``
+  or a percentage with ``%`` in ``(0, 100]``. A bare number is never bytes: ``1`` means 100%, not one byte.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+_UNITS = {
+    "b": 1,
+    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+}
+_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([a-z]+)\s*$", re.IGNORECASE)
+
+#: What a budget may look like, for error messages.
+BUDGET_FORMS = "a fraction in (0, 1] such as 0.5, a percentage such as 50%, or a size with a unit such as 40GiB"
+SIZE_FORMS = "a size with a unit: B, KB, MB, GB, TB, KiB, MiB, GiB or TiB (for example 512MiB, 40GiB, 2e9B)"
+
+
+def parse_size(text: str) -> int:
+    """Bytes in ``text`` (``"40GiB"`` -> 42949672960). Raises ValueError naming the accepted forms."""
+    match = _SIZE.match(text) if isinstance(text, str) else None
+    unit = _UNITS.get(match.group(2).lower()) if match else None
+    if unit is None:
+        raise ValueError(f"expected {SIZE_FORMS}; got {text!r}")
+    size = float(match.group(1)) * unit
+    if not math.isfinite(size) or size < 1:
+        raise ValueError(f"a size must be at least 1B; got {text!r}")
+    return int(size)
+
+
+def check_fraction(value: float, text: object = None) -> float:
+    """``value`` when it is a finite fraction in ``(0, 1]``; ValueError otherwise."""
+    if not (math.isfinite(value) and 0.0 < value <= 1.0):
+        raise ValueError(f"a budget as a fraction must be in (0, 1]; got {text if text is not None else value!r}")
+    return value
+
+
+def parse_budget(value: object) -> float | int:
+    """A budget: a float fraction of the no-checkpointing activation memory, or an int number of bytes.
+
+    Accepts a Python float (a fraction in ``(0, 1]``), a Python int (bytes, as ``hf_ckpt.plan`` always took
+    them), or a string written as a person would: ``"0.5"`` or ``"1"`` (fractions: a bare number in text is
+    never bytes), ``"50%"``, ``"40GiB"``.
+    """
+    if isinstance(value, bool):
+        raise TypeError(f"budget must be {BUDGET_FORMS}; got {value!r}")
+    if isinstance(value, int):
+        if value < 1:
+            raise ValueError(f"budget in bytes must be positive; got {value!r}")
+        return value
+    if isinstance(value, float):
+        return check_fraction(value, value)
+    if not isinstance(value, str):
+        raise TypeError(f"budget must be {BUDGET_FORMS}; got {value!r} of type {type(value).__name__}")
+    text = value.strip()
+    try:
+        if text.endswith("%"):
+            return check_fraction(float(text[:-1]) / 100.0, value)
+        return check_fraction(float(text), value)
+    except ValueError as error:
+        if text.endswith("%") or _looks_numeric(text):
+            raise ValueError(f"budget must be {BUDGET_FORMS}; {error}") from None
+    try:
+        return parse_size(text)
+    except ValueError:
+        raise ValueError(f"budget must be {BUDGET_FORMS}; got {value!r}") from None
+
+
+def _looks_numeric(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def format_bytes(n: float | None) -> str:
+    """``n`` bytes as MiB or GiB, for tables and messages (``-`` for None)."""
+    if n is None:
+        return "-"
+    if abs(n) >= 2**30:
+        return f"{n / 2**30:.2f} GiB"
+    return f"{n / 2**20:.2f} MiB"
