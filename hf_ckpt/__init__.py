@@ -1,33 +1,61 @@
-"""hf_ckpt: correct, capable and measurable activation checkpointing for Hugging Face Transformers."""
+"""hf_ckpt: correct, capable and measurable activation checkpointing for Hugging Face Transformers.
 
-from ._warnings import HfCkptWarning
-from .config import CheckpointConfig
-from .core import checkpointed_layers, disable, enable
-from .mixin import GradientCheckpointingMixin
-from .patch import is_patched, patch_transformers, unpatch_transformers
-from .planner import plan
-from .plans import CheckpointPlan
-from .selective import SelectiveRecomputeError
-from .verification import VerifyReport, verify
-from . import measure  # noqa: E402  (hf_ckpt.measure: memory, FLOPs, time of a step)
-from . import distributed  # noqa: E402  (hf_ckpt.distributed.apply / guard; imports after the core it uses)
+The public names are loaded on first use (PEP 562), so that ``import hf_ckpt`` and ``hf-ckpt --help`` do not
+import torch and transformers; ``from hf_ckpt import enable`` and ``hf_ckpt.enable`` work as usual.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "CheckpointConfig",
-    "CheckpointPlan",
-    "GradientCheckpointingMixin",
-    "HfCkptWarning",
-    "VerifyReport",
-    "checkpointed_layers",
-    "disable",
-    "enable",
-    "is_patched",
-    "patch_transformers",
-    "plan",
-    "SelectiveRecomputeError",
-    "unpatch_transformers",
-    "verify",
-    "__version__",
-]
+#: Public name -> the module that defines it.
+_EXPORTS = {
+    "HfCkptWarning": "._warnings",
+    "CheckpointConfig": ".config",
+    "checkpointed_layers": ".core",
+    "disable": ".core",
+    "enable": ".core",
+    "GradientCheckpointingMixin": ".mixin",
+    "is_patched": ".patch",
+    "patch_transformers": ".patch",
+    "unpatch_transformers": ".patch",
+    "plan": ".planner",
+    "CheckpointPlan": ".plans",
+    "SelectiveRecomputeError": ".selective",
+    "VerifyReport": ".verification",
+    "verify": ".verification",
+    "BlockStrategy": ".block_strategy",
+}
+_SUBMODULES = ("measure", "distributed")
+
+__all__ = sorted(_EXPORTS) + ["__version__"]
+
+if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerly
+    from ._warnings import HfCkptWarning
+    from .block_strategy import BlockStrategy
+    from .config import CheckpointConfig
+    from .core import checkpointed_layers, disable, enable
+    from .mixin import GradientCheckpointingMixin
+    from .patch import is_patched, patch_transformers, unpatch_transformers
+    from .planner import plan
+    from .plans import CheckpointPlan
+    from .selective import SelectiveRecomputeError
+    from .verification import VerifyReport, verify
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        value = getattr(import_module(_EXPORTS[name], __name__), name)
+    elif name in _SUBMODULES:
+        value = import_module(f".{name}", __name__)
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__) | set(_SUBMODULES))

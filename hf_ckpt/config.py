@@ -9,6 +9,7 @@ the first training step. Checks that need the model (an index past the last bloc
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -19,14 +20,13 @@ from .selection import (
     check_num_layers_in_range,
     every_nth,
 )
+from .block_strategy import BlockStrategy
 from .selective import check_policy, selective_supported
 
 #: Keys of a checkpointing kwargs dict that hf_ckpt consumes itself; every other key goes to
 #: ``torch.utils.checkpoint.checkpoint``.
 HF_CKPT_KEYS = ("every_n_layers", "layers", "num_layers", "method", "strategy", "policy", "plan", "offload")
 
-#: Per-block strategies: recompute the whole block, recompute only its cheap ops, or keep its activations.
-STRATEGIES = ("full", "selective", "none")
 
 _EVERY_N_ACCEPTS = "a positive int (1 checkpoints every block, 2 every other block, ...)"
 
@@ -80,7 +80,17 @@ def _check_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
         raise ValueError(f"{name} must be one of {', '.join(repr(c) for c in choices)}; got {value!r}")
 
 
+_BOOLEAN_KWARGS = ("use_reentrant", "preserve_rng_state", "debug", "early_stop")
+
+
+def _determinism_checks() -> tuple[str, ...]:
+    import torch.utils.checkpoint
+
+    return tuple(getattr(torch.utils.checkpoint, "_allowed_determinism_checks_to_fns", {"default": 0, "none": 0}))
+
+
 def _check_checkpoint_kwargs(kwargs: Mapping[str, Any], source: str) -> dict[str, Any]:
+    """Names *and values* of the keyword arguments for ``torch.utils.checkpoint.checkpoint``."""
     accepted = checkpoint_keyword_names()
     for key in kwargs:
         if key not in accepted:
@@ -89,9 +99,17 @@ def _check_checkpoint_kwargs(kwargs: Mapping[str, Any], source: str) -> dict[str
                 f"accepts: {', '.join(accepted)}; hf_ckpt itself accepts: {', '.join(HF_CKPT_KEYS)}."
             )
     checked = dict(kwargs)
-    use_reentrant = checked.setdefault("use_reentrant", False)
-    if not isinstance(use_reentrant, bool):
-        raise TypeError(f"use_reentrant must be True or False; got {use_reentrant!r} of type {_type_name(use_reentrant)}")
+    checked.setdefault("use_reentrant", False)
+    for name in _BOOLEAN_KWARGS:
+        if name in checked and not isinstance(checked[name], bool):
+            raise TypeError(f"{name} must be True or False; got {checked[name]!r} of type {_type_name(checked[name])}")
+    if "determinism_check" in checked:
+        _check_choice("determinism_check", checked["determinism_check"], _determinism_checks())
+    if "context_fn" in checked and not callable(checked["context_fn"]):
+        raise TypeError(
+            "context_fn must be a callable returning two context managers (forward, recompute); "
+            f"got {checked['context_fn']!r} of type {_type_name(checked['context_fn'])}"
+        )
     return checked
 
 
@@ -100,9 +118,11 @@ def _load_plan(plan: Any) -> Any:
 
     if plan is None or isinstance(plan, CheckpointPlan):
         return plan
-    if isinstance(plan, str):
+    if isinstance(plan, (str, os.PathLike)):
         return CheckpointPlan.load(plan)
-    raise TypeError(f"plan must be a CheckpointPlan or the path of a plan saved as JSON; got {_type_name(plan)}")
+    raise TypeError(
+        f"plan must be a CheckpointPlan or the path (str or os.PathLike) of a plan saved as JSON; got {_type_name(plan)}"
+    )
 
 
 @dataclass(frozen=True)
@@ -149,7 +169,8 @@ class CheckpointConfig:
         object.__setattr__(
             self, "checkpoint_kwargs", _check_checkpoint_kwargs(self.checkpoint_kwargs, "checkpoint_kwargs")
         )
-        _check_choice("strategy", self.strategy, STRATEGIES[:2])
+        _check_choice("strategy", self.strategy, (BlockStrategy.FULL.value, BlockStrategy.SELECTIVE.value))
+        object.__setattr__(self, "strategy", BlockStrategy(self.strategy).value)
         if self.method is not None:
             _check_choice("method", self.method, tuple(SELECTION_METHODS))
             if self.num_layers is None:
@@ -169,7 +190,7 @@ class CheckpointConfig:
             )
             if active
         ]
-        if self.plan is not None and self.strategy != "full":
+        if self.plan is not None and self.strategy != BlockStrategy.FULL:
             given.append("strategy")
         if len(given) > 1:
             raise ValueError(
@@ -178,8 +199,8 @@ class CheckpointConfig:
             )
 
     def _check_selective(self) -> None:
-        wants_selective = self.strategy == "selective" or (
-            self.plan is not None and "selective" in self.plan.strategies
+        wants_selective = self.strategy == BlockStrategy.SELECTIVE or (
+            self.plan is not None and BlockStrategy.SELECTIVE in self.plan.strategies
         )
         if self.policy is not None and not wants_selective:
             raise ValueError('policy only applies to strategy="selective"; set strategy="selective" or drop policy')
@@ -196,11 +217,27 @@ class CheckpointConfig:
     def use_reentrant(self) -> bool:
         return bool(self.checkpoint_kwargs["use_reentrant"])
 
+    def describe(self) -> str:
+        """The setting as keyword arguments, for messages: ``every_n_layers=2, use_reentrant=False``."""
+        parts = [f"every_n_layers={self.every_n_layers}"]
+        for name in ("layers", "num_layers", "method", "policy"):
+            value = getattr(self, name)
+            if value is not None:
+                parts.append(f"{name}={list(value) if name == 'layers' else value!r}")
+        if self.strategy != BlockStrategy.FULL:
+            parts.append(f"strategy={self.strategy!r}")
+        if self.plan is not None:
+            parts.append("plan=<CheckpointPlan>")
+        if self.offload:
+            parts.append("offload=True")
+        parts.extend(f"{key}={value!r}" for key, value in sorted(self.checkpoint_kwargs.items()))
+        return ", ".join(parts)
+
     def resolve(self, num_blocks: int) -> dict[int, str]:
         """The strategy of each checkpointed block, for a model with ``num_blocks`` repeated blocks."""
         if self.plan is not None:
             self.plan.check_fits(num_blocks)
-            return {i: s for i, s in enumerate(self.plan.strategies) if s != "none"}
+            return {i: s for i, s in enumerate(self.plan.strategies) if s != BlockStrategy.NONE}
         if self.layers is not None:
             check_layers_in_range(self.layers, num_blocks)
             indices = list(self.layers)

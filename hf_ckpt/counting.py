@@ -4,7 +4,11 @@ Flags say what *should* happen; :class:`BlockRunCounter` says what *did*. For ea
 submodule the block calls (a forward pre-hook on every submodule), and counts how often that sentinel runs:
 once per forward, once more per recompute. The sentinel is the first call of a block, so it is rerun even when
 non-reentrant checkpointing stops the recompute early. Hooks on submodules, not on the block, are needed
-because transformers >= 5.23 recomputes a block's ``forward`` directly, bypassing its ``__call__`` hooks.
+because transformers >= 5.23 recomputes a block's ``forward`` directly, bypassing its ``__call__`` hooks; a block
+without submodules is its own sentinel.
+
+Each run is also classed by *when* it happened: a run while the autograd engine is executing a backward pass is a
+recompute, whatever the number of forward passes in the window (gradient accumulation, several losses).
 """
 
 from __future__ import annotations
@@ -12,9 +16,15 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+import torch
 from torch import nn
 
 from .blocks import Block, find_blocks
+
+
+def in_backward() -> bool:
+    """Whether the autograd engine is running a backward pass on this thread now."""
+    return torch._C._current_graph_task_id() != -1
 
 
 class BlockRunCounter:
@@ -26,33 +36,41 @@ class BlockRunCounter:
             model(**batch).loss.backward()
         runs.recomputed()   # [0, 2, 4]: blocks that ran more than once in one step
 
+    Args:
+        model: A ``PreTrainedModel`` or any wrapper ``hf_ckpt`` accepts (PEFT, DDP, ...), or a plain module
+            whose blocks :func:`~hf_ckpt.blocks.find_blocks` finds.
+        blocks: The blocks to watch (default: all of the model's).
+
     Attributes:
-        blocks: The model's blocks, in global order.
+        blocks: The watched blocks, in global order.
         counts: ``counts[i]`` is how many times block ``i`` ran in the window.
+        backward_counts: ``backward_counts[i]`` is how many of those runs happened during a backward pass.
     """
 
-    def __init__(self, model: nn.Module) -> None:
-        from ._compat import peft_model_base
+    def __init__(self, model: nn.Module, blocks: list[Block] | None = None) -> None:
+        from ._target import unwrap
 
-        base = peft_model_base(model)
-        self.blocks: list[Block] = find_blocks(base if base is not None else model)
+        self.blocks: list[Block] = list(blocks) if blocks is not None else find_blocks(unwrap(model))
         self.counts: Counter[int] = Counter()
+        self.backward_counts: Counter[int] = Counter()
         self._sentinels: dict[int, nn.Module] = {}
         self._handles: list[Any] = []
 
-    def _hook(self, index: int, submodule: nn.Module):
+    def _hook(self, index: int):
         def pre_hook(module: nn.Module, args: Any) -> None:
             sentinel = self._sentinels.setdefault(index, module)
             if sentinel is module:
                 self.counts[index] += 1
+                if in_backward():
+                    self.backward_counts[index] += 1
 
         return pre_hook
 
     def __enter__(self) -> "BlockRunCounter":
         for block in self.blocks:
-            for submodule in block.module.modules():
-                if submodule is not block.module:
-                    self._handles.append(submodule.register_forward_pre_hook(self._hook(block.index, submodule)))
+            watched = [m for m in block.module.modules() if m is not block.module] or [block.module]
+            hook = self._hook(block.index)
+            self._handles.extend(m.register_forward_pre_hook(hook) for m in watched)
         return self
 
     def __exit__(self, *exc_info: Any) -> None:
@@ -62,7 +80,12 @@ class BlockRunCounter:
 
     def reset(self) -> None:
         self.counts.clear()
+        self.backward_counts.clear()
 
     def recomputed(self, forward_passes: int = 1) -> list[int]:
         """Blocks that ran more often than ``forward_passes``: those the backward recomputed."""
         return [block.index for block in self.blocks if self.counts[block.index] > forward_passes]
+
+    def recomputed_in_backward(self) -> list[int]:
+        """Blocks that ran at least once during a backward pass, however many forwards the window held."""
+        return [block.index for block in self.blocks if self.backward_counts[block.index] > 0]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ._warnings import warn_once
 from .mixin import GradientCheckpointingMixin
 
 _PATCHED_NAMES = (
@@ -48,12 +49,27 @@ def patch_transformers() -> None:
 
 
 def unpatch_transformers() -> None:
-    """Restore upstream's methods on ``transformers.PreTrainedModel``. A no-op when not patched."""
+    """Restore upstream's methods on ``transformers.PreTrainedModel``. A no-op when not patched.
+
+    Only the methods that are still hf_ckpt's are put back: a method another library patched in after
+    :func:`patch_transformers` is left in place (with a warning), since restoring upstream's would silently undo
+    that library's patch.
+    """
     from transformers import PreTrainedModel
 
+    replaced = []
     for name, original in _originals.items():
-        setattr(PreTrainedModel, name, original)
+        if PreTrainedModel.__dict__.get(name) is GradientCheckpointingMixin.__dict__[name]:
+            setattr(PreTrainedModel, name, original)
+        else:
+            replaced.append(name)
     _originals.clear()
+    if replaced:
+        warn_once(
+            f"unpatch_transformers left PreTrainedModel.{', '.join(replaced)} as it is: another library patched "
+            "it after hf_ckpt did, and restoring upstream's method would undo that patch.",
+            key=f"unpatch:{replaced}",
+        )
 
 
 def original(name: str) -> Any:

@@ -27,18 +27,23 @@ from __future__ import annotations
 import contextlib
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import torch
 from torch import nn
 
+from ._preserve import check_trainable, preserved
+from ._state import suspended
+from ._target import target_model
+from ._units import format_bytes as _mib
+from ._units import parse_budget
+from .block_strategy import ALL_STRATEGIES, BlockStrategy
 from .blocks import Block, find_blocks
 from .config import CheckpointConfig
-from .core import _STATE_ATTRIBUTE, _target_model, apply_config, remove
-from .plans import CheckpointPlan
+from .core import apply_config, remove
+from .measure.step import LossFn, loss_of, model_device
+from .plans import CheckpointPlan, model_signature
 from .selective import SelectiveRecomputeError
-
-LossFn = Callable[[Any], torch.Tensor]
 _QUANTA = 4096
 #: How many times the planner measures a candidate plan and tightens its target before giving up.
 _VERIFY_ROUNDS = 4
@@ -73,15 +78,12 @@ class BlockProfile:
 
 
 def _loss_of(output: Any, loss_fn: LossFn | None) -> torch.Tensor:
-    from .measure.step import loss_of
-
     return loss_of(output, loss_fn, caller="plan: ", inputs="sample_inputs")
 
 
 def _retained_per_block(model: nn.Module, blocks: list[Block], inputs: Mapping[str, Any], loss_fn: LossFn | None):
     """(base bytes, bytes per block) alive when forward returns, labelled by the block that created them."""
     from .measure.memory import StorageTracker
-    from .measure.step import model_device
 
     current: list[int | None] = [None]
     handles = []
@@ -139,20 +141,12 @@ def _recompute_flops_per_block(
 
 @contextlib.contextmanager
 def _left_as_found(model: nn.Module) -> Iterator[None]:
-    """Profile in training mode, then restore the model's checkpointing, mode, gradients and the RNG state."""
-    target = _target_model(model)
-    previous = target.__dict__.get(_STATE_ATTRIBUTE)
-    was_training = model.training
-    try:
-        with torch.random.fork_rng(devices=[]):
-            model.train()
-            yield
-    finally:
-        remove(model)
-        model.zero_grad(set_to_none=True)
-        if previous is not None:
-            apply_config(model, previous.config)
-        model.train(was_training)
+    """Profile in training mode with grad, then put everything back: the checkpointing attributes of every module
+    (hf_ckpt's record and hooks, or upstream's flags), each module's training flag, accumulated gradients and the
+    RNG state."""
+    with preserved(model), suspended(target_model(model)), torch.enable_grad():
+        model.train()
+        yield
 
 
 def _measured_bytes(
@@ -160,7 +154,7 @@ def _measured_bytes(
     policy: Any, checkpoint_kwargs: dict[str, Any],
 ) -> int:
     """Bytes the plan ``strategies`` retains at the end of forward, measured in one step."""
-    blocks = find_blocks(_target_model(model))
+    blocks = find_blocks(target_model(model))
     with _left_as_found(model):
         remove(model)
         options = {"policy": policy} if "selective" in strategies else {}
@@ -186,7 +180,7 @@ def profile_blocks(
     A strategy the model cannot run (``"selective"`` on a block that writes into a saved output) is left out and
     listed in :attr:`BlockProfile.unusable` with the reason.
     """
-    target = _target_model(model)
+    target = target_model(model)
     blocks = find_blocks(target)
     if not blocks:
         raise ValueError(f"{type(target).__name__} has no repeated blocks to plan for")
@@ -221,28 +215,14 @@ def profile_blocks(
     return BlockProfile(base_bytes=base_bytes, retained=retained, recompute_flops=recompute, unusable=unusable)
 
 
-def _budget_bytes(budget: Any, baseline: int) -> int:
-    if isinstance(budget, bool) or not isinstance(budget, (int, float)):
-        raise TypeError(
-            f"budget must be a number of bytes (int) or a fraction of the no-checkpointing activation memory "
-            f"(float in (0, 1]); got {budget!r} of type {type(budget).__name__}"
-        )
-    if isinstance(budget, float):
-        if not 0.0 < budget <= 1.0:
-            raise ValueError(f"budget as a fraction must be in (0, 1]; got {budget!r}")
-        return int(budget * baseline)
-    if budget <= 0:
-        raise ValueError(f"budget in bytes must be positive; got {budget!r}")
-    return budget
-
-
-def _mib(n: int) -> str:
-    return f"{n / 2**20:.2f} MiB"
+def _budget_bytes(budget: float | int, baseline: int) -> int:
+    """A budget already checked by :func:`hf_ckpt._units.parse_budget`, in bytes."""
+    return int(budget * baseline) if isinstance(budget, float) else budget
 
 
 def solve(profile: BlockProfile, budget_bytes: int) -> tuple[str, ...]:
     """The per-block strategies that keep the predicted bytes within ``budget_bytes`` at the least recompute."""
-    options = [s for s in ("none", "selective", "full") if s in profile.retained]
+    options = [s for s in ALL_STRATEGIES if s in profile.retained]
     num_blocks = len(profile.retained["none"])
     required = profile.baseline_bytes - budget_bytes
     if required <= 0:
@@ -303,8 +283,9 @@ def plan(
         sample_inputs: A representative batch (keyword arguments of the model, with labels so it returns a loss,
             or pass ``loss_fn``). Activation memory scales with batch and sequence length: profile the shapes
             you will train with.
-        budget: Bytes (int), or a fraction of the activation memory retained without checkpointing (float in
-            ``(0, 1]``).
+        budget: Bytes (an int, or a string with a unit: ``"512MiB"``, ``"40GiB"``), or a fraction of the
+            activation memory retained without checkpointing (a float in ``(0, 1]``, or ``"50%"``). Checked before
+            any profiling.
         strategies: The strategies the plan may use.
         policy: The selective policy (see :mod:`hf_ckpt.selective`).
         loss_fn: Maps the model output to the scalar loss; default ``output.loss``.
@@ -315,12 +296,18 @@ def plan(
         A :class:`~hf_ckpt.CheckpointPlan`; apply it with ``hf_ckpt.enable(model, plan=plan)``.
 
     Raises:
-        ValueError: no assignment of the allowed strategies fits the budget; the message gives the smallest
-            activation memory that can be reached.
+        TypeError: ``sample_inputs`` is not a dict; ``budget`` has the wrong type.
+        ValueError: ``budget`` is out of range; no parameter requires grad; no assignment of the allowed
+            strategies fits the budget (the message gives the smallest activation memory that can be reached).
     """
-    bad = [s for s in strategies if s not in ("none", "selective", "full")]
-    if bad or not strategies:
-        raise ValueError(f"strategies must be a non-empty subset of none, selective, full; got {list(strategies)}")
+    budget = parse_budget(budget)
+    _check_sample_inputs(sample_inputs)
+    bad = [s for s in strategies if s not in ALL_STRATEGIES]
+    if bad or not strategies or isinstance(strategies, str):
+        raise ValueError(f"strategies must be a non-empty subset of none, selective, full; got {strategies!r}")
+    check_trainable(target_model(model), "plan: ")
+    CheckpointConfig.from_arguments(checkpoint_kwargs, dict_name="checkpoint_kwargs", policy=policy,
+                                    strategy="selective" if policy is not None else None)
     profile = profile_blocks(
         model, sample_inputs, strategies=strategies, policy=policy, loss_fn=loss_fn, **checkpoint_kwargs
     )
@@ -348,5 +335,14 @@ def plan(
         budget_bytes=budget_bytes,
         block_bytes=profile.retained,
         block_recompute_flops=profile.recompute_flops,
-        model_type=getattr(getattr(_target_model(model), "config", None), "model_type", None),
+        model_type=getattr(getattr(target_model(model), "config", None), "model_type", None),
+        made_for=model_signature(target_model(model)),
     )
+
+
+def _check_sample_inputs(sample_inputs: Any) -> None:
+    if not isinstance(sample_inputs, Mapping):
+        raise TypeError(
+            "sample_inputs must be a dict of keyword arguments for the model's forward, e.g. "
+            f"{{'input_ids': ..., 'labels': ...}}; got {type(sample_inputs).__name__}"
+        )

@@ -8,16 +8,37 @@ applies it, and a training script can load one saved earlier (``CheckpointPlan.l
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+import os
+import warnings
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from torch import nn
+
+from ._units import format_bytes as _mib
+from ._warnings import HfCkptWarning
+from .block_strategy import ALL_STRATEGIES, check_strategy
+
 _FORMAT_VERSION = 1
-_VALID = ("full", "selective", "none")
+_VALID = ALL_STRATEGIES
+
+#: The config fields that decide a block's activation shapes; a plan records them and checks them when applied.
+_SHAPE_FIELDS = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "d_model", "d_ff",
+                 "n_embd", "n_head", "num_heads")
 
 
-def _mib(n: int | float | None) -> str:
-    return "-" if n is None else f"{n / 2**20:.2f} MiB"
+def model_signature(model: nn.Module) -> dict[str, Any]:
+    """What a plan records of the model it was made for: ``model_type``, the block count and the shape fields."""
+    from .blocks import find_blocks
+
+    config = getattr(model, "config", None)
+    signature: dict[str, Any] = {"model_type": getattr(config, "model_type", None), "num_blocks": len(find_blocks(model))}
+    for name in _SHAPE_FIELDS:
+        value = getattr(config, name, None)
+        if isinstance(value, int) and not isinstance(value, bool):
+            signature[name] = value
+    return signature
 
 
 @dataclass(frozen=True)
@@ -32,7 +53,10 @@ class CheckpointPlan:
         budget_bytes: The budget the plan was made for, when it was made by :func:`hf_ckpt.plan`.
         block_bytes: Measured retained bytes of each block under each strategy (the profile the plan used).
         block_recompute_flops: Measured recompute FLOPs of each block under each strategy.
-        model_type: ``config.model_type`` of the model profiled, for the reader's benefit.
+        model_type: ``config.model_type`` of the model profiled.
+        made_for: The model the plan was made for (:func:`model_signature`): model type, block count and the
+            config fields that decide activation shapes. Applying the plan to a model that differs warns, naming
+            both.
     """
 
     strategies: tuple[str, ...]
@@ -43,12 +67,13 @@ class CheckpointPlan:
     block_bytes: dict[str, tuple[int, ...]] = field(default_factory=dict)
     block_recompute_flops: dict[str, tuple[int, ...]] = field(default_factory=dict)
     model_type: str | None = None
+    made_for: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "strategies", tuple(self.strategies))
-        bad = [s for s in self.strategies if s not in _VALID]
-        if bad:
-            raise ValueError(f"plan strategies must each be one of {', '.join(_VALID)}; got {bad[0]!r}")
+        if isinstance(self.strategies, (str, bytes)) or not hasattr(self.strategies, "__iter__"):
+            raise TypeError(f"plan strategies must be a list with one strategy per block; got {self.strategies!r}")
+        strategies = tuple(check_strategy(s, "each plan strategy").value for s in self.strategies)
+        object.__setattr__(self, "strategies", strategies)
         object.__setattr__(self, "block_bytes", {k: tuple(v) for k, v in self.block_bytes.items()})
         object.__setattr__(
             self, "block_recompute_flops", {k: tuple(v) for k, v in self.block_recompute_flops.items()}
@@ -57,6 +82,21 @@ class CheckpointPlan:
     @property
     def num_blocks(self) -> int:
         return len(self.strategies)
+
+    def check_made_for(self, model: nn.Module) -> None:
+        """Warn when ``model`` is not the kind of model the plan was made for (type or activation shapes)."""
+        if not self.made_for:
+            return
+        actual = model_signature(model)
+        differing = {k: (v, actual.get(k)) for k, v in self.made_for.items() if k in actual and actual[k] != v}
+        if differing:
+            details = ", ".join(f"{k}: plan {a!r}, model {b!r}" for k, (a, b) in differing.items())
+            warnings.warn(
+                f"This plan was made for another model ({details}); its per-block memory and recompute figures "
+                "do not hold for this one. Make the plan on the model you train.",
+                HfCkptWarning,
+                stacklevel=5,
+            )
 
     def check_fits(self, num_blocks: int) -> None:
         """Raise when the plan was made for a model with another number of blocks."""
@@ -77,23 +117,42 @@ class CheckpointPlan:
         return json.dumps(self.to_dict(), indent=2)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "CheckpointPlan":
+    def from_dict(cls, data: Any) -> "CheckpointPlan":
+        """The plan in ``data`` (as :meth:`to_dict` writes it); ValueError saying what is wrong otherwise."""
+        if not isinstance(data, dict):
+            raise ValueError(f"not an hf_ckpt plan: expected a JSON object, got {type(data).__name__}")
         if data.get("format") != "hf_ckpt.CheckpointPlan":
             raise ValueError("not an hf_ckpt plan: the JSON lacks \"format\": \"hf_ckpt.CheckpointPlan\"")
         if data.get("version") != _FORMAT_VERSION:
             raise ValueError(f"plan format version {data.get('version')!r} is not supported (this hf_ckpt reads {_FORMAT_VERSION})")
-        fields = {k: v for k, v in data.items() if k not in ("format", "version")}
-        return cls(**fields)
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known - {"format", "version"})
+        if unknown:
+            raise ValueError(f"unknown plan fields {unknown}; a plan has: {', '.join(sorted(known))}")
+        if "strategies" not in data:
+            raise ValueError("the plan has no \"strategies\" list")
+        try:
+            return cls(**{k: v for k, v in data.items() if k in known})
+        except (TypeError, ValueError, AttributeError) as error:
+            raise ValueError(f"invalid plan: {error}") from None
 
-    def save(self, path: str | Path) -> None:
+    def save(self, path: str | os.PathLike) -> None:
         Path(path).write_text(self.to_json() + "\n")
 
     @classmethod
-    def load(cls, path: str | Path) -> "CheckpointPlan":
+    def load(cls, path: str | os.PathLike) -> "CheckpointPlan":
+        """The plan saved at ``path``; ValueError naming the file and what is wrong with it."""
         file = Path(path)
         if not file.is_file():
-            raise ValueError(f"plan file {str(path)!r} does not exist")
-        return cls.from_dict(json.loads(file.read_text()))
+            raise ValueError(f"plan file {str(path)!r} does not exist" + (" (it is a directory)" if file.is_dir() else ""))
+        try:
+            data = json.loads(file.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as error:
+            raise ValueError(f"plan file {str(path)!r} is not valid JSON: {error}") from None
+        try:
+            return cls.from_dict(data)
+        except ValueError as error:
+            raise ValueError(f"plan file {str(path)!r}: {error}") from None
 
     def __str__(self) -> str:
         counts = {s: self.strategies.count(s) for s in _VALID if s in self.strategies}

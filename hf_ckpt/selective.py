@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 from typing import Any, Callable, Iterable, Union
 
 import torch
@@ -49,42 +50,74 @@ def selective_supported() -> bool:
     return hasattr(torch.utils.checkpoint, "create_selective_checkpoint_contexts")
 
 
-def _save_listed(saved: frozenset, ctx: Any, op: Any, *args: Any, **kwargs: Any) -> Any:
+def _op_name(op: Any) -> str:
+    """``"aten.mm"`` for ``aten.mm`` and ``"aten.mm.default"`` for ``aten.mm.default``: names pickle, ops do not."""
+    return str(op)
+
+
+def _save_listed(saved: frozenset[str], ctx: Any, op: Any, *args: Any, **kwargs: Any) -> Any:
     from torch.utils.checkpoint import CheckpointPolicy
 
     packet = getattr(op, "overloadpacket", op)
-    if op in saved or packet in saved:
+    if _op_name(op) in saved or _op_name(packet) in saved:
         return CheckpointPolicy.MUST_SAVE
     return CheckpointPolicy.PREFER_RECOMPUTE
 
 
+_POLICY_FORMS = (
+    "a policy name ({names}), a list of aten ops to save (e.g. [torch.ops.aten.mm]), or a callable "
+    "(ctx, op, *args, **kwargs) -> CheckpointPolicy"
+)
+
+
+def _policy_forms() -> str:
+    return _POLICY_FORMS.format(names=", ".join(sorted(SELECTIVE_POLICIES)))
+
+
+def _is_op(value: Any) -> bool:
+    return isinstance(value, (torch._ops.OpOverload, torch._ops.OpOverloadPacket))
+
+
+def _accepts_policy_arguments(function: Any) -> bool:
+    try:
+        inspect.signature(function).bind(object(), object())
+    except TypeError:
+        return False
+    except ValueError:  # no signature (a builtin): give it the benefit of the doubt
+        return True
+    return True
+
+
 def check_policy(policy: Any) -> None:
-    """Raise at the call for a policy that is neither a registered name, a callable nor a collection of ops."""
-    if policy is None or callable(policy):
+    """Raise at the call for a policy that is not a registered name, a callable taking ``(ctx, op, ...)``, or a
+    non-empty collection of aten ops."""
+    if policy is None:
+        return
+    if callable(policy) and not _is_op(policy):
+        if not _accepts_policy_arguments(policy):
+            raise TypeError(f"policy must be {_policy_forms()}; got a callable that cannot take (ctx, op): {policy!r}")
         return
     if isinstance(policy, str):
         if policy not in SELECTIVE_POLICIES:
-            raise ValueError(
-                f"policy must be one of {', '.join(sorted(SELECTIVE_POLICIES))}, a list of aten ops to save, or a "
-                f"callable (ctx, op, *args, **kwargs) -> CheckpointPolicy; got {policy!r}"
-            )
+            raise ValueError(f"policy must be {_policy_forms()}; got {policy!r}")
         return
     if isinstance(policy, (list, tuple, set, frozenset)):
+        bad = [op for op in policy if not _is_op(op)]
+        if bad or not policy:
+            raise ValueError(f"policy must be {_policy_forms()}; got {'an empty list' if not policy else repr(bad[0])}")
         return
-    raise TypeError(
-        f"policy must be a policy name, a list of aten ops to save, or a callable; got {type(policy).__name__}"
-    )
+    raise TypeError(f"policy must be {_policy_forms()}; got {type(policy).__name__}")
 
 
 def policy_function(policy: Policy | None) -> Callable[..., Any]:
-    """The ``policy_fn`` for ``create_selective_checkpoint_contexts``."""
+    """The ``policy_fn`` for ``create_selective_checkpoint_contexts`` (picklable for names and op lists)."""
     if policy is None:
         policy = DEFAULT_POLICY
     if isinstance(policy, str):
-        return functools.partial(_save_listed, frozenset(SELECTIVE_POLICIES[policy]))
-    if callable(policy):
+        return functools.partial(_save_listed, frozenset(_op_name(op) for op in SELECTIVE_POLICIES[policy]))
+    if callable(policy) and not _is_op(policy):
         return policy
-    return functools.partial(_save_listed, frozenset(policy))
+    return functools.partial(_save_listed, frozenset(_op_name(op) for op in policy))
 
 
 class SelectiveRecomputeError(RuntimeError):
@@ -136,21 +169,38 @@ class _InPlaceGuard(TorchDispatchMode):
         return out
 
 
+def _compiling() -> bool:
+    compiler = getattr(torch, "compiler", None)
+    return compiler is not None and hasattr(compiler, "is_compiling") and compiler.is_compiling()
+
+
+class _GuardedForward:
+    """The forward context: PyTorch's selective-checkpoint context, plus :class:`_InPlaceGuard` in eager mode."""
+
+    def __init__(self, forward_context: Any, policy_fn: Callable[..., Any]) -> None:
+        self._contexts = (forward_context, _InPlaceGuard(policy_fn))
+        self._stack = contextlib.ExitStack()
+
+    def __enter__(self) -> None:
+        for context in self._contexts:
+            self._stack.enter_context(context)
+
+    def __exit__(self, *exc_info: Any) -> Any:
+        return self._stack.__exit__(*exc_info)
+
+
 def _guarded_contexts(policy_fn: Callable[..., Any]) -> tuple[Any, Any]:
+    """Forward and recompute contexts for ``policy_fn``.
+
+    Under ``torch.compile`` the graph is traced with fake tensors, whose storages have no data pointer, and
+    AOTAutograd re-derives what is saved from the policy itself: the eager in-place guard is left out there.
+    """
     from torch.utils.checkpoint import create_selective_checkpoint_contexts
 
     forward_context, recompute_context = create_selective_checkpoint_contexts(policy_fn)
-    stack = contextlib.ExitStack()
-
-    class _Forward:
-        def __enter__(self):
-            stack.enter_context(forward_context)
-            stack.enter_context(_InPlaceGuard(policy_fn))
-
-        def __exit__(self, *exc_info):
-            return stack.__exit__(*exc_info)
-
-    return _Forward(), recompute_context
+    if _compiling():
+        return forward_context, recompute_context
+    return _GuardedForward(forward_context, policy_fn), recompute_context
 
 
 def selective_context_fn(policy: Policy | None) -> Callable[[], Any]:

@@ -177,3 +177,54 @@ class LegacyDirectModel(_LegacyBase):
 def tiny_legacy(cls: type = LegacyFuncModel, layers: int = 4) -> PreTrainedModel:
     torch.manual_seed(0)
     return cls(LegacyConfig(num_layers=layers))
+
+
+# --- adversarial stack-flag models: what their code does with the checkpoint function is only known by measuring ---
+
+
+class _ToyStack(_LegacyBase):
+    """New-style ``_set_gradient_checkpointing`` (inherited from ``PreTrainedModel``); subclasses choose the loop."""
+
+    _set_gradient_checkpointing = PreTrainedModel._set_gradient_checkpointing
+
+
+class PartialStackModel(_ToyStack):
+    """Hands its checkpoint function ``partial(self._apply, i)``: the block cannot be told from the function."""
+
+    def _apply(self, index: int, hidden_states: torch.Tensor) -> torch.Tensor:
+        return self.layers[index](hidden_states)
+
+    def _run_layer(self, layer, hidden_states):
+        import functools
+
+        index = list(self.layers).index(layer)
+        return self._gradient_checkpointing_func(functools.partial(self._apply, index), hidden_states)
+
+
+class LambdaStackModel(_ToyStack):
+    """Hands its checkpoint function a lambda closing over the stack and an index."""
+
+    def _run_layer(self, layer, hidden_states):
+        index = list(self.layers).index(layer)
+        return self._gradient_checkpointing_func(lambda h: self.layers[index](h), hidden_states)
+
+
+class DirectStackModel(_ToyStack):
+    """Calls ``torch.utils.checkpoint`` itself: every block is recomputed whatever the selection."""
+
+    def _run_layer(self, layer, hidden_states):
+        return torch.utils.checkpoint.checkpoint(layer, hidden_states, use_reentrant=False)
+
+
+class InertStackModel(_ToyStack):
+    """Has the flag but never checkpoints (as a few upstream releases had by mistake)."""
+
+    def _run_layer(self, layer, hidden_states):
+        return layer(hidden_states)
+
+
+class FuncStackModel(_ToyStack):
+    """The well-behaved loop: ``self._gradient_checkpointing_func(layer.__call__, ...)``."""
+
+    def _run_layer(self, layer, hidden_states):
+        return self._gradient_checkpointing_func(layer.__call__, hidden_states)

@@ -352,7 +352,7 @@ def test_bad_input_is_named():
     )
     with pytest.raises(TypeError) as error:
         hf_ckpt.verify(nn.Linear(2, 2), {})
-    assert str(error.value).startswith("hf_ckpt expects a transformers PreTrainedModel")
+    assert str(error.value).startswith("model must be a transformers PreTrainedModel")
 
 
 # --- hf-ckpt verify ----------------------------------------------------------------------------------------------

@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from .._compat import is_gradient_checkpointing_layer
+from .._state import ACTIVE_ATTRIBUTE
 from ..blocks import Block, find_blocks
 
 #: Attributes under which engine and checkpoint wrappers keep the module they wrap.
@@ -42,29 +43,6 @@ def checkpoint_wrapper_module() -> Any | None:
     except ImportError:
         return None
     return checkpoint_wrapper
-
-
-@functools.lru_cache(maxsize=None)
-def _engine_wrapper_classes() -> tuple[type, ...]:
-    """The classes that wrap a whole model and keep it as ``.module``: DDP and FSDP1."""
-    if not distributed_available():
-        return ()
-    classes: list[type] = [torch.nn.parallel.DistributedDataParallel]
-    try:
-        from torch.distributed.fsdp import FullyShardedDataParallel
-    except ImportError:
-        pass
-    else:
-        classes.append(FullyShardedDataParallel)
-    return tuple(classes)
-
-
-def unwrap_engine(model: nn.Module) -> nn.Module:
-    """The module inside DDP / FSDP1 root wrappers (``model`` itself when it is not wrapped)."""
-    classes = _engine_wrapper_classes()
-    while classes and isinstance(model, classes) and isinstance(getattr(model, "module", None), nn.Module):
-        model = model.module
-    return model
 
 
 def innermost(module: nn.Module) -> nn.Module:
@@ -93,6 +71,27 @@ def blocks_of(model: nn.Module) -> list[Block]:
             block = Block(index=block.index, name=block.name, module=inner, owner=inner)
         found.append(block)
     return found
+
+
+def wrapped_blocks(target: nn.Module) -> list[int]:
+    """Indices of the blocks of ``target`` that an active checkpoint wrapper covers, in global order.
+
+    Counts hf_ckpt's own active wrappers (``hf_ckpt.distributed.apply``), ``torch.distributed``'s
+    ``CheckpointWrapper`` from anyone (``apply_activation_checkpointing``, accelerate's FSDP plugin) and the
+    composable ``checkpoint``.
+    """
+    covered: set[int] = set()
+    for module in target.modules():
+        active = (is_checkpoint_wrapper(module) and module.__dict__.get(ACTIVE_ATTRIBUTE, True)) or (
+            has_composable_checkpoint(module)
+        )
+        if active:
+            covered.update(id(m) for m in module.modules())
+    return [
+        block.index
+        for block in blocks_of(target)
+        if id(block.module) in covered or id(innermost(block.module)) in covered
+    ]
 
 
 def is_checkpoint_wrapper(module: nn.Module) -> bool:

@@ -27,12 +27,12 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
+from .._binding import block_function, is_block_checkpointed, turn_block_off
+from .._state import ACTIVE_ATTRIBUTE, STATE_ATTRIBUTE, get_state
+from .._target import target_model
 from .._warnings import warn_once
-from ..blocks import SELECTED_ATTRIBUTE, Block, is_block_checkpointed
+from ..blocks import Block
 from . import _engines
-
-#: Set (in ``__dict__``) on hf_ckpt's own checkpoint wrappers: True while the wrapper checkpoints its block.
-ACTIVE_ATTRIBUTE = "hf_ckpt_active"
 
 DDP_REENTRANT_MESSAGE = (
     "Reentrant activation checkpointing (use_reentrant=True) cannot train under "
@@ -54,12 +54,6 @@ class _GuardCache:
 
 def is_hf_ckpt_wrapper(module: nn.Module) -> bool:
     return ACTIVE_ATTRIBUTE in module.__dict__
-
-
-def _target(model: nn.Module) -> nn.Module:
-    from ..core import _target_model
-
-    return _target_model(_engines.unwrap_engine(model))
 
 
 def _covered(model: nn.Module) -> tuple[dict[int, str], set[int]]:
@@ -97,19 +91,10 @@ def _our_wrapper_of(model: nn.Module, block: Block) -> nn.Module | None:
     return None
 
 
-def _turn_flags_off(block: Block) -> None:
-    if block.layer_flag:
-        block.module.gradient_checkpointing = False
-    else:
-        setattr(block.module, SELECTED_ATTRIBUTE, False)
-
-
-def _flag_function(block: Block) -> Any:
-    """The checkpoint function the model's flags use for ``block``."""
-    choice = getattr(block.module, SELECTED_ATTRIBUTE, None)
-    if not block.layer_flag and callable(choice):
-        return choice
-    return getattr(block.owner, "_gradient_checkpointing_func", None)
+def _setter(target: nn.Module) -> Any:
+    """How to change a checkpointing attribute: through hf_ckpt's record when there is one, so it stays current."""
+    state = get_state(target)
+    return state.record if state is not None else setattr
 
 
 def _wrapper_reentrant(module: nn.Module) -> bool:
@@ -141,12 +126,8 @@ def settle(model: nn.Module) -> list[int]:
     flags set another way (upstream's ``gradient_checkpointing_enable``) turn off the wrappers of the blocks they
     flag, with a warning.
     """
-    from ..core import _STATE_ATTRIBUTE
-    from . import wrapper
-
-    target = _target(model)
-    if _STATE_ATTRIBUTE in target.__dict__ and wrapper.STATE_ATTRIBUTE in target.__dict__:
-        wrapper.remove(target)  # apply drops enable's state, so hf_ckpt.enable came later: the later call wins
+    target = target_model(model)
+    record = _setter(target)
     foreign, ours = _covered(target)
     stepped_back: list[int] = []
     sources: set[str] = set()
@@ -156,13 +137,13 @@ def settle(model: nn.Module) -> list[int]:
         wrapped_by_us = _under(block, ours)
         if _under(block, foreign) and (flagged or wrapped_by_us):
             if flagged:
-                _turn_flags_off(block)
+                turn_block_off(block, record)
             if wrapped_by_us:
-                _our_wrapper_of(target, block).__dict__[ACTIVE_ATTRIBUTE] = False
+                record(_our_wrapper_of(target, block), ACTIVE_ATTRIBUTE, False)
             stepped_back.append(block.index)
             sources.update(foreign[key] for key in _ids(block) if key in foreign)
         elif flagged and wrapped_by_us:
-            _our_wrapper_of(target, block).__dict__[ACTIVE_ATTRIBUTE] = False
+            record(_our_wrapper_of(target, block), ACTIVE_ATTRIBUTE, False)
             replaced_wrapper.append(block.index)
     if stepped_back:
         source = _describe_source(sources)
@@ -197,7 +178,7 @@ def _uses_reentrant_anywhere(model: nn.Module) -> bool:
             if _wrapper_reentrant(module):
                 return True
     return any(
-        is_block_checkpointed(block) and _engines.uses_reentrant(_flag_function(block))
+        is_block_checkpointed(block) and _engines.uses_reentrant(block_function(block))
         for block in _engines.blocks_of(model)
     )
 
@@ -210,17 +191,14 @@ def check_ddp(model: nn.Module, ddp: nn.Module | None = None) -> None:
     ddp = ddp if ddp is not None else _engines.active_ddp()
     if ddp is None or getattr(ddp, "static_graph", False) or not getattr(ddp, "find_unused_parameters", False):
         return
-    if _uses_reentrant_anywhere(_target(model)):
+    if _uses_reentrant_anywhere(target_model(model)):
         raise RuntimeError(DDP_REENTRANT_MESSAGE)
 
 
 def _signature(model: nn.Module) -> tuple:
     """Changes when modules are added or replaced (wrappers, FSDP1 units) or a checkpointing setting is replaced."""
-    from ..core import _STATE_ATTRIBUTE
-    from .wrapper import STATE_ATTRIBUTE as APPLIED_ATTRIBUTE
-
     count = sum(1 for _ in model.modules())
-    return count, id(model.__dict__.get(_STATE_ATTRIBUTE)), id(model.__dict__.get(APPLIED_ATTRIBUTE))
+    return count, id(model.__dict__.get(STATE_ATTRIBUTE))
 
 
 def _compiling() -> bool:
@@ -272,13 +250,13 @@ def guard(model: nn.Module) -> nn.Module:
     Returns:
         ``model``, so that calls chain.
     """
-    install(_target(model))
+    install(target_model(model))
     return model
 
 
 def unguard(model: nn.Module) -> nn.Module:
     """Remove the hook :func:`guard` installed (nothing happens when there is none)."""
-    target = _target(model)
+    target = target_model(model)
     for key, hook in list(target._forward_pre_hooks.items()):
         if isinstance(hook, functools.partial) and hook.func is _pre_forward:
             del target._forward_pre_hooks[key]

@@ -3,9 +3,9 @@
 Training loops built on FSDP's wrapper mechanism (``apply_activation_checkpointing``, as accelerate and
 torchtitan-style loops use) expect checkpointing as modules in the tree, not as flags. :func:`apply` gives them
 that with exactly the meaning of :func:`hf_ckpt.enable`: the same options, validated the same way, the same
-blocks selected and the same checkpoint functions (full or selective, offloaded or not, reentrant or not): the
-core resolves and binds them in a trial ``enable``, this module reads them back and only wraps. The same
-``use_cache`` and input-grad hooks go on the model.
+blocks selected and the same checkpoint functions (full or selective, offloaded or not, reentrant or not), resolved
+by the same :func:`hf_ckpt._binding.resolve`; this module only wraps. The same hooks go on the model, and the same
+state record says what changed, so :func:`hf_ckpt.disable` and :func:`remove` take it all back.
 
 Every block gets one :class:`HfCkptCheckpointWrapper` (a ``CheckpointWrapper`` subclass), active on the selected
 blocks and a pass-through on the others, so that calling :func:`apply` again or :func:`remove` only flips
@@ -16,34 +16,22 @@ training with grad enabled, as ``GradientCheckpointingLayer`` does, so evaluatio
 from __future__ import annotations
 
 import functools
-import warnings
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
-from torch.utils.hooks import RemovableHandle
 
-from .. import _hooks, core
-from .._compat import has_peft_adapters
-from .._warnings import HfCkptWarning
-from ..blocks import SELECTED_ATTRIBUTE, Block, find_blocks, is_block_checkpointed
+from .. import _hooks
+from .._binding import resolve
+from .._state import ACTIVE_ATTRIBUTE, CheckpointState, get_state, set_state, take_back
+from .._target import target_model
+from ..blocks import Block
 from ..config import CheckpointConfig
 from . import _engines
-from .checks import ACTIVE_ATTRIBUTE, guard, is_hf_ckpt_wrapper
-
-#: Attribute (in the target model's ``__dict__``) holding what :func:`apply` set up.
-STATE_ATTRIBUTE = "_hf_ckpt_distributed_state"
+from .checks import guard, install, is_hf_ckpt_wrapper
 
 _wrappers = _engines.checkpoint_wrapper_module()
-
-
-@dataclass
-class _AppliedState:
-    config: CheckpointConfig
-    selected: list[int]
-    hooks: list[RemovableHandle] = field(default_factory=list)
 
 
 if _wrappers is not None:
@@ -79,10 +67,6 @@ def _require_distributed() -> None:
         )
 
 
-def _target(model: nn.Module) -> nn.Module:
-    return core._target_model(_engines.unwrap_engine(model))
-
-
 def _our_wrappers(target: nn.Module) -> dict[int, nn.Module]:
     """hf_ckpt's wrappers in ``target``, by the id of the module each wraps (at the bottom of any FSDP1 unit)."""
     return {id(_engines.innermost(m)): m for m in target.modules() if is_hf_ckpt_wrapper(m)}
@@ -98,52 +82,6 @@ def _foreign_wrapped(target: nn.Module, blocks: list[Block]) -> list[int]:
         if foreign:
             covered.update(id(m) for m in module.modules())
     return [b.index for b in blocks if id(b.module) in covered or id(_engines.innermost(b.module)) in covered]
-
-
-def _bound_function(block: Block) -> Any | None:
-    """The checkpoint function the model's flags give ``block``; None when the flags leave it unchecked."""
-    if not is_block_checkpointed(block):
-        return None
-    choice = getattr(block.module, SELECTED_ATTRIBUTE, None)
-    if not block.layer_flag and callable(choice):
-        return choice
-    return block.owner._gradient_checkpointing_func
-
-
-def _resolve(target: nn.Module, options: dict[str, Any]) -> tuple[CheckpointConfig, dict[int, Any]]:
-    """What ``hf_ckpt.enable(target, **options)`` would do: its config, and the checkpoint function of each block
-    it selects (full or selective, offloaded or not), by block index.
-
-    The core does it all on the model (a trial enable, read back from the flags and undone at once), so the
-    options are validated, planned and bound by the one implementation. Its warnings are passed on, except the
-    one about stacks that call ``torch.utils.checkpoint`` themselves: that stack's own call is off here (its
-    flag stays False), and the wrappers do take the settings.
-    """
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", HfCkptWarning)
-        core.enable(target, **options)
-        try:
-            config = target.__dict__[core._STATE_ATTRIBUTE].config
-            functions = {}
-            for block in find_blocks(target):  # the blocks as the core saw them when it bound the flags
-                function = _bound_function(block)
-                if function is not None:
-                    functions[block.index] = function
-        finally:
-            core.remove(target)
-    for warning in caught:
-        message = str(warning.message)
-        if issubclass(warning.category, HfCkptWarning) and "calls torch.utils.checkpoint itself" in message:
-            continue
-        warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
-    return config, functions
-
-
-def _drop_hooks(target: nn.Module) -> None:
-    state = target.__dict__.pop(STATE_ATTRIBUTE, None)
-    if state is not None:
-        for handle in state.hooks:
-            handle.remove()
 
 
 def apply(model: nn.Module, **options: Any) -> nn.Module:
@@ -178,7 +116,7 @@ def apply(model: nn.Module, **options: Any) -> nn.Module:
         TypeError: ``model`` is no ``PreTrainedModel``, or an option has the wrong type (as in ``enable``).
     """
     _require_distributed()
-    target = _target(model)
+    target = target_model(model)
     foreign = _foreign_wrapped(target, _engines.blocks_of(target))
     if foreign:
         raise ValueError(
@@ -188,15 +126,19 @@ def apply(model: nn.Module, **options: Any) -> nn.Module:
             "checkpointing off (accelerate: fsdp_activation_checkpointing: false) and call "
             "hf_ckpt.distributed.apply alone."
         )
-    config, functions = _resolve(target, options)
-    _drop_hooks(target)
-
-    blocks = _engines.blocks_of(target)
-    plain = functools.partial(checkpoint, **config.checkpoint_kwargs)  # what a pass-through wrapper holds
-    reentrant = config.use_reentrant
+    binding = resolve(target, CheckpointConfig.from_arguments(options, dict_name="options"))
+    before = take_back(target)
+    functions = binding.functions
+    plain = functools.partial(checkpoint, **binding.config.checkpoint_kwargs)  # what a pass-through wrapper holds
+    reentrant = binding.config.use_reentrant
+    bound: list[tuple[nn.Module, str, Any]] = []
+    for module in target.modules():  # the wrappers checkpoint now: no flag may checkpoint a second time
+        if module.__dict__.get("gradient_checkpointing") is True:
+            module.gradient_checkpointing = False
+            bound.append((module, "gradient_checkpointing", False))
     existing = _our_wrappers(target)
     pending: dict[int, Block] = {}
-    for block in blocks:
+    for block in _engines.blocks_of(target):
         inner = _engines.innermost(block.module)
         wrapper = existing.get(id(inner))
         if wrapper is None:
@@ -216,16 +158,21 @@ def apply(model: nn.Module, **options: Any) -> nn.Module:
         _wrappers.apply_activation_checkpointing(
             target, checkpoint_wrapper_fn=wrap, check_fn=lambda module: id(module) in pending
         )
-
-    state = _AppliedState(config=config, selected=sorted(functions))
-    if reentrant or target is not _engines.unwrap_engine(model) or has_peft_adapters(target):
-        handle = _hooks.add_input_grads_hook(target)
-        if handle is not None:
-            state.hooks.append(handle)
-    state.hooks.extend(_hooks.add_use_cache_hooks(target, [_engines.innermost(b.module) for b in blocks]))
-    target.__dict__[STATE_ATTRIBUTE] = state
+    wrappers = list(_our_wrappers(target).values())
+    bound.extend((w, ACTIVE_ATTRIBUTE, w.__dict__[ACTIVE_ATTRIBUTE]) for w in wrappers)
+    state = CheckpointState(
+        config=binding.config, selected=binding.selected, before=before, bound=bound, source="distributed.apply"
+    )
+    state.undo.append(functools.partial(_switch_off, wrappers))
+    _hooks.add_checkpointing_hooks(state, target, binding, needs_input_grads=target is not model)
+    set_state(target, state)
     guard(target)
     return model
+
+
+def _switch_off(wrappers: list[nn.Module]) -> None:
+    for wrapper in wrappers:
+        wrapper.__dict__[ACTIVE_ATTRIBUTE] = False
 
 
 def remove(model: nn.Module) -> nn.Module:
@@ -234,10 +181,11 @@ def remove(model: nn.Module) -> nn.Module:
     The wrappers themselves stay in the module tree (FSDP may have sharded it), as pass-throughs. Nothing
     happens on a model :func:`apply` never touched.
     """
-    target = _target(model)
-    for wrapper in _our_wrappers(target).values():
-        wrapper.__dict__[ACTIVE_ATTRIBUTE] = False
-    _drop_hooks(target)
+    target = target_model(model)
+    state = get_state(target)
+    if state is not None and state.source == "distributed.apply":
+        take_back(target)
+    _switch_off(list(_our_wrappers(target).values()))
     return model
 
 
@@ -248,16 +196,4 @@ def wrapped_layers(model: nn.Module) -> list[int]:
     anyone (``apply_activation_checkpointing``, accelerate's FSDP plugin) and the composable ``checkpoint``.
     Flag-based checkpointing (``hf_ckpt.enable``) is what :func:`hf_ckpt.checkpointed_layers` reports.
     """
-    target = _target(model)
-    covered: set[int] = set()
-    for module in target.modules():
-        active = (_engines.is_checkpoint_wrapper(module) and module.__dict__.get(ACTIVE_ATTRIBUTE, True)) or (
-            _engines.has_composable_checkpoint(module)
-        )
-        if active:
-            covered.update(id(m) for m in module.modules())
-    return [
-        block.index
-        for block in _engines.blocks_of(target)
-        if id(block.module) in covered or id(_engines.innermost(block.module)) in covered
-    ]
+    return _engines.wrapped_blocks(target_model(model))

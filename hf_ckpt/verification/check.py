@@ -8,9 +8,13 @@ from typing import Any, Callable, Iterator, Mapping
 import torch
 from torch import nn
 
+from .._preserve import accelerator_devices, check_trainable, preserved
+from .._state import ACTIVE_ATTRIBUTE, get_state, suspended
+from .._target import target_model
 from ..blocks import find_blocks
-from ..core import _STATE_ATTRIBUTE, _describe, _target_model, checkpointed_layers
+from ..core import checkpointed_layers
 from ..counting import BlockRunCounter
+from ..distributed._engines import wrapped_blocks
 from ..measure.step import loss_of
 from .gradients import compare_gradients, parameter_groups
 from .probe import StepProbe
@@ -20,32 +24,14 @@ LossFn = Callable[[Any], torch.Tensor]
 
 
 def _describe_setting(target: nn.Module, wrapped: list[int]) -> str:
-    state = target.__dict__.get(_STATE_ATTRIBUTE)
+    state = get_state(target)
     if state is not None:
-        return f"hf_ckpt.enable({_describe(state.config)})"
+        return f"hf_ckpt.{state.source}({state.config.describe()})"
     if any(getattr(module, "gradient_checkpointing", False) is True for module in target.modules()):
         return "checkpointing flags set outside hf_ckpt"
     if wrapped:
         return f"checkpoint wrappers on blocks {wrapped}"
     return "checkpointing not enabled"
-
-
-def _wrapped_layers(model: nn.Module) -> list[int]:
-    """Blocks covered by an active checkpoint wrapper (``hf_ckpt.distributed.apply``, ``CheckpointWrapper``)."""
-    try:
-        from ..distributed import wrapped_layers
-    except ImportError:  # a PyTorch build without torch.distributed has no wrappers
-        return []
-    return wrapped_layers(model)
-
-
-def _wrapper_switch() -> str | None:
-    """The attribute that switches hf_ckpt's own checkpoint wrappers on and off (``hf_ckpt.distributed``)."""
-    try:
-        from ..distributed.checks import ACTIVE_ATTRIBUTE
-    except ImportError:
-        return None
-    return ACTIVE_ATTRIBUTE
 
 
 @contextlib.contextmanager
@@ -56,8 +42,8 @@ def _checkpointing_off(target: nn.Module) -> Iterator[None]:
     (``hf_ckpt.distributed.apply``). Nothing else changes: hf_ckpt's state, hooks and bound checkpoint functions
     stay in place, so nothing has to be rebuilt afterwards, whoever enabled checkpointing.
     """
-    switch = _wrapper_switch()
-    switches = [m for m in target.modules() if switch is not None and switch in m.__dict__]
+    switch = ACTIVE_ATTRIBUTE
+    switches = [m for m in target.modules() if switch in m.__dict__]
     flags = [
         (module, "gradient_checkpointing" in module.__dict__, module.__dict__.get("gradient_checkpointing"))
         for module in target.modules()
@@ -100,23 +86,6 @@ def _step(
     loss.backward()
     gradients = {name: p.grad.detach().clone() for name, p in model.named_parameters() if p.grad is not None}
     return float(loss.detach()), gradients
-
-
-@contextlib.contextmanager
-def _preserved(model: nn.Module, devices: list[torch.device]) -> Iterator[None]:
-    """Training mode (per module), accumulated ``.grad`` and the global RNG state, as they were."""
-    modes = [(module, module.training) for module in model.modules()]
-    grads = [(parameter, parameter.grad) for parameter in model.parameters()]
-    fork_devices = [device.index or 0 for device in devices]
-    device_type = devices[0].type if devices else "cuda"
-    try:
-        with torch.random.fork_rng(devices=fork_devices, device_type=device_type):
-            yield
-    finally:
-        for module, training in modes:
-            module.training = training
-        for parameter, grad in grads:
-            parameter.grad = grad
 
 
 def _check_arguments(sample_inputs: Any, rtol: float | None, atol: float, seed: int) -> None:
@@ -173,10 +142,11 @@ def verify(
             cannot be verified. An error of the checkpointed step is reported in ``report.error`` instead.
     """
     _check_arguments(sample_inputs, rtol, atol, seed)
-    target = _target_model(model)
+    target = target_model(model)
+    check_trainable(target, "verify: ")
     blocks = find_blocks(target)
-    devices = sorted({p.device for p in model.parameters() if p.device.type != "cpu"}, key=str)
-    wrapped = _wrapped_layers(model)
+    devices = accelerator_devices(model)
+    wrapped = wrapped_blocks(target)
     report = VerifyReport(
         model=type(model).__name__,
         setting=_describe_setting(target, wrapped),
@@ -184,10 +154,10 @@ def verify(
         expected_recomputed=sorted(set(checkpointed_layers(model)) | set(wrapped)),
         recomputed=[],
     )
-    with _preserved(model, devices), torch.enable_grad():
+    with preserved(model), torch.enable_grad():
         model.train()
-        with _checkpointing_off(target), StepProbe(blocks, devices) as reference_probe:
-            report.always_checkpointed = _wrapped_layers(model)
+        with suspended(target), _checkpointing_off(target), StepProbe(blocks, devices) as reference_probe:
+            report.always_checkpointed = wrapped_blocks(target)
             report.reference_loss, reference = _step(model, sample_inputs, loss_fn, seed)
         forward_runs: dict[int, int] = {}
         try:

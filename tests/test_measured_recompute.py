@@ -1,0 +1,212 @@
+"""What was recomputed is measured in the first training step, never guessed from source text or flags."""
+
+from __future__ import annotations
+
+import functools
+import re
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+import hf_ckpt
+from hf_ckpt import HfCkptWarning
+from hf_ckpt.blocks import Block
+from hf_ckpt.counting import BlockRunCounter
+from helpers import (
+    DirectStackModel,
+    FuncStackModel,
+    InertStackModel,
+    LambdaStackModel,
+    PartialStackModel,
+    batch_for,
+    max_grad_diff,
+    recomputed_in_step,
+    tiny_legacy,
+    tiny_llama,
+    train_step,
+)
+
+
+# --- BlockRunCounter on a hand-counted toy ------------------------------------------------------------------------
+
+
+class _Toy(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(4, 4), nn.Tanh()) for _ in range(3))
+
+    def forward(self, x, checkpointed=()):
+        for index, block in enumerate(self.blocks):
+            if index in checkpointed:
+                x = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)
+            else:
+                x = block(x)
+        return x.sum()
+
+
+def test_block_run_counter_counts_forward_and_backward_runs_by_hand():
+    toy = _Toy()
+    blocks = [Block(index=i, name=f"blocks.{i}", module=b, owner=b) for i, b in enumerate(toy.blocks)]
+    with BlockRunCounter(toy, blocks) as runs:
+        toy(torch.randn(2, 4, requires_grad=True), checkpointed=(0, 2)).backward()
+        assert dict(runs.counts) == {0: 2, 1: 1, 2: 2}
+        assert dict(runs.backward_counts) == {0: 1, 2: 1}
+        assert runs.recomputed() == [0, 2] and runs.recomputed_in_backward() == [0, 2]
+        runs.reset()
+        # two forwards, one backward (gradient accumulation): counts alone would call every block recomputed
+        x = torch.randn(2, 4, requires_grad=True)
+        (toy(x, checkpointed=(1,)) + toy(x, checkpointed=(1,))).backward()
+        assert dict(runs.counts) == {0: 2, 1: 4, 2: 2}
+        assert runs.recomputed_in_backward() == [1]
+    toy(torch.randn(2, 4))  # hooks are gone after the window
+    assert dict(runs.counts) == {0: 2, 1: 4, 2: 2}
+
+
+# --- the adversarial models: one per way a model's code can ignore the selection ------------------------------------
+
+
+def _enable_quietly(model, **options):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", HfCkptWarning)
+        hf_ckpt.enable(model, **options)
+
+
+@pytest.mark.parametrize(
+    "cls, options, measured, reason",
+    [
+        (PartialStackModel, {"every_n_layers": 2}, [0, 1, 2, 3], "recomputed although not selected"),
+        (PartialStackModel, {"layers": [3]}, [0, 1, 2, 3], "recomputed although not selected"),
+        (LambdaStackModel, {"every_n_layers": 2}, [0, 1, 2, 3], "recomputed although not selected"),
+        (DirectStackModel, {"every_n_layers": 2}, [0, 1, 2, 3], "recomputed although not selected"),
+        (InertStackModel, {"every_n_layers": 2}, [], "selected but were not recomputed"),
+    ],
+)
+def test_a_selection_the_model_ignores_is_measured_warned_and_reported(cls, options, measured, reason):
+    model = tiny_legacy(cls)
+    batch = batch_for(model)
+    reference = train_step(model, batch)
+    hf_ckpt.enable(model, **options)
+    expected = hf_ckpt.checkpointed_layers(model)  # before any step: what the flags say
+    with pytest.warns(HfCkptWarning) as record:
+        recomputed, grads = recomputed_in_step(model, batch)
+    messages = [str(w.message) for w in record if "Measured in the first training step" in str(w.message)]
+    assert len(messages) == 1
+    assert f"blocks {measured if measured else 'none'} were recomputed" in messages[0]
+    assert f"selects blocks {expected}" in messages[0] and reason in messages[0]
+    assert recomputed == measured
+    assert hf_ckpt.checkpointed_layers(model) == measured
+    assert max_grad_diff(reference, grads) <= 1e-5
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", HfCkptWarning)  # warned once; the probe is gone
+        recomputed_in_step(model, batch)
+
+
+def test_a_forward_replaced_after_class_creation_is_measured():
+    model = tiny_legacy(FuncStackModel)
+    batch = batch_for(model)
+    hf_ckpt.enable(model, every_n_layers=2)
+
+    def plain_forward(input_ids, labels=None):  # a monkey-patched forward that never checkpoints
+        hidden = model.embed(input_ids)
+        for layer in model.layers:
+            hidden = layer(hidden)
+        logits = model.head(hidden)
+        loss = nn.functional.cross_entropy(logits.view(-1, logits.size(-1)), labels.view(-1))
+        return type(model(input_ids=input_ids[:, :1]))(loss=loss, logits=logits) if False else _Output(loss)
+
+    model.forward = plain_forward
+    with pytest.warns(HfCkptWarning, match=re.escape("Blocks [0, 2] are selected but were not recomputed")):
+        recomputed_in_step(model, batch)
+    assert hf_ckpt.checkpointed_layers(model) == []
+
+
+class _Output(dict):
+    def __init__(self, loss):
+        super().__init__(loss=loss)
+        self.loss = loss
+
+
+@pytest.mark.parametrize("cls", [FuncStackModel])
+def test_a_model_that_honours_the_selection_does_not_warn_and_loses_the_probe(cls):
+    model = tiny_legacy(cls)
+    batch = batch_for(model)
+    hf_ckpt.enable(model, every_n_layers=2)
+    state = model.__dict__["_hf_ckpt_state"]
+    hooks_before = len(state.hooks)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", HfCkptWarning)
+        assert recomputed_in_step(model, batch)[0] == [0, 2]
+    assert state.measured == (0, 2)
+    assert len(state.hooks) < hooks_before  # the probe's hooks were removed after the step
+    assert not any(
+        hook for layer in model.layers for m in layer.modules() for hook in m._forward_pre_hooks.values()
+    )
+
+
+def test_no_measurement_in_eval_or_no_grad_forwards():
+    model = tiny_llama()
+    batch = batch_for(model)
+    hf_ckpt.enable(model, every_n_layers=2)
+    state = model.__dict__["_hf_ckpt_state"]
+    model.eval()
+    model(**batch)
+    model.train()
+    with torch.no_grad():
+        model(**batch)
+    assert state.measured is None
+    train_step(model, batch)
+    assert state.measured == (0, 2)
+
+
+def test_a_failed_enable_keeps_the_measurement():
+    model = tiny_llama()
+    hf_ckpt.enable(model, every_n_layers=2)
+    train_step(model, batch_for(model))
+    with pytest.raises(ValueError):
+        hf_ckpt.enable(model, layers=[7])
+    assert hf_ckpt.checkpointed_layers(model) == [0, 2]
+
+
+# --- multimodal: every tower's input embeddings get input grads ----------------------------------------------------
+
+
+def _tiny_llava():
+    from transformers import CLIPVisionConfig, LlamaConfig, LlavaConfig, LlavaForConditionalGeneration
+
+    torch.manual_seed(0)
+    vision = CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                              image_size=16, patch_size=8, projection_dim=32)
+    text = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    config = LlavaConfig(vision_config=vision, text_config=text, image_token_index=63, vision_feature_layer=-1)
+    return LlavaForConditionalGeneration(config)
+
+
+def _llava_batch():
+    generator = torch.Generator().manual_seed(2)
+    patches = (16 // 8) ** 2
+    ids = torch.randint(1, 60, (1, 10), generator=generator)
+    ids[0, 1:1 + patches] = 63  # one image token per patch feature
+    return {"input_ids": ids, "pixel_values": torch.randn(1, 3, 16, 16, generator=generator), "labels": ids.clone()}
+
+
+def test_lora_on_both_towers_of_a_multimodal_model_gets_gradients_with_reentrant_checkpointing():
+    peft = pytest.importorskip("peft")
+    model = _tiny_llava()
+    config = peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"], lora_dropout=0.0)
+    model = peft.get_peft_model(model, config)
+    lora = {name: p for name, p in model.named_parameters() if "lora_" in name}
+    vision = [name for name in lora if "vision_tower" in name]
+    assert vision, "the LoRA config must reach the vision tower for this test to mean anything"
+    hf_ckpt.enable(model, use_reentrant=True)
+    model.train()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model(**_llava_batch()).loss.backward()
+    missing = [name for name, p in lora.items() if p.grad is None]
+    assert missing == []
+    recomputed = hf_ckpt.checkpointed_layers(model)
+    blocks = hf_ckpt.blocks.find_blocks(model.get_base_model())
+    assert recomputed == [b.index for b in blocks]
