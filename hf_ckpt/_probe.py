@@ -84,7 +84,9 @@ class RecomputeProbe:
                 counter.backward_counts[index] += 1
 
     def _on_block_input(self, module: nn.Module, args: Any) -> None:
-        if self.done or _compiling() or not (module.training and torch.is_grad_enabled()):
+        # A training forward arms the probe. Grad mode is no test: reentrant checkpointing runs the block's forward
+        # under no_grad. A run during backward is a recompute, never the start of a step.
+        if self.done or _compiling() or not module.training or in_backward():
             return
         self._armed = True
         for value in args:

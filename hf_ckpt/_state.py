@@ -110,7 +110,6 @@ class CheckpointState:
     """What hf_ckpt changed on one model (see the module docstring)."""
 
     config: "CheckpointConfig"
-    selected: tuple[int, ...]
     before: AttributeSnapshot
     bound: list[tuple[nn.Module, str, Any]]
     source: str = "enable"

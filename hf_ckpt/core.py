@@ -59,7 +59,7 @@ def apply_config(model: nn.Module, config: CheckpointConfig) -> nn.Module:
     except BaseException:
         before.restore()
         raise
-    state = CheckpointState(config=config, selected=binding.selected, before=before, bound=bound)
+    state = CheckpointState(config=config, before=before, bound=bound)
     _hooks.add_checkpointing_hooks(state, target, binding, needs_input_grads=target is not model)
     guard = install_guard(target)  # one checkpoint per block under any engine; the DDP trap
     if guard is not None:

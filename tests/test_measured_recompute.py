@@ -210,3 +210,14 @@ def test_lora_on_both_towers_of_a_multimodal_model_gets_gradients_with_reentrant
     recomputed = hf_ckpt.checkpointed_layers(model)
     blocks = hf_ckpt.blocks.find_blocks(model.get_base_model())
     assert recomputed == [b.index for b in blocks]
+
+
+@pytest.mark.parametrize("use_reentrant", [True, False])
+def test_reentrant_and_non_reentrant_steps_are_both_measured(use_reentrant):
+    """Reentrant checkpointing runs a block's forward under no_grad and its recompute in a nested backward."""
+    model = tiny_llama()
+    hf_ckpt.enable(model, every_n_layers=2, use_reentrant=use_reentrant)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", HfCkptWarning)
+        train_step(model, batch_for(model))
+    assert model.__dict__["_hf_ckpt_state"].measured == (0, 2)

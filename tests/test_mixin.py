@@ -2,6 +2,8 @@
 
 import warnings
 
+import pytest
+
 from transformers import PreTrainedModel
 
 import hf_ckpt
@@ -71,3 +73,46 @@ def test_post_init_backward_compatibility_path():
         warnings.simplefilter("ignore", FutureWarning)
         rebuilt = cls(model.config)
     assert hf_ckpt.checkpointed_layers(rebuilt) == [0, 1, 2, 3]
+
+
+def test_the_mixin_provides_the_new_names_itself():
+    """Deleting the mixin's ``activation_checkpointing_*`` would route through upstream's and warn: caught here."""
+    model = _mixin_llama()
+    for name in ("activation_checkpointing_enable", "activation_checkpointing_disable"):
+        assert (getattr(type(model), name, None) is hf_ckpt.GradientCheckpointingMixin.__dict__.get(name)) == RENAMED
+
+
+@pytest.mark.skipif(not RENAMED, reason="the activation_* names and their hand-off exist from transformers 5.23")
+@pytest.mark.parametrize("patched", [True, False])
+def test_new_names_hand_off_to_an_instance_wrapper_as_upstream_does(patched):
+    """TRL wraps the instance's ``gradient_checkpointing_enable`` to take its own keys out of the kwargs dict."""
+    if patched:
+        hf_ckpt.patch_transformers()
+        model = tiny_llama()
+    else:
+        model = _mixin_llama()
+    original = model.gradient_checkpointing_enable
+    seen = []
+
+    def wrapper(gradient_checkpointing_kwargs=None, **kwargs):
+        kwargs_dict = dict(gradient_checkpointing_kwargs or {})
+        seen.append(kwargs_dict.pop("selective", None))
+        original(gradient_checkpointing_kwargs=kwargs_dict, **kwargs)
+
+    model.gradient_checkpointing_enable = wrapper
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        model.activation_checkpointing_enable({"every_n_layers": 2, "selective": True})
+    assert seen == [True]
+    assert recomputed_in_step(model, batch_for(model))[0] == [0, 2]
+
+
+@pytest.mark.skipif(not RENAMED, reason="the deprecated names warn from transformers 5.23")
+def test_the_deprecation_warning_is_filtered_like_upstreams():
+    model = _mixin_llama()
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", category=FutureWarning, module="transformers")
+        with pytest.raises(FutureWarning, match="`gradient_checkpointing_enable` is deprecated"):
+            model.gradient_checkpointing_enable()
+        with pytest.raises(FutureWarning, match="`gradient_checkpointing_enable` is deprecated"):
+            tiny_llama().gradient_checkpointing_enable()  # upstream's own, for comparison

@@ -29,7 +29,7 @@ from .._target import target_model
 from ..blocks import Block
 from ..config import CheckpointConfig
 from . import _engines
-from .checks import guard, install, is_hf_ckpt_wrapper
+from .checks import guard, is_hf_ckpt_wrapper
 
 _wrappers = _engines.checkpoint_wrapper_module()
 
@@ -126,7 +126,7 @@ def apply(model: nn.Module, **options: Any) -> nn.Module:
             "checkpointing off (accelerate: fsdp_activation_checkpointing: false) and call "
             "hf_ckpt.distributed.apply alone."
         )
-    binding = resolve(target, CheckpointConfig.from_arguments(options, dict_name="options"))
+    binding = resolve(target, CheckpointConfig.from_arguments(options, dict_name="checkpoint_kwargs"))
     before = take_back(target)
     functions = binding.functions
     plain = functools.partial(checkpoint, **binding.config.checkpoint_kwargs)  # what a pass-through wrapper holds
@@ -161,7 +161,7 @@ def apply(model: nn.Module, **options: Any) -> nn.Module:
     wrappers = list(_our_wrappers(target).values())
     bound.extend((w, ACTIVE_ATTRIBUTE, w.__dict__[ACTIVE_ATTRIBUTE]) for w in wrappers)
     state = CheckpointState(
-        config=binding.config, selected=binding.selected, before=before, bound=bound, source="distributed.apply"
+        config=binding.config, before=before, bound=bound, source="distributed.apply"
     )
     state.undo.append(functools.partial(_switch_off, wrappers))
     _hooks.add_checkpointing_hooks(state, target, binding, needs_input_grads=target is not model)

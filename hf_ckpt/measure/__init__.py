@@ -8,14 +8,38 @@
 * ``hf-ckpt bench`` (:mod:`hf_ckpt.cli`) runs it all from the command line.
 """
 
-from .bench import BenchmarkReport, StrategyResult, run_benchmark
-from .flops import count_flops
-from .memory import StorageTracker
-from .report import Check, checks, format_checks, format_table, plot_tradeoff, to_dict
-from .step import StepMeasurement, measure_step, training_step
-from .strategies import Strategy, available_strategies, parse_strategies, parse_strategy, register_strategy
-from .timing import interleaved_step_times
-from .workload import Workload, build_workload
+from __future__ import annotations
+
+from importlib import import_module
+from typing import Any
+
+#: Public name -> the module that defines it. Loaded on first use (PEP 562): the planner builds on the measuring
+#: primitives (memory, flops, step) while the bench strategies build on the planner, so importing one primitive
+#: must not import the bench.
+_EXPORTS = {
+    "BenchmarkReport": ".bench",
+    "StrategyResult": ".bench",
+    "run_benchmark": ".bench",
+    "count_flops": ".flops",
+    "StorageTracker": ".memory",
+    "Check": ".report",
+    "checks": ".report",
+    "format_checks": ".report",
+    "format_table": ".report",
+    "plot_tradeoff": ".report",
+    "to_dict": ".report",
+    "StepMeasurement": ".step",
+    "measure_step": ".step",
+    "training_step": ".step",
+    "Strategy": ".strategies",
+    "available_strategies": ".strategies",
+    "parse_strategies": ".strategies",
+    "parse_strategy": ".strategies",
+    "register_strategy": ".strategies",
+    "interleaved_step_times": ".timing",
+    "Workload": ".workload",
+    "build_workload": ".workload",
+}
 
 __all__ = [
     "BenchmarkReport",
@@ -41,3 +65,15 @@ __all__ = [
     "to_dict",
     "training_step",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(_EXPORTS[name], __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -15,12 +15,10 @@ from ..blocks import find_blocks
 from ..core import checkpointed_layers
 from ..counting import BlockRunCounter
 from ..distributed._engines import wrapped_blocks
-from ..measure.step import loss_of
+from ..measure.step import LossFn, loss_of
 from .gradients import compare_gradients, parameter_groups
 from .probe import StepProbe
 from .report import VerifyReport
-
-LossFn = Callable[[Any], torch.Tensor]
 
 
 def _describe_setting(target: nn.Module, wrapped: list[int]) -> str:
