@@ -189,7 +189,12 @@ def _llava_batch():
     patches = (16 // 8) ** 2
     ids = torch.randint(1, 60, (1, 10), generator=generator)
     ids[0, 1:1 + patches] = 63  # one image token per patch feature
-    return {"input_ids": ids, "pixel_values": torch.randn(1, 3, 16, 16, generator=generator), "labels": ids.clone()}
+    return {
+        "input_ids": ids,
+        "attention_mask": torch.ones_like(ids),
+        "pixel_values": torch.randn(1, 3, 16, 16, generator=generator),
+        "labels": ids.clone(),
+    }
 
 
 def test_lora_on_both_towers_of_a_multimodal_model_gets_gradients_with_reentrant_checkpointing():
