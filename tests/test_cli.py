@@ -312,3 +312,16 @@ def test_bench_plot_without_matplotlib_is_refused_while_parsing(tmp_path, capsys
     line = _one_line_error(*run_main(["bench", "--plot", str(tmp_path / "b.png")], capsys))
     assert "--plot" in line and "pip install 'hf_ckpt[bench]'" in line
     assert not (tmp_path / "b.png").exists()
+
+
+def test_old_command_module_paths_still_import_for_one_release():
+    import hf_ckpt.measure.arguments
+    import hf_ckpt.measure.command
+    import hf_ckpt.plan_command
+    import hf_ckpt.verification.command
+    from hf_ckpt.cli import plan, verify
+
+    assert hf_ckpt.measure.command.run is bench.run
+    assert hf_ckpt.plan_command.run is plan.run
+    assert hf_ckpt.verification.command.run is verify.run
+    assert hf_ckpt.measure.arguments.add_workload_arguments is arguments.add_workload_arguments
