@@ -325,3 +325,18 @@ def test_old_command_module_paths_still_import_for_one_release():
     assert hf_ckpt.plan_command.run is plan.run
     assert hf_ckpt.verification.command.run is verify.run
     assert hf_ckpt.measure.arguments.add_workload_arguments is arguments.add_workload_arguments
+
+
+def test_progress_is_on_by_default_on_a_terminal_and_off_otherwise(monkeypatch):
+    import io
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    for stream, shown in ((Terminal(), True), (io.StringIO(), False)):
+        monkeypatch.setattr(sys, "stderr", stream)
+        bar = bench._progress_bar(3, None)
+        bar.update(3)
+        bar.close()
+        assert ("hf-ckpt bench" in stream.getvalue()) == shown
