@@ -12,10 +12,15 @@ the adapters (and only they) were updated.
 from __future__ import annotations
 
 import dataclasses
+import sys
 import tempfile
 
+try:
+    from peft import LoraConfig, get_peft_model
+except ImportError:
+    sys.exit("examples/lora_finetune.py needs peft: pip install 'hf_ckpt[peft]'")
+
 import torch
-from peft import LoraConfig, get_peft_model
 from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
 
 import hf_ckpt

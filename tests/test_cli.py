@@ -1,17 +1,21 @@
-"""hf-ckpt: one-line argument errors, the table, --json and --plot; in-process and via ``python -m hf_ckpt``."""
+"""hf-ckpt: arguments checked while parsing, one-line errors, --check, --progress, the table, --json and --plot."""
 
 from __future__ import annotations
 
 import json
 import os
+import struct
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
 
 from hf_ckpt import cli
+from hf_ckpt.cli import arguments, bench
 
+ROOT = str(Path(__file__).resolve().parents[1])
 TINY = ["--layers", "2", "--hidden", "32", "--seq", "8", "--batch", "1", "--repeat", "1", "--warmup", "0"]
 
 
@@ -21,85 +25,236 @@ def run_main(argv, capsys):
     return code, captured.out, captured.err
 
 
-@pytest.mark.parametrize(
-    ("argv", "message"),
-    [
-        (
-            ["--strategies", "none,bogus"],
-            "argument --strategies: unknown strategy 'bogus'; accepted: none, full, every_n:N, offload, "
-            "upstream:full|upstream:every_n:N, selective[:POLICY], plan:F (see hf-ckpt bench --help)",
-        ),
-        (
-            ["--strategies", "every_n:x"],
-            "argument --strategies: every_n needs a positive int (every_n:2 recomputes every other block); "
-            "got every_n:x (see hf-ckpt bench --help)",
-        ),
-        (["--strategies", "full,full"], "argument --strategies: strategy given more than once: full (see hf-ckpt bench --help)"),
-        (["--batch", "0"], "argument --batch: expected a positive int, got '0' (see hf-ckpt bench --help)"),
-        (
-            ["--dtype", "float8"],
-            "argument --dtype: dtype must be one of float32, bfloat16, float16 (or fp32, bf16, fp16); got 'float8' "
-            "(see hf-ckpt bench --help)",
-        ),
-        (
-            ["--device", "cuda:99"],
-            "argument --device: device 'cuda:99' is not available on this machine; available: ",
-        ),
-        (["--model", "/no/such/model/dir"], "model directory '/no/such/model/dir' does not exist"),
-        (
-            ["--model", "no-such-type"],
-            "unknown model 'no-such-type': not a directory, and not a transformers model type (e.g. llama, gpt2, bert, t5)",
-        ),
-        (["--json", "/no/such/dir/out.json"], "--json /no/such/dir/out.json: directory /no/such/dir does not exist"),
-        (["--frobnicate"], "unrecognized arguments: --frobnicate (see hf-ckpt --help)"),
-    ],
-)
-def test_bench_argument_errors_are_one_line_with_exit_status_2(argv, message, capsys):
-    code, out, err = run_main(["bench", *argv], capsys)
-    assert code == 2
+def _python(*args: str, timeout: int = 120) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, env=env, timeout=timeout)
+
+
+def _one_line_error(code, out, err, command="bench"):
+    assert code == 2, err
     assert out == ""
+    assert "Traceback" not in err
     lines = err.splitlines()
     assert len(lines) == 1, err
-    prefix = "hf-ckpt bench: error: " if argv[0] != "--frobnicate" else "hf-ckpt: error: "
-    assert lines[0].startswith(prefix + message), lines[0]
+    assert lines[0].startswith(f"hf-ckpt {command}: error: "), lines[0]
+    return lines[0]
+
+
+@pytest.fixture
+def no_model_is_built(monkeypatch):
+    """Any attempt to build a model or profile one fails the test: the error must come from parsing."""
+    import hf_ckpt.measure.workload
+    import hf_ckpt.planner
+
+    def fail(*args, **kwargs):
+        raise AssertionError("a model was built before the arguments were checked")
+
+    monkeypatch.setattr(hf_ckpt.measure.workload, "build_workload", fail)
+    monkeypatch.setattr(hf_ckpt.planner, "profile_blocks", fail)
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (["--strategies", "none,bogus"], ("--strategies", "'bogus'", "every_n:N", "plan:F")),
+        (["--strategies", "every_n:x"], ("--strategies", "every_n:x")),
+        (["--strategies", "full,full"], ("--strategies", "full")),
+        (["--batch", "0"], ("--batch", "'0'")),
+        (["--dtype", "float8"], ("--dtype", "'float8'", "bfloat16")),
+        (["--device", "cuda:99"], ("--device", "'cuda:99'")),
+        (["--model", "/no/such/model/dir"], ("--model", "/no/such/model/dir")),
+        (["--model", "no-such-type"], ("--model", "'no-such-type'", "llama")),
+        (["--json", "/no/such/dir/out.json"], ("--json", "/no/such/dir")),
+        (["--repeat", "-1"], ("--repeat", "'-1'")),
+    ],
+)
+def test_bench_bad_arguments_are_rejected_while_parsing_in_one_line(argv, named, capsys, no_model_is_built):
+    line = _one_line_error(*run_main(["bench", *argv], capsys))
+    for text in named:
+        assert text in line, line
+    assert line.endswith("(see hf-ckpt bench --help)")
+
+
+def test_unknown_option_names_the_program(capsys):
+    code, out, err = run_main(["bench", "--frobnicate"], capsys)
+    assert (code, out) == (2, "")
+    assert err.startswith("hf-ckpt: error: unrecognized arguments: --frobnicate")
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (["--budget", "2.0"], ("--budget", "'2.0'", "(0, 1]", "%", "GiB")),
+        (["--budget", "-1"], ("--budget", "'-1'")),
+        (["--budget", "0%"], ("--budget", "'0%'")),
+        (["--budget", "0"], ("--budget", "'0'")),
+        (["--budget", "512"], ("--budget", "'512'", "512B", "MiB")),  # bytes need a unit
+        (["--budget", "abc"], ("--budget", "'abc'", "40GiB")),
+        (["--budget", "0.5", "--strategies", "half"], ("--strategies", "'half'", "none, selective, full")),
+        (["--budget", "0.5", "--strategies", ""], ("--strategies",)),
+        (["--budget", "0.5", "--json", "/no/such/dir/p.json"], ("--json", "/no/such/dir")),
+        (["--budget", "0.5", "--layers", "0"], ("--layers", "'0'")),
+        (["--strategies", "full"], ("--budget",)),  # required
+    ],
+)
+def test_plan_bad_arguments_are_rejected_before_any_model_is_built(argv, named, capsys, no_model_is_built):
+    line = _one_line_error(*run_main(["plan", *argv], capsys), command="plan")
+    for text in named:
+        assert text in line, line
+
+
+def test_plan_json_pointing_at_a_directory_is_one_line_naming_it(tmp_path, capsys, no_model_is_built):
+    line = _one_line_error(*run_main(["plan", "--budget", "0.5", "--json", str(tmp_path)], capsys), command="plan")
+    assert f"argument --json: {tmp_path} is a directory" in line
+
+
+@pytest.mark.parametrize("budget, expected", [("1", 1.0), ("0.5", 0.5), ("50%", 0.5), ("2MiB", 2 * 2**20), ("2e9B", 2 * 10**9)])
+def test_plan_budget_forms(budget, expected):
+    from hf_ckpt.cli.plan import budget as parse
+
+    value = parse(budget)
+    assert value == expected and type(value) is type(expected)  # a fraction stays a float, bytes an int
+
+
+def test_plan_strategies_are_those_the_planner_accepts():
+    import inspect
+
+    import hf_ckpt
+    from hf_ckpt.cli.plan import PLAN_STRATEGIES
+
+    default = inspect.signature(hf_ckpt.plan).parameters["strategies"].default
+    assert tuple(getattr(s, "value", s) for s in default) == PLAN_STRATEGIES
+
+
+def test_help_text_matches_the_registered_strategies_and_workload_defaults():
+    from hf_ckpt.measure import available_strategies, workload
+
+    assert bench.STRATEGY_SYNTAX == ", ".join(available_strategies())
+    for name in ("DEFAULT_MODEL", "DEFAULT_LAYERS", "DEFAULT_HIDDEN", "DEFAULT_BATCH", "DEFAULT_SEQ"):
+        assert getattr(arguments, name) == getattr(workload, name), name
+    assert set(arguments.DTYPES) == set(workload._DTYPES)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--help"],
+        ["bench", "--help"],
+        ["plan", "--help"],
+        ["verify", "--help"],
+        ["bench", "--batch", "0"],
+        ["plan", "--budget", "2.0"],
+    ],
+)
+def test_help_and_argument_errors_import_neither_torch_nor_transformers(argv):
+    code = (
+        "import sys; from hf_ckpt.cli import main; status = main(sys.argv[1:]); "
+        "heavy = sorted({'torch', 'transformers'} & set(sys.modules)); "
+        "print('heavy:', heavy, file=sys.stderr); sys.exit(status)"
+    )
+    done = _python("-c", code, *argv)
+    assert done.returncode == (0 if "--help" in argv else 2), done.stderr
+    assert done.stderr.splitlines()[-1] == "heavy: []", done.stderr
+    assert "Traceback" not in done.stderr
 
 
 def test_python_dash_m_reports_errors_in_one_line_without_traceback():
-    root = str(Path(__file__).resolve().parents[1])  # this checkout's hf_ckpt, installed or not
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
-    done = subprocess.run(
-        [sys.executable, "-m", "hf_ckpt", "bench", "--strategies", "nonsense"],
-        capture_output=True, text=True, env=env, timeout=120,
-    )
+    done = _python("-m", "hf_ckpt", "bench", "--strategies", "nonsense")
     assert done.returncode == 2
     assert done.stdout == ""
-    assert done.stderr.splitlines() == [
-        "hf-ckpt bench: error: argument --strategies: unknown strategy 'nonsense'; accepted: none, full, every_n:N, "
-        "offload, upstream:full|upstream:every_n:N, selective[:POLICY], plan:F (see hf-ckpt bench --help)"
-    ]
+    [line] = done.stderr.splitlines()
+    assert line.startswith("hf-ckpt bench: error: argument --strategies: ") and "'nonsense'" in line
 
 
 def test_no_command_prints_help_and_exits_2(capsys):
     code, out, err = run_main([], capsys)
     assert code == 2
-    assert "bench" in err and "usage: hf-ckpt" in err
+    assert "bench" in err and "plan" in err and "verify" in err and "usage: hf-ckpt" in err
 
 
-def test_registered_command_runs(capsys):
-    def add_arguments(parser):
-        parser.add_argument("--code", type=int, default=0)
+def test_a_command_module_in_the_list_is_a_subcommand(monkeypatch, capsys):
+    module = types.ModuleType("hf_ckpt_test_echo")
+    module.NAME, module.HELP = "echo-test", "test"
+    module.add_arguments = lambda parser: parser.add_argument("--code", type=int, default=0)
+    module.run = lambda args: args.code
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    assert cli.main(["echo-test", "--code", "3"], commands=(*cli.COMMANDS, module.__name__)) == 3
+    assert cli.main(["bench", "--help"], commands=(*cli.COMMANDS, module.__name__)) == 0
+    assert "echo-test" not in [action.dest for action in cli.build_parser()._actions]
 
-    cli.register_command("echo-test", help="test", add_arguments=add_arguments, run=lambda args: args.code)
-    try:
-        assert cli.main(["echo-test", "--code", "3"]) == 3
-    finally:
-        del cli._COMMANDS["echo-test"]
+
+def test_no_import_registers_a_command():
+    import hf_ckpt.verification  # registered a command on import before 0.2
+
+    parser = cli.build_parser(commands=())
+    assert parser.parse_args([]).command is None
+
+
+# -- model directories a user may point --model at -------------------------------------------------------------
+
+
+def _tiny_llama_dir(path: Path) -> Path:
+    from transformers import LlamaConfig
+
+    LlamaConfig(num_hidden_layers=1, hidden_size=16, intermediate_size=32, num_attention_heads=2, vocab_size=64).save_pretrained(path)
+    return path
+
+
+def test_model_directory_with_invalid_config_json(tmp_path, capsys, no_model_is_built):
+    (tmp_path / "config.json").write_text('{"model_type": "llama",')
+    line = _one_line_error(*run_main(["bench", "--model", str(tmp_path)], capsys))
+    assert str(tmp_path / "config.json") in line and "not valid JSON" in line
+
+
+def test_model_directory_with_unknown_model_type(tmp_path, capsys, no_model_is_built):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "no_such_architecture"}))
+    line = _one_line_error(*run_main(["bench", "--model", str(tmp_path)], capsys))
+    assert str(tmp_path / "config.json") in line and "'no_such_architecture'" in line
+
+
+@pytest.mark.parametrize(
+    "content",
+    [b"not a safetensors file at all", struct.pack("<Q", 10**6) + b"{}", struct.pack("<Q", 2) + b"{x"],
+    ids=["garbage", "header-longer-than-file", "header-not-json"],
+)
+def test_model_directory_with_corrupt_safetensors(tmp_path, capsys, no_model_is_built, content):
+    _tiny_llama_dir(tmp_path)
+    (tmp_path / "model.safetensors").write_bytes(content)
+    line = _one_line_error(*run_main(["bench", "--model", str(tmp_path)], capsys))
+    assert str(tmp_path / "model.safetensors") in line and "not a valid safetensors file" in line
+
+
+def test_model_directory_with_truncated_safetensors(tmp_path, capsys, no_model_is_built):
+    import torch
+    from safetensors.torch import save_file
+
+    _tiny_llama_dir(tmp_path)
+    weights = tmp_path / "model.safetensors"
+    save_file({"lm_head.weight": torch.zeros(64, 16)}, str(weights))
+    weights.write_bytes(weights.read_bytes()[:-100])
+    line = _one_line_error(*run_main(["bench", "--model", str(tmp_path)], capsys))
+    assert str(weights) in line and "truncated" in line
+
+
+def test_model_directory_that_fails_to_load_is_one_line_naming_it(tmp_path):
+    _tiny_llama_dir(tmp_path)
+    (tmp_path / "pytorch_model.bin").write_bytes(b"not a pickle")  # passes the parse-time checks, fails to load
+    done = _python("-m", "hf_ckpt", "verify", "--model", str(tmp_path), timeout=300)
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+    [line] = [line for line in done.stderr.splitlines() if "error:" in line]
+    assert line.startswith(f"hf-ckpt verify: error: cannot load the model in {tmp_path}: ")
+
+
+# -- runs ---------------------------------------------------------------------------------------------------------
 
 
 def test_bench_prints_table_and_checks_and_writes_json(tmp_path, capsys):
     json_path = tmp_path / "bench.json"
-    code, out, err = run_main(["bench", *TINY, "--strategies", "full,every_n:2", "--json", str(json_path)], capsys)
+    argv = ["bench", *TINY, "--strategies", "full,every_n:2", "--json", str(json_path)]
+    code, out, err = run_main(argv, capsys)
     assert code == 0, err
+    assert err == ""  # stderr is not a terminal here: no progress bar unless asked
     header = out.splitlines()[4]
     for column in ("strategy", "retained MiB", "% of none", "peak MiB", "FLOPs ratio", "step ms", "speed", "recomputed blocks"):
         assert column in header
@@ -109,26 +264,79 @@ def test_bench_prints_table_and_checks_and_writes_json(tmp_path, capsys):
     assert set(data) == {"info", "repeat", "warmup", "clock", "strategies", "checks"}
     assert set(data["info"]) >= {"model", "environment", "wall_time_s"}
     assert [row["strategy"] for row in data["strategies"]] == ["none", "full", "every_n:2"]
-    assert set(data["strategies"][0]) == {
-        "strategy", "description", "recomputed_blocks", "selected_blocks", "retained_bytes", "retained_fraction",
-        "peak_bytes", "retained_bytes_by_device", "peak_bytes_by_device", "allocator_retained_bytes",
-        "allocator_peak_bytes", "flops", "flops_ratio", "step_time_s", "step_times_s", "speed_ratio", "loss", "details",
-    }
     rows = {row["strategy"]: row for row in data["strategies"]}
     assert rows["full"]["recomputed_blocks"] == [0, 1] and rows["every_n:2"]["recomputed_blocks"] == [0]
     assert rows["full"]["retained_bytes"] < rows["every_n:2"]["retained_bytes"] < rows["none"]["retained_bytes"]
     assert rows["none"]["flops"] < rows["every_n:2"]["flops"] < rows["full"]["flops"]
 
 
-def test_bench_plot_writes_a_png_or_says_matplotlib_is_missing(tmp_path, capsys):
+@pytest.mark.parametrize("failing", [False, True])
+def test_bench_check_exits_1_on_a_failed_check_and_a_plain_run_exits_0(failing, monkeypatch, capsys):
+    from hf_ckpt.measure import report
+
+    real = report.checks
+
+    def outcome(result):  # the real checks, all passing, plus one failure when asked
+        passed = [report.Check(c.name, c.measured, c.limit, True) for c in real(result)]
+        return passed + ([report.Check("a criterion that did not hold", "2", "<= 1", False)] if failing else [])
+
+    monkeypatch.setattr(report, "checks", outcome)
+    argv = ["bench", *TINY, "--strategies", "full", "--no-progress"]
+    code, out, err = run_main(argv, capsys)
+    assert code == 0 and ("FAIL  a criterion that did not hold" in out) == failing
+    code, out, err = run_main([*argv, "--check"], capsys)
+    assert code == (1 if failing else 0)
+    assert ("1 check(s) failed: a criterion that did not hold" in err) == failing
+
+
+def test_bench_progress_is_shown_when_forced_with_stderr_redirected(capsys):
+    code, out, err = run_main(["bench", *TINY, "--strategies", "full", "--progress"], capsys)
+    assert code == 0, err
+    total = "4/4"  # none and full: one measured step each, then one timed round of both
+    assert f"hf-ckpt bench: 100%" in err and total in err
+
+
+def test_bench_plot_writes_a_png(tmp_path, capsys):
+    pytest.importorskip("matplotlib")  # in the bench extra; without it --plot is refused (next test)
+    png_path = tmp_path / "bench.png"
+    code, out, err = run_main(["bench", *TINY, "--strategies", "full,upstream:full", "--plot", str(png_path)], capsys)
+    assert code == 0, err
+    assert png_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bench_plot_without_matplotlib_is_refused_while_parsing(tmp_path, capsys, monkeypatch, no_model_is_built):
     import importlib.util
 
-    png_path = tmp_path / "bench.png"
-    code, out, err = run_main(["bench", *TINY, "--strategies", "full", "--plot", str(png_path)], capsys)
-    if importlib.util.find_spec("matplotlib") is not None:
-        assert code == 0, err
-        assert png_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    else:  # matplotlib is an optional dependency (hf_ckpt[bench]): refused before anything runs
-        assert (code, out) == (2, "")
-        assert err == "hf-ckpt bench: error: --plot needs matplotlib: pip install 'hf_ckpt[bench]'\n"
-        assert not png_path.exists()
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "matplotlib" else real(name, *a))
+    line = _one_line_error(*run_main(["bench", "--plot", str(tmp_path / "b.png")], capsys))
+    assert "--plot" in line and "pip install 'hf_ckpt[bench]'" in line
+    assert not (tmp_path / "b.png").exists()
+
+
+def test_old_command_module_paths_still_import_for_one_release():
+    import hf_ckpt.measure.arguments
+    import hf_ckpt.measure.command
+    import hf_ckpt.plan_command
+    import hf_ckpt.verification.command
+    from hf_ckpt.cli import plan, verify
+
+    assert hf_ckpt.measure.command.run is bench.run
+    assert hf_ckpt.plan_command.run is plan.run
+    assert hf_ckpt.verification.command.run is verify.run
+    assert hf_ckpt.measure.arguments.add_workload_arguments is arguments.add_workload_arguments
+
+
+def test_progress_is_on_by_default_on_a_terminal_and_off_otherwise(monkeypatch):
+    import io
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    for stream, shown in ((Terminal(), True), (io.StringIO(), False)):
+        monkeypatch.setattr(sys, "stderr", stream)
+        bar = bench._progress_bar(3, None)
+        bar.update(3)
+        bar.close()
+        assert ("hf-ckpt bench" in stream.getvalue()) == shown

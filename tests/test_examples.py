@@ -13,16 +13,39 @@ import pytest
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
-def _run(name: str) -> str:
+def _launch(name: str, *, without: str | None = None) -> subprocess.CompletedProcess:
     env = dict(os.environ)
     repo = str(EXAMPLES.parent)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [repo, env.get("PYTHONPATH")]))
     env["CUDA_VISIBLE_DEVICES"] = ""  # the examples promise a CPU run
-    result = subprocess.run(
-        [sys.executable, str(EXAMPLES / name)], capture_output=True, text=True, env=env, cwd=repo, timeout=300
-    )
+    command = [sys.executable, str(EXAMPLES / name)]
+    if without is not None:  # run the example as if the package `without` were not installed
+        hide = (
+            f"import runpy, sys; sys.modules[{without!r}] = None; sys.argv = [{str(EXAMPLES / name)!r}]; "
+            f"runpy.run_path(sys.argv[0], run_name='__main__')"
+        )
+        command = [sys.executable, "-c", hide]
+    return subprocess.run(command, capture_output=True, text=True, env=env, cwd=repo, timeout=300)
+
+
+def _run(name: str) -> str:
+    result = _launch(name)
     assert result.returncode == 0, f"{name} failed:\n{result.stdout}\n{result.stderr}"
     return result.stdout
+
+
+@pytest.mark.parametrize(
+    "name, package, install",
+    [
+        ("lora_finetune.py", "peft", "pip install 'hf_ckpt[peft]'"),
+        ("accelerate_fsdp/train.py", "accelerate", "pip install accelerate"),
+    ],
+)
+def test_examples_name_their_missing_optional_dependency_in_one_line(name, package, install):
+    result = _launch(name, without=package)
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    assert result.stderr.splitlines() == [f"examples/{name} needs {package}: {install}"]
 
 
 def _listed(output: str, label: str) -> str:

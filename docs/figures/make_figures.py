@@ -9,9 +9,13 @@ The PNGs are committed next to this script; rerun it after changing a figure.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
-import matplotlib
+try:
+    import matplotlib
+except ImportError:
+    sys.exit("docs/figures/make_figures.py needs matplotlib: pip install 'hf_ckpt[bench]'")
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt

@@ -3,15 +3,27 @@
     accelerate launch --config_file examples/accelerate_fsdp/fsdp_config.yaml examples/accelerate_fsdp/train.py
 
 A tiny Llama with random weights trains a few steps on random tokens. The main process prints how accelerate
-distributed the model (``FSDP`` on accelerators; on a machine without one accelerate silently runs DDP instead,
-see docs/guides/distributed.md), the blocks selected, and per step the loss and the blocks measured as
-recomputed.
+distributed the model, the blocks selected, and per step the loss and the blocks measured as recomputed.
+
+On accelerators this is FSDP (``distributed_type: DistributedType.FSDP``). On a machine without one, accelerate
+does not use FSDP, and says nothing about it: the command above starts two processes that each train alone on all
+the data (both print ``distributed_type: DistributedType.NO, 1 processes, model: LlamaForCausalLM``); in CPU mode
+(``ACCELERATE_USE_CPU=true`` under ``torchrun``) it wraps the model in DDP instead. docs/guides/distributed.md
+("accelerate") shows where in accelerate's source, and what to run on CPUs (``examples/fsdp_train.py``).
+
+Needs accelerate (``pip install accelerate``).
 """
 
 from __future__ import annotations
 
+import sys
+
+try:
+    from accelerate import Accelerator
+except ImportError:
+    sys.exit("examples/accelerate_fsdp/train.py needs accelerate: pip install accelerate")
+
 import torch
-from accelerate import Accelerator
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import hf_ckpt

@@ -280,12 +280,11 @@ def plot_tradeoff(report: BenchmarkReport, path: str) -> None:
     FigureCanvasAgg(figure)
     axes = figure.add_subplot()
     for x, y, name in points:
-        reference = name.startswith("upstream:")  # transformers' own: a hollow marker, labelled below
+        reference = name.startswith("upstream:")  # transformers' own: a hollow marker
         axes.scatter(
             [x], [y], zorder=3, s=40, marker="o",
             facecolors="none" if reference else "tab:blue", edgecolors="tab:gray" if reference else "tab:blue",
         )
-        axes.annotate(name, (x, y), textcoords="offset points", xytext=(5, -12 if reference else 5), fontsize=8)
     axes.step([x for x, _ in front], [y for _, y in front], where="post", color="tab:red", label="Pareto front")
     axes.set_xlabel(f"step time (ms, median, {'process CPU time' if report.clock == 'cpu' else 'wall time'})")
     axes.set_ylabel("activation memory retained after forward (MiB)")
@@ -294,8 +293,32 @@ def plot_tradeoff(report: BenchmarkReport, path: str) -> None:
     axes.set_title(title, fontsize=10)
     axes.grid(True, alpha=0.3)
     axes.legend()
-    figure.tight_layout()
+    _annotate(axes, figure, points)  # last: the placement needs the final layout
     figure.savefig(path, format="png")
+
+
+def _annotate(axes: Any, figure: Any, points: list[tuple[float, float, str]]) -> None:
+    """Label each point, placed by :func:`~hf_ckpt.measure.labels.place_labels` so that no two labels overlap."""
+    from .labels import place_labels
+
+    fontsize = 8.0
+    axes.margins(0.15)  # room for labels beside the outermost points
+    figure.tight_layout()
+    to_points = 72.0 / figure.dpi
+    anchors = [tuple(axes.transData.transform((x, y)) * to_points) for x, y, _ in points]
+    renderer = figure.canvas.get_renderer()
+    sizes = []
+    for _, _, name in points:  # the rendered size of each label, in points
+        text = axes.text(0, 0, name, fontsize=fontsize)
+        extent = text.get_window_extent(renderer)
+        sizes.append((extent.width * to_points, extent.height * to_points))
+        text.remove()
+    for (x, y, name), (dx, dy) in zip(points, place_labels(anchors, sizes)):
+        far = abs(dy) > 2 * fontsize
+        axes.annotate(
+            name, (x, y), textcoords="offset points", xytext=(dx, dy), fontsize=fontsize, ha="left", va="bottom",
+            arrowprops={"arrowstyle": "-", "color": "0.6", "lw": 0.5} if far else None,
+        )
 
 
 def pareto_front(points: list[tuple[float, float]]) -> list[tuple[float, float]]:

@@ -21,7 +21,7 @@ checkpointing switched off, from the same RNG state, and checks four things:
 
 The model is left exactly as it was: its checkpointing flags (the same objects), hf_ckpt's state, training mode,
 the gradients already accumulated in ``.grad`` and the global RNG state. ``hf-ckpt verify`` runs it from the
-command line (:mod:`hf_ckpt.verification.command`).
+command line (:mod:`hf_ckpt.cli.verify`).
 """
 
 from .check import verify
@@ -29,5 +29,3 @@ from .gradients import parameter_groups
 from .report import GradientParity, InplaceInput, VerifyReport
 
 __all__ = ["GradientParity", "InplaceInput", "VerifyReport", "parameter_groups", "verify"]
-
-from . import command as _command  # noqa: E402,F401  (registers ``hf-ckpt verify`` with hf_ckpt.cli)

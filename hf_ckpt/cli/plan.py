@@ -1,0 +1,93 @@
+"""``hf-ckpt plan``: the cheapest checkpointing plan for a model and a memory budget, printed and saved as JSON.
+
+Builds the workload as ``hf-ckpt bench`` does, runs :func:`hf_ckpt.plan` and prints the plan. ``--json PATH``
+writes it where a training script loads it (``hf_ckpt.enable(model, plan="plan.json")``, or
+``gradient_checkpointing_kwargs={"plan": "plan.json"}`` with the stock ``Trainer``). Exit status: 0 with a plan,
+1 when no plan fits the budget, 2 for bad arguments (all checked before the model is built).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from .._units import BUDGET_FORMS, parse_budget
+from .arguments import add_workload_arguments, build_workload_from, output_file
+from .errors import CommandError
+
+NAME = "plan"
+HELP = "the cheapest per-block checkpointing plan that fits an activation-memory budget"
+
+#: The per-block strategies a plan may assign (``hf_ckpt.plan``'s ``strategies``; a test keeps them equal).
+PLAN_STRATEGIES = ("none", "selective", "full")
+
+
+def budget(text: str) -> float | int:
+    """``--budget``: :func:`hf_ckpt._units.parse_budget` on the text (``0.5``, ``50%``, ``40GiB``)."""
+    try:
+        return parse_budget(text)
+    except ValueError as error:
+        message = str(error)
+        if _number(text) > 1:  # someone who meant bytes
+            message += f"; a bare number is a fraction, bytes need a unit: {text.strip()}B, 512MiB, 40GiB"
+        raise argparse.ArgumentTypeError(message) from None
+
+
+def _number(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        return float("nan")
+
+
+def plan_strategies(text: str) -> list[str]:
+    """``--strategies``: a non-empty comma-separated subset of :data:`PLAN_STRATEGIES`, each at most once."""
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    unknown = [name for name in names if name not in PLAN_STRATEGIES]
+    if not names or unknown:
+        raise argparse.ArgumentTypeError(
+            f"expected a comma-separated subset of {', '.join(PLAN_STRATEGIES)}; got {text!r}"
+        )
+    if len(set(names)) != len(names):
+        raise argparse.ArgumentTypeError(f"a strategy is given more than once in {text!r}")
+    return names
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Declare ``hf-ckpt plan``'s options."""
+    parser.add_argument(
+        "--budget",
+        type=budget,
+        required=True,
+        help=f"activation memory to fit: {BUDGET_FORMS}; fractions are of what no checkpointing retains".replace(
+            "%", "%%"
+        ),
+    )
+    parser.add_argument(
+        "--strategies",
+        type=plan_strategies,
+        default=list(PLAN_STRATEGIES),
+        help=f"per-block strategies the plan may use, comma-separated (default {','.join(PLAN_STRATEGIES)})",
+    )
+    parser.add_argument("--json", metavar="PATH", type=output_file, help="also write the plan as JSON to PATH")
+    add_workload_arguments(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``hf-ckpt plan``; returns the exit status."""
+    from ..planner import plan
+
+    work = build_workload_from(args)
+    try:
+        made = plan(work.model, work.batch, args.budget, strategies=args.strategies, loss_fn=work.loss_fn)
+    except ValueError as error:  # the arguments were checked while parsing: what is left is "no plan fits"
+        raise CommandError(str(error), exit_code=1) from None
+    info = work.info
+    print(
+        f"model: {info['class']} ({info['source']}), {info['layers']} layers, hidden {info['hidden']}; "
+        f"batch {info['batch']} x seq {info['seq']}, {info['dtype']} on {info['device']}"
+    )
+    print(made)
+    if args.json is not None:
+        made.save(args.json)
+        print(f"plan written to {args.json}")
+    return 0
