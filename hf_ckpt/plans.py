@@ -18,10 +18,9 @@ from torch import nn
 
 from ._units import format_bytes as _mib
 from ._warnings import HfCkptWarning
-from .block_strategy import ALL_STRATEGIES, check_strategy
+from .block_strategy import check_strategy
 
 _FORMAT_VERSION = 1
-_VALID = ALL_STRATEGIES
 
 #: The config fields that decide a block's activation shapes; a plan records them and checks them when applied.
 _SHAPE_FIELDS = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "d_model", "d_ff",
@@ -155,7 +154,7 @@ class CheckpointPlan:
             raise ValueError(f"plan file {str(path)!r}: {error}") from None
 
     def __str__(self) -> str:
-        counts = {s: self.strategies.count(s) for s in _VALID if s in self.strategies}
+        counts = {s: self.strategies.count(s) for s in ("full", "selective", "none") if s in self.strategies}
         lines = [
             f"CheckpointPlan for {self.num_blocks} blocks"
             + (f" ({self.model_type})" if self.model_type else "")

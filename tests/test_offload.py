@@ -18,7 +18,7 @@ NO_ACCELERATOR = (
 
 
 def test_without_accelerator_runs_plain_checkpointing_and_warns_once(monkeypatch):
-    monkeypatch.setattr("hf_ckpt.core.current_accelerator", lambda: None)
+    monkeypatch.setattr("hf_ckpt._binding.current_accelerator", lambda: None)
     model = tiny_llama()
     batch = batch_for(model)
     reference = train_step(model, batch)
@@ -47,7 +47,7 @@ def test_offload_code_path_on_cpu_with_pinning_off(monkeypatch):
     accelerator: streams and events are no-ops on CPU, copies synchronous, pin_memory off."""
     from hf_ckpt.offload import OverlappedOffload, _Packed
 
-    monkeypatch.setattr("hf_ckpt.core.current_accelerator", lambda: torch.device("cpu"))
+    monkeypatch.setattr("hf_ckpt._binding.current_accelerator", lambda: torch.device("cpu"))
     packed, unpacked = [], []
     original_pack, original_unpack = OverlappedOffload._pack, OverlappedOffload._unpack
 

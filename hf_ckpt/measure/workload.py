@@ -185,6 +185,40 @@ def make_batch(
     return {name: tensor.to(device) for name, tensor in inputs.items()}
 
 
+def _from_directory(spec: str, *, layers: int | None, hidden: int | None, seq: int):
+    """(config, model, kind, source) from a local model directory: its weights, or its config with overrides."""
+    import transformers
+
+    if not os.path.isdir(spec):
+        raise ValueError(f"model directory {spec!r} does not exist")
+    if not os.path.isfile(os.path.join(spec, "config.json")):
+        raise ValueError(f"model directory {spec!r} has no config.json")
+    config = transformers.AutoConfig.from_pretrained(spec)
+    mapping = getattr(type(config), "attribute_map", {}) or {}
+    for standard, value in (("num_hidden_layers", layers), ("hidden_size", hidden)):
+        if value is not None:
+            setattr(config, mapping.get(standard, standard), value)
+    if hasattr(config, "use_cache"):
+        config.use_cache = False
+    model_class, kind = _model_class(config)
+    if layers is None and hidden is None and _has_weights(spec):
+        return config, model_class.from_pretrained(spec, config=config), kind, f"{spec} (pretrained weights)"
+    return config, model_class.from_config(config), kind, f"{spec} (config only, random weights)"
+
+
+def _from_model_type(spec: str, *, layers: int | None, hidden: int | None, seq: int):
+    """(config, model, kind, source) for a transformers model type, built tiny with random weights."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    if spec not in CONFIG_MAPPING:
+        raise ValueError(
+            f"unknown model {spec!r}: not a directory, and not a transformers model type (e.g. llama, gpt2, bert, t5)"
+        )
+    config = _tiny_config(CONFIG_MAPPING[spec], layers=layers or DEFAULT_LAYERS, hidden=hidden or DEFAULT_HIDDEN, seq=seq)
+    model_class, kind = _model_class(config)
+    return config, model_class.from_config(config), kind, f"{spec} built from its config (random weights)"
+
+
 def build_workload(
     model: str | None = None,
     *,
@@ -214,9 +248,6 @@ def build_workload(
         ValueError: The directory does not exist or holds no ``config.json``; the model type is unknown; a size
             is not a positive int.
     """
-    import transformers
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
-
     for name, value in (("layers", layers), ("hidden", hidden), ("batch", batch), ("seq", seq)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise ValueError(f"{name} must be a positive int; got {value!r}")
@@ -224,40 +255,8 @@ def build_workload(
     spec = model or DEFAULT_MODEL
     looks_like_path = os.sep in spec or spec.startswith(".") or os.path.exists(spec)
     torch.manual_seed(seed)
-    if looks_like_path:
-        if not os.path.isdir(spec):
-            raise ValueError(f"model directory {spec!r} does not exist")
-        if not os.path.isfile(os.path.join(spec, "config.json")):
-            raise ValueError(f"model directory {spec!r} has no config.json")
-        config = transformers.AutoConfig.from_pretrained(spec)
-        mapping = getattr(type(config), "attribute_map", {}) or {}
-        for standard, value in (("num_hidden_layers", layers), ("hidden_size", hidden)):
-            if value is not None:
-                setattr(config, mapping.get(standard, standard), value)
-        if hasattr(config, "use_cache"):
-            config.use_cache = False
-        model_class, kind = _model_class(config)
-        if layers is None and hidden is None and _has_weights(spec):
-            module = model_class.from_pretrained(spec, config=config)
-            source = f"{spec} (pretrained weights)"
-        else:
-            module = model_class.from_config(config)
-            source = f"{spec} (config only, random weights)"
-    else:
-        if spec not in CONFIG_MAPPING:
-            raise ValueError(
-                f"unknown model {spec!r}: not a directory, and not a transformers model type "
-                "(e.g. llama, gpt2, bert, t5)"
-            )
-        config = _tiny_config(
-            CONFIG_MAPPING[spec],
-            layers=layers or DEFAULT_LAYERS,
-            hidden=hidden or DEFAULT_HIDDEN,
-            seq=seq,
-        )
-        model_class, kind = _model_class(config)
-        module = model_class.from_config(config)
-        source = f"{spec} built from its config (random weights)"
+    build = _from_directory if looks_like_path else _from_model_type
+    config, module, kind, source = build(spec, layers=layers, hidden=hidden, seq=seq)
     module = module.to(device=device, dtype=dtype)
     module.train()
     inputs = make_batch(config, kind, batch=batch, seq=seq, device=device, seed=seed)
