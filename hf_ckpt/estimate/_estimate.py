@@ -14,7 +14,7 @@ from ._attention import attention_model
 from ._model import blocks_of, build_on_meta, load_config, map_blocks, model_class, reduced_config
 from ._result import MemoryEstimate
 from ._states import count_states
-from ._trace import TRACED, fake_mode, to_fake, trace
+from ._trace import TRACED, Trace, fake_mode, to_fake, trace
 
 DEFAULT_STRATEGIES = ("none", "full", "every_n:2", "selective")
 
@@ -70,6 +70,24 @@ def _per_block(strategy: Any, num_blocks: int) -> tuple[str, ...]:
         n = int(strategy.split(":", 1)[1])
         return tuple("full" if i % n == 0 else "none" for i in range(num_blocks))
     return (strategy,) * num_blocks
+
+
+def retained_bytes(traced: Trace, representative: Sequence[int], per_block: Sequence[str]) -> int:
+    """Bytes retained at the end of forward by the full model running ``per_block``: the base for its first
+    block's strategy, plus each block's bytes given its own strategy and the next block's."""
+    last = len(per_block) - 1
+    total = traced.base_bytes[per_block[0]]
+    for i, strategy in enumerate(per_block):
+        following = per_block[i + 1] if i < last else None
+        total += traced.block_bytes(representative[i], strategy, following)
+    return total
+
+
+def _bound(traced: Trace, representative: Sequence[int], i: int, strategy: str, usable: Sequence[str]) -> int:
+    """Block ``i``'s bytes under ``strategy`` whatever the next block runs (the largest): additive, for the solver."""
+    if i == len(representative) - 1:
+        return traced.block_bytes(representative[i], strategy, None)
+    return max(traced.block_bytes(representative[i], strategy, t) for t in usable)
 
 
 def estimate(
@@ -137,8 +155,9 @@ def estimate(
     traced = trace(reduced, traced_blocks, _inputs(reduced, batch_size, seq_len, mode), mode, device, TRACED)
 
     rep = mapping.representative
-    block_bytes = {s: tuple(traced.retained[s][r] for r in rep) for s in traced.retained}
-    block_flops = {s: tuple(traced.recompute_flops[s][r] for r in rep) for s in traced.recompute_flops}
+    usable = traced.strategies
+    block_bytes = {s: tuple(_bound(traced, rep, i, s, usable) for i in range(num_blocks)) for s in usable}
+    block_flops = {s: tuple(traced.recompute_flops[s][r] for r in rep) for s in usable}
     none_flops = traced.step_flops + sum(traced.block_flops[r] for r in rep) - sum(traced.block_flops)
 
     activation, peak, recompute, step, ratio = {}, {}, {}, {}, {}
@@ -146,15 +165,12 @@ def estimate(
     for strategy in dict.fromkeys(("none", *strategies)):
         name = arguments.strategy_name(strategy)
         per_block = _per_block(strategy, num_blocks)
-        used = set(per_block)
-        missing = [s for s in used if s not in block_bytes]
+        missing = [s for s in set(per_block) if s not in usable]
         if missing:
             unusable.setdefault(name, unusable.get(missing[0], f"{missing[0]} cannot run on this model"))
             continue
-        checkpointed = used - {"none"} or {"none"}
-        base = max(traced.base_bytes[s] for s in checkpointed)
-        activation[name] = base + sum(block_bytes[s][i] for i, s in enumerate(per_block))
-        transient = max(traced.transient[s] for s in used)
+        activation[name] = retained_bytes(traced, rep, per_block)
+        transient = max(traced.transient[s] for s in set(per_block))
         peak[name] = states.parameters_bytes + states.gradients_bytes + states.optimizer_bytes + activation[name] + transient
         recompute[name] = sum(block_flops[s][i] for i, s in enumerate(per_block))
         step[name] = none_flops + recompute[name]
@@ -185,6 +201,7 @@ def estimate(
         block_bytes=block_bytes,
         block_recompute_flops=block_flops,
         base_bytes=max(traced.base_bytes.values()),
+        representative=rep,
         transient_bytes={s: traced.transient[s] for s in traced.transient},
         unusable=unusable,
         attention={"device": attention.device, "modelled": attention.modelled, "kernel": attention.kernel,

@@ -1,12 +1,13 @@
 """The model to estimate: a config (object, ``config.json`` file or folder) or a model on the meta device.
 
 Nothing here allocates a weight. The full-depth model is built on the ``meta`` device (parameter counts and the
-list of blocks); a *reduced* copy keeps at most two blocks of each distinct block type and is the one traced.
+list of blocks); a *reduced* copy keeps the first three and the last block of each distinct block type and is the one traced.
 A block's type is its class, its parameter shapes and its ``attention_type`` (sliding or full attention): the
 first T5 block (it owns the relative position bias) is a type of its own, Gemma-2's sliding and global layers
 are two types. Each block of the full model is then represented by a traced block of its type: the first block
-of a type by the first traced one, every later block by the second, so effects of a type's first block (a
-position bias computed once) are kept and the rest scale by the count.
+of a type by the first traced one, the last by the last, every block between by the second, so the effects of
+a type's first block (a position bias computed once) and of the last (followed by the final norm) are kept and
+the rest scale by the count.
 """
 
 from __future__ import annotations
@@ -79,14 +80,20 @@ def _sub_configs(config: Any) -> list[Any]:
 
 
 def _kept_layers(count: int, layer_types: list | None) -> list[int]:
-    """Indices of the layers kept in the reduced model: at most two of each layer type, in order."""
+    """Indices of the layers kept in the reduced model: the first three of each layer type and the last one.
+
+    Three and the last, because a block's retained bytes depend on its neighbours (a block's output is kept when
+    the next block checkpoints it): the first block of a type, a middle one (with a block of its type on both
+    sides) and the last one (followed by the final norm) each stand for themselves.
+    """
     if layer_types is None or len(layer_types) != count:
-        return list(range(min(count, 2)))
+        return list(range(count)) if count <= 4 else [0, 1, 2, count - 1]
+    last = {kind: index for index, kind in enumerate(layer_types)}
     seen: dict[Any, int] = {}
     kept = []
     for index, kind in enumerate(layer_types):
-        if seen.get(kind, 0) < 2:
-            seen[kind] = seen.get(kind, 0) + 1
+        seen[kind] = seen.get(kind, 0) + 1
+        if seen[kind] <= 3 or index == last[kind] or index == count - 1:
             kept.append(index)
     return kept
 
@@ -108,7 +115,7 @@ def _reduce_in_place(config: Any) -> None:
 
 
 def reduced_config(config: Any) -> Any:
-    """A copy of ``config`` with at most two blocks of each layer type per stack (sub-configs too)."""
+    """A copy of ``config`` with at most four blocks of each layer type per stack (sub-configs too)."""
     reduced = copy.deepcopy(config)
     _reduce_in_place(reduced)
     return reduced
@@ -150,16 +157,17 @@ class BlockMap:
 
 
 def map_blocks(full: list[Block], traced: list[Block]) -> BlockMap:
-    """Represent each full block by a traced block of the same type (first of a type by the first, the rest by
-    the second); raises ValueError when a type was not traced."""
+    """Represent each full block by a traced block of the same type: the first of a type by the first traced one,
+    the last by the last, the ones between by the second; raises ValueError when a type was not traced."""
     by_key: dict[tuple, list[int]] = {}
     for block in traced:
         by_key.setdefault(block_key(block), []).append(block.index)
+    full_keys = [block_key(block) for block in full]
+    totals = {key: full_keys.count(key) for key in full_keys}
     seen: dict[tuple, int] = {}
     order: dict[tuple, int] = {}
     representative, keys = [], []
-    for block in full:
-        key = block_key(block)
+    for block, key in zip(full, full_keys):
         candidates = by_key.get(key)
         if not candidates:
             raise ValueError(
@@ -168,7 +176,13 @@ def map_blocks(full: list[Block], traced: list[Block]) -> BlockMap:
             )
         occurrence = seen.get(key, 0)
         seen[key] = occurrence + 1
-        representative.append(candidates[min(occurrence, len(candidates) - 1)])
+        if occurrence == 0:
+            chosen = candidates[0]
+        elif occurrence == totals[key] - 1:
+            chosen = candidates[-1]
+        else:
+            chosen = candidates[min(1, len(candidates) - 1)]
+        representative.append(chosen)
         keys.append(order.setdefault(key, len(order)))
     return BlockMap(tuple(representative), tuple(keys), len(traced))
 

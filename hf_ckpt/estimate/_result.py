@@ -40,9 +40,12 @@ class MemoryEstimate:
         flops_ratio: ``step_flops[strategy] / step_flops["none"]``.
         num_blocks: Repeated blocks of the model (encoder then decoder).
         traced_blocks: Blocks actually traced (at most two per block type).
-        block_bytes: Per base strategy (none, full, selective), the bytes each block retains.
+        block_bytes: Per base strategy (none, full, selective), the bytes each block retains, whatever the next
+            block runs (the largest: a block's output is kept when the next block checkpoints it); additive, as
+            the planner's solver needs, so a plan's sum never understates.
         block_recompute_flops: Per base strategy, each block's recompute FLOPs.
         base_bytes: Bytes retained outside the blocks (embeddings, head, loss), the largest over strategies.
+        representative: For each block, the traced block that stands for it.
         transient_bytes: Per strategy, the step's peak above the bytes retained at the end of forward.
         unusable: Strategies that cannot run on this model, with the reason.
         attention: How attention's saved tensors were obtained (traced or modelled) for the device.
@@ -72,6 +75,7 @@ class MemoryEstimate:
     block_bytes: dict[str, tuple[int, ...]] = field(default_factory=dict)
     block_recompute_flops: dict[str, tuple[int, ...]] = field(default_factory=dict)
     base_bytes: int = 0
+    representative: tuple[int, ...] = ()
     transient_bytes: dict[str, int] = field(default_factory=dict)
     unusable: dict[str, str] = field(default_factory=dict)
     attention: dict[str, Any] = field(default_factory=dict)
@@ -91,6 +95,7 @@ class MemoryEstimate:
         data["block_bytes"] = {k: list(v) for k, v in self.block_bytes.items()}
         data["block_recompute_flops"] = {k: list(v) for k, v in self.block_recompute_flops.items()}
         data["notes"] = list(self.notes)
+        data["representative"] = list(self.representative)
         return {"format": _FORMAT, "version": 1, **data}
 
     def to_json(self) -> str:

@@ -20,6 +20,7 @@ from typing import Any, Iterator, Mapping
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..blocks import Block
 from ..config import CheckpointConfig
@@ -34,25 +35,95 @@ TRACED = ("none", "full", "selective")
 
 @dataclass(frozen=True)
 class Trace:
-    """What the reduced model's step cost, per traced strategy (all blocks set to it).
+    """What the reduced model's step cost.
+
+    A block's retained bytes depend on its own strategy and on the next block's: its output is kept for backward
+    when the next block checkpoints it (as the checkpoint's input), and otherwise only if the next block's first
+    op saves it (an fp32 norm does in fp32, not in bf16, where it saves its own upcast copy). So memory is
+    traced for every pair: each strategy on all blocks, then each ordered pair of strategies alternating.
 
     Attributes:
-        base_bytes: Bytes retained at the end of forward outside the blocks (embeddings, head, loss, masks).
-        retained: ``retained[strategy][j]``: bytes traced block ``j`` retains at the end of forward.
-        transient: Peak during the step above the bytes retained at the end of forward (gradients excluded).
+        base_bytes: ``base_bytes[s]``: bytes retained outside the blocks when the first block runs ``s``.
+        pair_bytes: ``pair_bytes[(j, s, t)]``: bytes traced block ``j`` retains running ``s`` when block ``j + 1``
+            runs ``t``.
+        last_bytes: ``last_bytes[(j, s)]``: the same for the last traced block (no next block).
+        transient: ``transient[s]``: the step's peak above the bytes retained at the end of forward with every
+            block on ``s`` (gradients excluded: they are counted apart).
         step_flops: FLOPs of the reduced step without checkpointing.
         block_flops: Forward and backward FLOPs of each traced block without checkpointing.
-        recompute_flops: ``recompute_flops[strategy][j]``: FLOPs traced block ``j`` spends recomputing.
+        recompute_flops: ``recompute_flops[s][j]``: FLOPs traced block ``j`` spends recomputing under ``s``.
         unusable: Strategies that cannot run on this model, with the reason.
     """
 
     base_bytes: dict[str, int]
-    retained: dict[str, tuple[int, ...]]
+    pair_bytes: dict[tuple[int, str, str], int]
+    last_bytes: dict[tuple[int, str], int]
     transient: dict[str, int]
     step_flops: int
     block_flops: tuple[int, ...]
     recompute_flops: dict[str, tuple[int, ...]]
     unusable: dict[str, str]
+
+    @property
+    def strategies(self) -> tuple[str, ...]:
+        return tuple(self.recompute_flops)
+
+    def block_bytes(self, block: int, strategy: str, following: str | None) -> int:
+        """Bytes traced block ``block`` retains under ``strategy`` when the next block runs ``following``."""
+        key = (block, strategy, following)
+        if following is not None and key in self.pair_bytes:
+            return self.pair_bytes[key]
+        if (block, strategy) in self.last_bytes:
+            return self.last_bytes[(block, strategy)]
+        return max(v for (j, s, _t), v in self.pair_bytes.items() if j == block and s == strategy)
+
+
+@contextlib.contextmanager
+def _untraced_dispatch() -> Iterator[None]:
+    """Let transformers take the branches of a real eager step on fake tensors.
+
+    transformers' ``is_tracing(tensor)`` counts a fake tensor as tracing (export, compile), and then materialises a
+    causal mask that a real step skips (it passes ``is_causal`` to SDPA instead): the fake step would keep a mask
+    tensor, and on CUDA would lose the flash kernel, that the real one does not. For the trace's duration every
+    ``is_tracing`` transformers imported answers as for a real tensor (the checks without a tensor still apply).
+    """
+    import sys
+
+    try:
+        from transformers.utils import import_utils
+    except ImportError:  # pragma: no cover
+        yield
+        return
+    original = getattr(import_utils, "is_tracing", None)
+    if original is None:
+        yield
+        return
+
+    def is_tracing(tensor: Any = None) -> bool:
+        return original(None)
+
+    patched = [
+        module for name, module in list(sys.modules.items())
+        if name.startswith("transformers") and getattr(module, "is_tracing", None) is original
+    ]
+    for module in patched:
+        module.is_tracing = is_tracing
+    try:
+        yield
+    finally:
+        for module in patched:
+            module.is_tracing = original
+
+
+class _AssumedChecks(TorchDispatchMode):
+    """Answers the boolean checks transformers reads from tensor values (``if (mask == 0).all():``), which fake
+    tensors cannot answer, with True: every such check in a training forward asks whether the batch is the plain
+    case (no packed sequences, no padding), which is the batch traced. Any other value read raises as before."""
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        if func is torch.ops.aten._local_scalar_dense.default and args and args[0].dtype is torch.bool:
+            return True
+        return func(*args, **(kwargs or {}))
 
 
 def fake_mode() -> Any:
@@ -88,15 +159,12 @@ def _loss(output: Any) -> torch.Tensor:
     return loss_of(output, None, caller="estimate: ")
 
 
-def _apply(model: nn.Module, strategies: tuple[str, ...] | None, strategy: str | None = None) -> None:
+def _apply(model: nn.Module, strategies: tuple[str, ...]) -> None:
+    """Set one strategy per block (a :class:`~hf_ckpt.CheckpointPlan`), or remove checkpointing for all-none."""
     remove(model)
-    if strategy == "none" or (strategies is not None and all(s == "none" for s in strategies)):
-        return
-    if strategies is not None:
+    if any(s != "none" for s in strategies):
         apply_config(model, CheckpointConfig.from_arguments({}, dict_name="checkpoint_kwargs",
                                                             plan=CheckpointPlan(strategies)))
-    else:
-        apply_config(model, CheckpointConfig.from_arguments({}, dict_name="checkpoint_kwargs", strategy=strategy))
 
 
 @contextlib.contextmanager
@@ -118,7 +186,7 @@ def _memory_step(model: nn.Module, blocks: list[Block], inputs: Mapping[str, Any
         handles.append(block.module.register_forward_pre_hook(lambda m, a, i=block.index: current.__setitem__(0, i)))
         handles.append(block.module.register_forward_hook(lambda m, a, o: current.__setitem__(0, None)))
     try:
-        with mode, attention_for(device), StorageTracker(label=lambda: current[0]) as tracker:
+        with mode, _AssumedChecks(), attention_for(device), StorageTracker(label=lambda: current[0]) as tracker:
             loss = _loss(model(**inputs))
             by_block = tracker.live_bytes_by_label("meta")
             retained = sum(by_block.values())
@@ -139,7 +207,7 @@ def _flops_step(model: nn.Module, inputs: Mapping[str, Any], mode: Any) -> tuple
     from ..measure.flops import _missing_formulas
 
     counter = FlopCounterMode(display=False, custom_mapping=_missing_formulas())
-    with mode, counter:
+    with mode, _AssumedChecks(), counter:
         _loss(model(**inputs)).backward()
     per_module = {name: sum(counts.values()) for name, counts in counter.get_flop_counts().items()}
     return int(counter.get_total_flops()), per_module
@@ -159,33 +227,56 @@ def _block_names(model: nn.Module, blocks: list[Block]) -> list[str]:
     return [f"{root}.{names[id(block.module)]}" if names.get(id(block.module)) else "" for block in blocks]
 
 
+def _patterns(strategies: tuple[str, ...], count: int) -> list[tuple[str, ...]]:
+    """Each strategy on every block, then each ordered pair alternating: every (own, next) pair occurs."""
+    patterns = [(s,) * count for s in strategies]
+    for first in strategies:
+        for second in strategies:
+            if first != second and count > 1:
+                patterns.append(tuple(first if j % 2 == 0 else second for j in range(count)))
+    return patterns
+
+
 def trace(
     model: nn.Module, blocks: list[Block], inputs: Mapping[str, Any], mode: Any, device: str,
     strategies: tuple[str, ...] = TRACED,
 ) -> Trace:
     """Trace the fake ``model`` (its blocks ``blocks``) on ``inputs`` under each of ``strategies``."""
+    count = len(blocks)
     base: dict[str, int] = {}
-    retained: dict[str, tuple[int, ...]] = {}
+    pairs: dict[tuple[int, str, str], int] = {}
+    last: dict[tuple[int, str], int] = {}
     transient: dict[str, int] = {}
     recompute: dict[str, tuple[int, ...]] = {}
     unusable: dict[str, str] = {}
+    usable = list(dict.fromkeys(("none", *strategies)))
     _preallocate_grads(model, mode)
-    with _quiet():
-        for strategy in dict.fromkeys(("none", *strategies)):
-            _apply(model, None, strategy)
+    with _quiet(), _untraced_dispatch():
+        for pattern in _patterns(tuple(usable), count):
+            if any(s in unusable for s in pattern):
+                continue
+            _apply(model, pattern)
             try:
-                base[strategy], retained[strategy], transient[strategy] = _memory_step(
-                    model, blocks, inputs, mode, device
-                )
+                outside, per_block, above = _memory_step(model, blocks, inputs, mode, device)
             except SelectiveRecomputeError as error:
-                unusable[strategy] = str(error)
+                unusable[next(s for s in pattern if s != "none")] = str(error)
+                continue
+            if len(set(pattern)) == 1:
+                base[pattern[0]], transient[pattern[0]] = outside, above
+            for j in range(count):
+                if j + 1 < count:
+                    pairs[(j, pattern[j], pattern[j + 1])] = per_block[j]
+                else:
+                    last[(j, pattern[j])] = per_block[j]
         remove(model)
         step_flops, per_module = _flops_step(model, inputs, mode)
         names = _block_names(model, blocks)
         block_flops = tuple(per_module.get(name, 0) for name in names)
-        for strategy in retained:
+        for strategy in usable:
+            if strategy in unusable:
+                continue
             if strategy == "none":
-                recompute[strategy] = (0,) * len(blocks)
+                recompute[strategy] = (0,) * count
                 continue
             per_block = []
             for block in blocks:  # one traced block at a time: whole-step totals are exact
@@ -197,4 +288,4 @@ def trace(
         remove(model)
     for parameter in model.parameters():
         parameter.grad = None
-    return Trace(base, retained, transient, step_flops, block_flops, recompute, unusable)
+    return Trace(base, pairs, last, transient, step_flops, block_flops, recompute, unusable)
