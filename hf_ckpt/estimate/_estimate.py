@@ -62,6 +62,20 @@ def _inputs(model: nn.Module, batch_size: int, seq_len: int, mode: Any) -> dict[
     return {"input_ids": ids, "labels": ids}
 
 
+def _traced_name(full_blocks: list, traced_blocks: list, representative: Sequence[int]):
+    """Maps a parameter name of the full model to the name of its counterpart in the traced model."""
+    prefixes = [(block.name + ".", traced_blocks[representative[i]].name + ".") for i, block in enumerate(full_blocks)]
+    prefixes.sort(key=lambda pair: len(pair[0]), reverse=True)
+
+    def rename(name: str) -> str:
+        for full_prefix, traced_prefix in prefixes:
+            if name.startswith(full_prefix) or f".{full_prefix}" in name:
+                return name.replace(full_prefix, traced_prefix, 1)
+        return name
+
+    return rename
+
+
 def _per_block(strategy: Any, num_blocks: int) -> tuple[str, ...]:
     if isinstance(strategy, CheckpointPlan):
         strategy.check_fits(num_blocks)
@@ -74,20 +88,19 @@ def _per_block(strategy: Any, num_blocks: int) -> tuple[str, ...]:
 
 def retained_bytes(traced: Trace, representative: Sequence[int], per_block: Sequence[str]) -> int:
     """Bytes retained at the end of forward by the full model running ``per_block``: the base for its first
-    block's strategy, plus each block's bytes given its own strategy and the next block's."""
+    block's strategy, plus each block's bytes given its own strategy and its neighbours'."""
     last = len(per_block) - 1
     total = traced.base_bytes[per_block[0]]
     for i, strategy in enumerate(per_block):
+        previous = per_block[i - 1] if i > 0 else None
         following = per_block[i + 1] if i < last else None
-        total += traced.block_bytes(representative[i], strategy, following)
+        total += traced.block_bytes(representative[i], previous, strategy, following)
     return total
 
 
 def _bound(traced: Trace, representative: Sequence[int], i: int, strategy: str, usable: Sequence[str]) -> int:
-    """Block ``i``'s bytes under ``strategy`` whatever the next block runs (the largest): additive, for the solver."""
-    if i == len(representative) - 1:
-        return traced.block_bytes(representative[i], strategy, None)
-    return max(traced.block_bytes(representative[i], strategy, t) for t in usable)
+    """Block ``i``'s bytes under ``strategy`` whatever its neighbours run (the largest): additive, for the solver."""
+    return traced.largest(representative[i], strategy)
 
 
 def estimate(
@@ -146,13 +159,14 @@ def estimate(
     if not full_blocks:
         raise ValueError(f"model_or_config: {cls.__name__} has no repeated blocks to checkpoint")
     mapping = map_blocks(full_blocks, traced_blocks)
-    states = count_states(full, optimizer, device)
     num_blocks = len(full_blocks)
-    del full
 
     mode = fake_mode()
     to_fake(reduced, mode)
     traced = trace(reduced, traced_blocks, _inputs(reduced, batch_size, seq_len, mode), mode, device, TRACED)
+    renamed = _traced_name(full_blocks, traced_blocks, mapping.representative)
+    states = count_states(full, optimizer, device, lambda name: renamed(name) in traced.used_parameters)
+    del full
 
     rep = mapping.representative
     usable = traced.strategies

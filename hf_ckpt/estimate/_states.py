@@ -1,7 +1,7 @@
 """Parameter, gradient and optimizer-state bytes, counted on the full model built on the meta device.
 
 * parameters: every distinct parameter (tied weights once), in its dtype;
-* gradients: one per trainable parameter, in the parameter's dtype (what autograd accumulates); with
+* gradients: one per trainable parameter the loss reaches (seen in the trace), in the parameter's dtype; with
   ``peft_config`` only the adapter weights train;
 * optimizer states, as ``torch.optim`` allocates them on the first step: AdamW/Adam keep ``exp_avg`` and
   ``exp_avg_sq`` in the parameter's dtype plus a 4-byte ``step`` per parameter, which lives on the host (it is
@@ -13,6 +13,7 @@ Mixed precision with fp32 master weights is not modelled: the parameters train i
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 from torch import nn
 
@@ -29,17 +30,17 @@ class States:
     optimizer_bytes: int
 
 
-def _unique_parameters(model: nn.Module) -> list[nn.Parameter]:
-    seen: dict[int, nn.Parameter] = {}
-    for parameter in model.parameters():
-        seen.setdefault(id(parameter), parameter)
-    return list(seen.values())
+def count_states(
+    model: nn.Module, optimizer: str, device: str, receives_gradient: Callable[[str], bool] = lambda name: True
+) -> States:
+    """Bytes of the parameters, gradients and optimizer states of ``model`` trained with ``optimizer``.
 
-
-def count_states(model: nn.Module, optimizer: str, device: str) -> States:
-    """Bytes of the parameters, gradients and optimizer states of ``model`` trained with ``optimizer``."""
-    parameters = _unique_parameters(model)
-    trainable = [p for p in parameters if p.requires_grad]
+    ``receives_gradient(name)`` tells whether the step reaches a parameter: one that gets no gradient gets no
+    optimizer state either (``torch.optim`` skips parameters whose ``grad`` is None).
+    """
+    named = list(model.named_parameters())  # each parameter once (tied weights under their first name)
+    parameters = [p for _name, p in named]
+    trainable = [p for name, p in named if p.requires_grad and receives_gradient(name)]
     trainable_bytes = sum(p.numel() * p.element_size() for p in trainable)
     states, step_bytes = OPTIMIZERS[optimizer]
     optimizer_bytes = states * trainable_bytes + (step_bytes * len(trainable) if device == "cpu" else 0)

@@ -15,12 +15,14 @@ an attention mask (causal models use ``is_causal``), which is the packed-sequenc
 from __future__ import annotations
 
 import contextlib
+import inspect
 from dataclasses import dataclass
 from typing import Any, Iterator, Mapping
 
 import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves, tree_map
 
 from ..blocks import Block
 from ..config import CheckpointConfig
@@ -40,42 +42,51 @@ class Trace:
     A block's retained bytes depend on its own strategy and on the next block's: its output is kept for backward
     when the next block checkpoints it (as the checkpoint's input), and otherwise only if the next block's first
     op saves it (an fp32 norm does in fp32, not in bf16, where it saves its own upcast copy). So memory is
-    traced for every pair: each strategy on all blocks, then each ordered pair of strategies alternating.
+    traced for each strategy on all blocks, then for each ordered pair of strategies alternating, and each block's
+    bytes are kept with its neighbours' strategies (the last block of a stack also depends on the one before it).
 
     Attributes:
         base_bytes: ``base_bytes[s]``: bytes retained outside the blocks when the first block runs ``s``.
-        pair_bytes: ``pair_bytes[(j, s, t)]``: bytes traced block ``j`` retains running ``s`` when block ``j + 1``
-            runs ``t``.
-        last_bytes: ``last_bytes[(j, s)]``: the same for the last traced block (no next block).
+        block_bytes_seen: ``[(j, p, s, t)]``: bytes traced block ``j`` retains running ``s`` when block ``j - 1``
+            runs ``p`` and block ``j + 1`` runs ``t`` (None at the ends).
         transient: ``transient[s]``: the step's peak above the bytes retained at the end of forward with every
             block on ``s`` (gradients excluded: they are counted apart).
         step_flops: FLOPs of the reduced step without checkpointing.
         block_flops: Forward and backward FLOPs of each traced block without checkpointing.
         recompute_flops: ``recompute_flops[s][j]``: FLOPs traced block ``j`` spends recomputing under ``s``.
         unusable: Strategies that cannot run on this model, with the reason.
+        used_parameters: Names of the traced model's parameters that received a gradient (the others, a vision
+            tower trained on text, a pooler no loss reaches, get neither gradient nor optimizer state).
     """
 
     base_bytes: dict[str, int]
-    pair_bytes: dict[tuple[int, str, str], int]
-    last_bytes: dict[tuple[int, str], int]
+    block_bytes_seen: dict[tuple[int, str | None, str, str | None], int]
     transient: dict[str, int]
     step_flops: int
     block_flops: tuple[int, ...]
     recompute_flops: dict[str, tuple[int, ...]]
     unusable: dict[str, str]
+    used_parameters: frozenset[str] = frozenset()
 
     @property
     def strategies(self) -> tuple[str, ...]:
         return tuple(self.recompute_flops)
 
-    def block_bytes(self, block: int, strategy: str, following: str | None) -> int:
-        """Bytes traced block ``block`` retains under ``strategy`` when the next block runs ``following``."""
-        key = (block, strategy, following)
-        if following is not None and key in self.pair_bytes:
-            return self.pair_bytes[key]
-        if (block, strategy) in self.last_bytes:
-            return self.last_bytes[(block, strategy)]
-        return max(v for (j, s, _t), v in self.pair_bytes.items() if j == block and s == strategy)
+    def block_bytes(self, block: int, previous: str | None, strategy: str, following: str | None) -> int:
+        """Bytes traced block ``block`` retains under ``strategy`` between blocks running ``previous`` and
+        ``following``; where that combination was not traced, the largest traced with the same next block, else
+        the largest for the strategy (never an understatement)."""
+        exact = self.block_bytes_seen.get((block, previous, strategy, following))
+        if exact is not None:
+            return exact
+        same_next = [v for (j, _p, s, t), v in self.block_bytes_seen.items() if (j, s, t) == (block, strategy, following)]
+        if same_next:
+            return max(same_next)
+        return self.largest(block, strategy)
+
+    def largest(self, block: int, strategy: str) -> int:
+        """The most traced block ``block`` retains under ``strategy``, whatever its neighbours run."""
+        return max(v for (j, _p, s, _t), v in self.block_bytes_seen.items() if j == block and s == strategy)
 
 
 @contextlib.contextmanager
@@ -115,15 +126,29 @@ def _untraced_dispatch() -> Iterator[None]:
             module.is_tracing = original
 
 
+_GROUPED_MM = getattr(torch.ops.aten, "_grouped_mm", None)
+
+
 class _AssumedChecks(TorchDispatchMode):
-    """Answers the boolean checks transformers reads from tensor values (``if (mask == 0).all():``), which fake
-    tensors cannot answer, with True: every such check in a training forward asks whether the batch is the plain
-    case (no packed sequences, no padding), which is the batch traced. Any other value read raises as before."""
+    """What fake tensors cannot answer by themselves, answered as a real CPU step would.
+
+    * Boolean checks transformers reads from tensor values (``if (mask == 0).all():``) answer True: every such
+      check in a training forward asks whether the batch is the plain case (no packed sequences, no padding),
+      which is the batch traced. Any other value read raises as before.
+    * ``_grouped_mm`` (mixture-of-experts layers) on a dtype other than bf16: the CPU kernel takes it, the shape
+      function refuses it (it checks the CUDA kernel's dtype); the shapes are computed in bf16 and the output
+      given the input's dtype.
+    """
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
         if func is torch.ops.aten._local_scalar_dense.default and args and args[0].dtype is torch.bool:
             return True
-        return func(*args, **(kwargs or {}))
+        if _GROUPED_MM is not None and func in (_GROUPED_MM.default,) and args[0].dtype is not torch.bfloat16:
+            dtype = args[0].dtype
+            converted = [a.to(torch.bfloat16) if i < 2 else a for i, a in enumerate(args)]
+            return func(*converted, **kwargs).to(dtype)
+        return func(*args, **kwargs)
 
 
 def fake_mode() -> Any:
@@ -200,15 +225,27 @@ def _memory_step(model: nn.Module, blocks: list[Block], inputs: Mapping[str, Any
     return by_block.get(None, 0), tuple(by_block.get(block.index, 0) for block in blocks), max(0, peak - retained)
 
 
-def _flops_step(model: nn.Module, inputs: Mapping[str, Any], mode: Any) -> tuple[int, dict[str, int]]:
-    """Whole-step FLOPs and FLOPs per module name, of one fake step."""
+def _flops_step(
+    model: nn.Module, inputs: Mapping[str, Any], mode: Any, used: set[str] | None = None
+) -> tuple[int, dict[str, int]]:
+    """Whole-step FLOPs and FLOPs per module name, of one fake step; ``used`` collects the names of the
+    parameters that received a gradient."""
     from torch.utils.flop_counter import FlopCounterMode
 
     from ..measure.flops import _missing_formulas
 
+    handles = []
+    if used is not None:
+        for name, parameter in model.named_parameters():
+            if parameter.requires_grad:
+                handles.append(parameter.register_post_accumulate_grad_hook(lambda p, n=name: used.add(n)))
     counter = FlopCounterMode(display=False, custom_mapping=_missing_formulas())
-    with mode, _AssumedChecks(), counter:
-        _loss(model(**inputs)).backward()
+    try:
+        with mode, _AssumedChecks(), counter:
+            _loss(model(**inputs)).backward()
+    finally:
+        for handle in handles:
+            handle.remove()
     per_module = {name: sum(counts.values()) for name, counts in counter.get_flop_counts().items()}
     return int(counter.get_total_flops()), per_module
 
@@ -221,10 +258,51 @@ def _preallocate_grads(model: nn.Module, mode: Any) -> None:
                 parameter.grad = torch.zeros_like(parameter)
 
 
-def _block_names(model: nn.Module, blocks: list[Block]) -> list[str]:
-    names = {id(module): name for name, module in model.named_modules()}
-    root = type(model).__name__
-    return [f"{root}.{names[id(block.module)]}" if names.get(id(block.module)) else "" for block in blocks]
+def _captured_inputs(model: nn.Module, blocks: list[Block], inputs: Mapping[str, Any], mode: Any) -> list[tuple]:
+    """The (args, kwargs) each block is called with in a forward of ``model`` (fake tensors, detached with
+    their ``requires_grad``), to run each block on its own."""
+    captured: dict[int, tuple] = {}
+
+    def keep(value: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            return value.detach().requires_grad_(value.requires_grad)
+        return value
+
+    def hook(index: int):
+        def pre(module: nn.Module, args: tuple, kwargs: dict) -> None:
+            if index not in captured:
+                captured[index] = tree_map(keep, (args, kwargs))
+        return pre
+
+    handles = [block.module.register_forward_pre_hook(hook(block.index), with_kwargs=True) for block in blocks]
+    if "use_cache" in inspect.signature(model.forward).parameters:
+        inputs = {**inputs, "use_cache": False}  # a cache in the captured kwargs would grow with each block run
+    try:
+        with mode, _AssumedChecks(), torch.no_grad():
+            model(**inputs)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return [captured.get(block.index) for block in blocks]  # None: the block did not run (a vision tower on text)
+
+
+def _block_step_flops(block: Block, call: tuple | None, mode: Any) -> int:
+    """Forward and backward FLOPs of one block run on its own, with a gradient for every output that needs one
+    (as the next block, or the head, gives it in a real step)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from ..measure.flops import _missing_formulas
+
+    if call is None:
+        return 0
+    args, kwargs = call
+    counter = FlopCounterMode(display=False, custom_mapping=_missing_formulas())
+    with mode, _AssumedChecks(), counter:
+        out = block.module(*args, **kwargs)
+        needs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor) and t.requires_grad]
+        if needs:
+            torch.autograd.backward(needs, [torch.ones_like(t) for t in needs])
+    return int(counter.get_total_flops())
 
 
 def _patterns(strategies: tuple[str, ...], count: int) -> list[tuple[str, ...]]:
@@ -244,8 +322,7 @@ def trace(
     """Trace the fake ``model`` (its blocks ``blocks``) on ``inputs`` under each of ``strategies``."""
     count = len(blocks)
     base: dict[str, int] = {}
-    pairs: dict[tuple[int, str, str], int] = {}
-    last: dict[tuple[int, str], int] = {}
+    seen: dict[tuple[int, str | None, str, str | None], int] = {}
     transient: dict[str, int] = {}
     recompute: dict[str, tuple[int, ...]] = {}
     unusable: dict[str, str] = {}
@@ -264,14 +341,14 @@ def trace(
             if len(set(pattern)) == 1:
                 base[pattern[0]], transient[pattern[0]] = outside, above
             for j in range(count):
-                if j + 1 < count:
-                    pairs[(j, pattern[j], pattern[j + 1])] = per_block[j]
-                else:
-                    last[(j, pattern[j])] = per_block[j]
+                previous = pattern[j - 1] if j > 0 else None
+                following = pattern[j + 1] if j + 1 < count else None
+                seen[(j, previous, pattern[j], following)] = per_block[j]
         remove(model)
-        step_flops, per_module = _flops_step(model, inputs, mode)
-        names = _block_names(model, blocks)
-        block_flops = tuple(per_module.get(name, 0) for name in names)
+        used: set[str] = set()
+        step_flops, _per_module = _flops_step(model, inputs, mode, used)
+        calls = _captured_inputs(model, blocks, inputs, mode)
+        block_flops = tuple(_block_step_flops(block, call, mode) for block, call in zip(blocks, calls))
         for strategy in usable:
             if strategy in unusable:
                 continue
@@ -288,4 +365,4 @@ def trace(
         remove(model)
     for parameter in model.parameters():
         parameter.grad = None
-    return Trace(base, pairs, last, transient, step_flops, block_flops, recompute, unusable)
+    return Trace(base, seen, transient, step_flops, block_flops, recompute, unusable, frozenset(used))
