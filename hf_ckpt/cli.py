@@ -76,6 +76,15 @@ def _builtin_commands() -> None:
             add_arguments=plan_command.add_arguments,
             run=plan_command.run,
         )
+    if "estimate" not in _COMMANDS:
+        from .estimate import command as estimate_command
+
+        register_command(
+            estimate_command.NAME,
+            help=estimate_command.HELP,
+            add_arguments=estimate_command.add_arguments,
+            run=estimate_command.run,
+        )
 
 
 def build_parser() -> argparse.ArgumentParser:
