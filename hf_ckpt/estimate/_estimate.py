@@ -163,7 +163,10 @@ def estimate(
 
     mode = fake_mode()
     to_fake(reduced, mode)
-    traced = trace(reduced, traced_blocks, _inputs(reduced, batch_size, seq_len, mode), mode, device, TRACED)
+    needed = {s for strategy in strategies for s in _per_block(strategy, num_blocks)} | {"none"}
+    mixed = any(len(set(_per_block(strategy, num_blocks))) > 1 for strategy in strategies) or set(TRACED) <= needed
+    traced = trace(reduced, traced_blocks, _inputs(reduced, batch_size, seq_len, mode), mode, device,
+                   tuple(s for s in TRACED if s in needed), mixed=mixed)
     renamed = _traced_name(full_blocks, traced_blocks, mapping.representative)
     states = count_states(full, optimizer, device, lambda name: renamed(name) in traced.used_parameters)
     del full

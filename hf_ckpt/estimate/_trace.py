@@ -275,10 +275,12 @@ def _captured_inputs(model: nn.Module, blocks: list[Block], inputs: Mapping[str,
         return pre
 
     handles = [block.module.register_forward_pre_hook(hook(block.index), with_kwargs=True) for block in blocks]
-    if "use_cache" in inspect.signature(model.forward).parameters:
+    from ..core import _target_model
+
+    if "use_cache" in inspect.signature(_target_model(model).forward).parameters:
         inputs = {**inputs, "use_cache": False}  # a cache in the captured kwargs would grow with each block run
     try:
-        with mode, _AssumedChecks(), torch.no_grad():
+        with mode, _AssumedChecks():  # with autograd on: the inputs' requires_grad is what a real step has
             model(**inputs)
     finally:
         for handle in handles:
@@ -305,12 +307,22 @@ def _block_step_flops(block: Block, call: tuple | None, mode: Any) -> int:
     return int(counter.get_total_flops())
 
 
-def _patterns(strategies: tuple[str, ...], count: int) -> list[tuple[str, ...]]:
-    """Each strategy on every block, then each ordered pair alternating: every (own, next) pair occurs."""
+def _twins(blocks: list[Block]) -> list[list[int]]:
+    """Positions of the traced blocks grouped by block type (same class, parameter shapes, attention type)."""
+    from ._model import block_key
+
+    groups: dict[tuple, list[int]] = {}
+    for position, block in enumerate(blocks):
+        groups.setdefault(block_key(block), []).append(position)
+    return list(groups.values())
+
+
+def _patterns(strategies: tuple[str, ...], count: int, mixed: bool) -> list[tuple[str, ...]]:
+    """Each strategy on every block, then (``mixed``) each ordered pair alternating: every neighbour pair occurs."""
     patterns = [(s,) * count for s in strategies]
     for first in strategies:
         for second in strategies:
-            if first != second and count > 1:
+            if mixed and first != second and count > 1:
                 patterns.append(tuple(first if j % 2 == 0 else second for j in range(count)))
     return patterns
 
@@ -318,8 +330,10 @@ def _patterns(strategies: tuple[str, ...], count: int) -> list[tuple[str, ...]]:
 def trace(
     model: nn.Module, blocks: list[Block], inputs: Mapping[str, Any], mode: Any, device: str,
     strategies: tuple[str, ...] = TRACED,
+    mixed: bool = True,
 ) -> Trace:
-    """Trace the fake ``model`` (its blocks ``blocks``) on ``inputs`` under each of ``strategies``."""
+    """Trace the fake ``model`` (its blocks ``blocks``) on ``inputs`` under each of ``strategies`` (and, with
+    ``mixed``, their alternations, for plans that mix strategies)."""
     count = len(blocks)
     base: dict[str, int] = {}
     seen: dict[tuple[int, str | None, str, str | None], int] = {}
@@ -329,7 +343,7 @@ def trace(
     usable = list(dict.fromkeys(("none", *strategies)))
     _preallocate_grads(model, mode)
     with _quiet(), _untraced_dispatch():
-        for pattern in _patterns(tuple(usable), count):
+        for pattern in _patterns(tuple(usable), count, mixed):
             if any(s in unusable for s in pattern):
                 continue
             _apply(model, pattern)
@@ -355,12 +369,14 @@ def trace(
             if strategy == "none":
                 recompute[strategy] = (0,) * count
                 continue
-            per_block = []
-            for block in blocks:  # one traced block at a time: whole-step totals are exact
-                plan = tuple(strategy if b.index == block.index else "none" for b in blocks)
+            per_block = [0] * count
+            for group in _twins(blocks):  # whole-step totals are exact; blocks of one type cost the same
+                plan = tuple(strategy if j in group else "none" for j in range(count))
                 _apply(model, plan)
                 total, _ = _flops_step(model, inputs, mode)
-                per_block.append(max(0, total - step_flops))
+                share, remainder = divmod(max(0, total - step_flops), len(group))
+                for position, j in enumerate(group):
+                    per_block[j] = share + (1 if position < remainder else 0)
             recompute[strategy] = tuple(per_block)
         remove(model)
     for parameter in model.parameters():
