@@ -266,6 +266,8 @@ def _captured_inputs(model: nn.Module, blocks: list[Block], inputs: Mapping[str,
     def keep(value: Any) -> Any:
         if isinstance(value, torch.Tensor):
             return value.detach().requires_grad_(value.requires_grad)
+        if type(value).__name__.endswith("Cache"):  # a KV cache would grow with each run and tie the graphs
+            return None
         return value
 
     def hook(index: int):
