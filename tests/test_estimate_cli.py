@@ -20,8 +20,9 @@ def config_path(tmp_path_factory):
 
 def test_table_json_and_the_plan_that_fits(config_path, tmp_path, capsys):
     out_json, plan_json = tmp_path / "est.json", tmp_path / "plan.json"
+    fast = ["--strategies", "none,full"]
     code = cli.main(["estimate", config_path, "--batch", "2", "--seq", "16", "--dtype", "float32", "--device", "cpu",
-                     "--json", str(out_json)])
+                     "--json", str(out_json), *fast])
     assert code == 0
     data = json.loads(out_json.read_text())
     # a device that holds the fixed states and half the activations: "none" does not fit, "full" does
@@ -29,7 +30,8 @@ def test_table_json_and_the_plan_that_fits(config_path, tmp_path, capsys):
         data["transient_bytes"].values()) + (data["activation_bytes"]["none"] + data["activation_bytes"]["full"]) // 2
     capsys.readouterr()
     code = cli.main(["estimate", config_path, "--batch", "2", "--seq", "16", "--dtype", "float32", "--device", "cpu",
-                     "--device-memory", f"{device_memory}B", "--json", str(out_json), "--plan-json", str(plan_json)])
+                     "--device-memory", f"{device_memory}B", "--json", str(out_json), "--plan-json", str(plan_json),
+                     *fast])
     out = capsys.readouterr().out
     assert code == 0
     assert "strategy" in out and "FLOPs ratio" in out and "cheapest plan that fits:" in out
