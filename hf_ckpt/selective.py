@@ -17,6 +17,7 @@ from typing import Any, Callable, Iterable, Union
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.weak import WeakIdKeyDictionary
 
 aten = torch.ops.aten
 
@@ -145,14 +146,16 @@ class _InPlaceGuard(TorchDispatchMode):
     def __init__(self, policy_fn: Callable[..., Any]) -> None:
         super().__init__()
         self.policy_fn = policy_fn
-        self.saved: dict[int, str] = {}
+        # Keyed by the storage object, weakly: a freed storage's address may be reused by an unrelated tensor,
+        # and fake tensors (hf_ckpt.estimate) have no addresses at all.
+        self.saved: WeakIdKeyDictionary = WeakIdKeyDictionary()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         from torch.utils.checkpoint import CheckpointPolicy, SelectiveCheckpointContext
 
         kwargs = kwargs or {}
         for tensor in _written_tensors(func, args, kwargs):
-            producer = self.saved.get(tensor.untyped_storage().data_ptr())
+            producer = self.saved.get(tensor.untyped_storage())
             if producer is not None:
                 raise SelectiveRecomputeError(
                     f"strategy='selective' cannot run on this block: {func} modifies in place the output of "
@@ -165,7 +168,7 @@ class _InPlaceGuard(TorchDispatchMode):
         if policy in (CheckpointPolicy.MUST_SAVE, CheckpointPolicy.PREFER_SAVE):
             for tensor in out if isinstance(out, (tuple, list)) else (out,):
                 if isinstance(tensor, torch.Tensor):
-                    self.saved[tensor.untyped_storage().data_ptr()] = str(func)
+                    self.saved[tensor.untyped_storage()] = str(func)
         return out
 
 

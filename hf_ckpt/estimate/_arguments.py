@@ -1,0 +1,108 @@
+"""Validation of ``estimate``'s arguments, at the call: each error names the argument and what it accepts."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Sequence
+
+import torch
+from torch import nn
+
+from ..plans import CheckpointPlan
+from ._attention import DEVICES
+from ._states import OPTIMIZERS
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16", "float": "float32"}
+STRATEGY_FORMS = "none, full, selective, every_n:K (K a positive int) or a hf_ckpt.CheckpointPlan"
+
+
+def check_positive_int(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive int; got {value!r}")
+    return value
+
+
+def check_dtype(value: Any) -> torch.dtype:
+    if isinstance(value, torch.dtype) and value in _DTYPES.values():
+        return value
+    if isinstance(value, str):
+        name = _DTYPE_ALIASES.get(value.lower().removeprefix("torch."), value.lower().removeprefix("torch."))
+        if name in _DTYPES:
+            return _DTYPES[name]
+    raise ValueError(f"dtype must be one of {', '.join(_DTYPES)} (or bf16, fp16, fp32, or the torch dtype); got {value!r}")
+
+
+def check_device(value: Any) -> str:
+    kind = value.type if isinstance(value, torch.device) else value
+    if isinstance(kind, str) and kind.split(":")[0] in DEVICES:
+        return kind.split(":")[0]
+    raise ValueError(f"device must be one of {', '.join(DEVICES)}; got {value!r}")
+
+
+def check_optimizer(value: Any) -> str:
+    if isinstance(value, str) and value.lower() in OPTIMIZERS:
+        return value.lower()
+    raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}; got {value!r}")
+
+
+def check_peft_config(value: Any) -> Any:
+    if value is None:
+        return None
+    try:
+        from peft import PeftConfig
+    except ImportError:  # pragma: no cover - peft is an optional dependency
+        raise ValueError("peft_config needs the peft package (pip install peft)") from None
+    if not isinstance(value, PeftConfig):
+        raise ValueError(f"peft_config must be a peft.PeftConfig (e.g. peft.LoraConfig) or None; got {type(value).__name__}")
+    return value
+
+
+def strategy_name(strategy: Any) -> str:
+    return "plan" if isinstance(strategy, CheckpointPlan) else strategy
+
+
+def check_strategies(value: Any) -> tuple[Any, ...]:
+    if isinstance(value, (str, CheckpointPlan)) or not isinstance(value, Sequence) or not value:
+        raise ValueError(f"strategies must be a non-empty list or tuple of {STRATEGY_FORMS}; got {value!r}")
+    checked: list[Any] = []
+    for strategy in value:
+        if isinstance(strategy, CheckpointPlan):
+            checked.append(strategy)
+            continue
+        if isinstance(strategy, str):
+            spelled = strategy.strip()
+            if spelled in ("none", "full", "selective"):
+                checked.append(spelled)
+                continue
+            if spelled.startswith("every_n:"):
+                argument = spelled.split(":", 1)[1]
+                if argument.isdigit() and int(argument) >= 1:
+                    checked.append(f"every_n:{int(argument)}")
+                    continue
+        raise ValueError(f"strategies: each must be {STRATEGY_FORMS}; got {strategy!r}")
+    names = [strategy_name(s) for s in checked]
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise ValueError(f"strategies must not repeat; {', '.join(repeated)} appears more than once")
+    return tuple(checked)
+
+
+def check_source(value: Any) -> Any:
+    from transformers import PretrainedConfig
+
+    if isinstance(value, (PretrainedConfig, nn.Module)):
+        if isinstance(value, nn.Module):
+            placed = {p.device.type for p in value.parameters()}
+            if placed - {"meta"}:
+                raise ValueError(
+                    "model_or_config: a model must be on the meta device (build it under "
+                    f"`with torch.device('meta'):`); got parameters on {', '.join(sorted(placed - {'meta'}))}"
+                )
+        return value
+    if isinstance(value, (str, os.PathLike)):
+        return value
+    raise ValueError(
+        "model_or_config must be a transformers PretrainedConfig, a path to a config.json (or its folder), or a "
+        f"model on the meta device; got {type(value).__name__}"
+    )

@@ -1,0 +1,97 @@
+"""Which tensors the attention kernel of the target device keeps for backward: traced on CPU, modelled on CUDA.
+
+The estimate is traced on fake CPU tensors, so on ``device="cpu"`` ``scaled_dot_product_attention`` dispatches
+exactly as a real CPU step would (the fused CPU kernel where its conditions hold, which keeps query, key, value,
+output and log-sum-exp; otherwise the math path, which keeps the attention probabilities, ``batch x heads x
+seq x seq``). Nothing about it is modelled.
+
+On CUDA the fused kernels cannot be dispatched without the device. They are **modelled**: the flash kernel
+(fp16/bf16, no explicit mask) and the memory-efficient kernel (an explicit mask, or fp32) both keep only
+query, key, value, the output and the log-sum-exp (fp32, ``batch x heads x seq``; the memory-efficient kernel
+pads it to a multiple of 32 rows, under 1% of the output). The trace therefore routes every SDPA call through
+the fused CPU kernel, which keeps the same tensors with the same shapes. Attention written out in eager ops
+(``attn_implementation="eager"``, T5's position-biased attention) is traced as it is on any device.
+Figures for CUDA are **modelled, unverified on hardware** until ``benchmarks/gpu_check.py`` has run on one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+
+#: Devices the estimate knows a kernel model for.
+DEVICES = ("cuda", "cpu")
+
+
+@dataclass(frozen=True)
+class AttentionModel:
+    """How attention memory was obtained for a device (reported with the estimate).
+
+    Attributes:
+        device: The target device type.
+        modelled: True when the saved tensors are modelled rather than traced as they run.
+        kernel: The kernel assumed (or traced) and what it keeps for backward.
+        note: One line for the user.
+    """
+
+    device: str
+    modelled: bool
+    kernel: str
+    note: str
+
+
+def attention_model(device: str, dtype: torch.dtype) -> AttentionModel:
+    """The attention model used for ``device`` and ``dtype``."""
+    if device == "cpu":
+        return AttentionModel(
+            "cpu", False, "as dispatched on CPU (fused CPU kernel, or the math path where it does not apply)",
+            "traced: the CPU dispatch of scaled_dot_product_attention runs on fake tensors as it would for real",
+        )
+    kernel = "flash" if dtype in (torch.float16, torch.bfloat16) else "memory-efficient"
+    return AttentionModel(
+        device, True, f"{kernel} (keeps query, key, value, output and fp32 log-sum-exp)",
+        "modelled, unverified on hardware: CUDA SDPA kernels keep output + log-sum-exp, not the attention "
+        "probabilities (run benchmarks/gpu_check.py on a GPU to verify)",
+    )
+
+
+class _FusedAttention(TorchFunctionMode):
+    """Routes ``F.scaled_dot_product_attention`` to the fused CPU kernel: the saved tensors of a fused kernel."""
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        if func is not F.scaled_dot_product_attention:
+            return func(*args, **kwargs)
+        op = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+        names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale")
+        bound = dict(zip(names, args))
+        bound.update(kwargs)
+        query, key, value = bound["query"], bound["key"], bound["value"]
+        if op is None or query.dim() != 4:
+            return func(*args, **kwargs)
+        # Grouped-query attention (enable_gqa) stays unexpanded, as in the CUDA kernels: on fake tensors the
+        # kernel's shape function accepts fewer key/value heads and backward returns gradients of their shape.
+        mask = bound.get("attn_mask")
+        if mask is not None and mask.dtype == torch.bool:
+            # the kernel takes an additive mask; the conversion happens before the kernel on CUDA too
+            mask = torch.zeros(mask.shape, dtype=query.dtype, device=query.device).masked_fill(~mask, float("-inf"))
+        out = op(
+            query, key, value, dropout_p=float(bound.get("dropout_p") or 0.0),
+            is_causal=bool(bound.get("is_causal") or False), attn_mask=mask, scale=bound.get("scale"),
+        )
+        return out[0]
+
+
+@contextlib.contextmanager
+def attention_for(device: str) -> Iterator[None]:
+    """Within the block, attention keeps what the kernels of ``device`` keep (see the module docstring)."""
+    if device == "cpu":
+        yield
+        return
+    with _FusedAttention():
+        yield

@@ -1,0 +1,109 @@
+"""``hf-ckpt estimate CONFIG --check``: the estimate against a real CPU step, on a tiny model of CONFIG's type.
+
+The config's sizes are shrunk (hidden 64, 4 heads, 6 blocks per stack, vocab 256, ...; its structure, layer
+types and options kept), a model is built with random weights, and for each strategy one real step is measured
+by :func:`hf_ckpt.measure.measure_step` and compared with :func:`hf_ckpt.estimate.estimate` (``device="cpu"``,
+fp32): retained activation bytes within 3%, FLOPs within 1%.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+#: Tiny sizes by config attribute name.
+_SIZES = {
+    **dict.fromkeys(("hidden_size", "d_model", "n_embd"), 64),
+    **dict.fromkeys(("num_attention_heads", "n_head", "num_heads", "encoder_attention_heads",
+                     "decoder_attention_heads"), 4),
+    "num_key_value_heads": 2,
+    **dict.fromkeys(("head_dim", "d_kv"), 16),
+    **dict.fromkeys(("intermediate_size", "d_ff", "n_inner", "ffn_dim", "encoder_ffn_dim", "decoder_ffn_dim"), 128),
+    **dict.fromkeys(("moe_intermediate_size", "shared_expert_intermediate_size"), 64),
+    **dict.fromkeys(("num_local_experts", "num_experts"), 4),
+    "num_experts_per_tok": 2,
+    "vocab_size": 256,
+    **dict.fromkeys(("max_position_embeddings", "n_positions"), 256),
+    "query_pre_attn_scalar": 16,
+}
+_LAYERS = ("num_hidden_layers", "num_layers", "num_decoder_layers", "n_layer", "encoder_layers", "decoder_layers")
+_TOKENS = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2, "decoder_start_token_id": 0}
+BLOCKS, BATCH, SEQ = 6, 2, 32
+
+
+def _shrink(config: Any) -> None:
+    from transformers import PretrainedConfig
+
+    values = vars(config)
+    for name, size in _SIZES.items():
+        if isinstance(values.get(name), int) and not isinstance(values.get(name), bool):
+            setattr(config, name, size)
+    for name in _LAYERS:
+        if isinstance(values.get(name), int) and values[name] > 0:
+            count = values[name]
+            if isinstance(values.get("layer_types"), list) and len(values["layer_types"]) == count:
+                config.layer_types = values["layer_types"][:BLOCKS]
+            setattr(config, name, BLOCKS)
+    for name, token in _TOKENS.items():
+        if values.get(name) is not None:
+            setattr(config, name, token)
+    for value in list(values.values()):
+        if isinstance(value, PretrainedConfig):
+            _shrink(value)
+
+
+def tiny_config(config: Any) -> Any:
+    """A copy of ``config`` with tiny sizes and ``BLOCKS`` blocks per stack."""
+    tiny = copy.deepcopy(config)
+    _shrink(tiny)
+    for name in ("torch_dtype", "dtype"):
+        if hasattr(tiny, name):
+            setattr(tiny, name, "float32")
+    return tiny
+
+
+def run_check(source: Any, strategies: tuple[str, ...] = ("none", "full", "every_n:2", "selective")) -> int:
+    """Print the comparison for a tiny model of ``source``'s architecture; 0 when within tolerance, else 1."""
+    import warnings
+
+    import torch
+
+    import hf_ckpt
+    from hf_ckpt.measure import measure_step
+
+    from ._estimate import estimate
+    from ._model import load_config, model_class
+
+    config = source if not isinstance(source, (str, bytes)) and hasattr(source, "to_dict") else load_config(source)
+    tiny = tiny_config(config)
+    cls = model_class(tiny)
+    torch.manual_seed(0)
+    warnings.simplefilter("ignore")
+    model = cls(tiny).float().train()
+    vocab = tiny.get_text_config().vocab_size if hasattr(tiny, "get_text_config") else tiny.vocab_size
+    ids = torch.randint(3, vocab, (BATCH, SEQ), generator=torch.Generator().manual_seed(0))
+    batch = {"input_ids": ids, "labels": ids.clone()}
+    predicted = estimate(tiny, batch_size=BATCH, seq_len=SEQ, dtype="float32", device="cpu", strategies=strategies)
+    print(f"check: {cls.__name__}, tiny copy ({predicted.num_blocks} blocks, {predicted.traced_blocks} traced), "
+          f"batch {BATCH} x seq {SEQ}, float32, a real CPU step per strategy")
+    ok = True
+    for strategy in strategies:
+        if strategy not in predicted.activation_bytes:
+            print(f"  {strategy:10s} not estimated: {predicted.unusable.get(strategy, '')[:120]}")
+            continue
+        hf_ckpt.disable(model)
+        if strategy.startswith("every_n:"):
+            hf_ckpt.enable(model, every_n_layers=int(strategy.split(":")[1]))
+        elif strategy != "none":
+            hf_ckpt.enable(model, strategy=strategy)
+        measured = measure_step(model, batch)
+        memory = 100.0 * (predicted.activation_bytes[strategy] - measured.retained_bytes) / max(1, measured.retained_bytes)
+        flops = 100.0 * (predicted.step_flops[strategy] - measured.flops) / max(1, measured.flops)
+        good = abs(memory) <= 3.0 and abs(flops) <= 1.0
+        ok = ok and good
+        print(f"  {strategy:10s} retained {measured.retained_bytes:>10d} B, predicted "
+              f"{predicted.activation_bytes[strategy]:>10d} B ({memory:+.2f}%); FLOPs {measured.flops} predicted "
+              f"{predicted.step_flops[strategy]} ({flops:+.2f}%)  {'ok' if good else 'OUT OF TOLERANCE'}")
+    hf_ckpt.disable(model)
+    print("check passed" if ok else "check FAILED (tolerance: 3% memory, 1% FLOPs)")
+    return 0 if ok else 1

@@ -1,0 +1,227 @@
+"""``estimate`` and ``plan_for``: trace the reduced model once, scale to the full depth, compose strategies."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Sequence
+
+import torch
+from torch import nn
+
+from ..plans import CheckpointPlan
+from . import _arguments as arguments
+from ._attention import attention_model
+from ._model import blocks_of, build_on_meta, load_config, map_blocks, model_class, reduced_config
+from ._result import MemoryEstimate
+from ._states import count_states
+from ._trace import TRACED, Trace, fake_mode, to_fake, trace
+
+DEFAULT_STRATEGIES = ("none", "full", "every_n:2", "selective")
+
+_NOTES = (
+    "activations: bytes of tensor storages alive when forward returns, traced on fake tensors (allocator "
+    "rounding and fragmentation not included)",
+    "batches without padding mask (causal attention via is_causal); labels of seq_len tokens",
+    "peak: fixed states + activations + the largest transient of the step; gradients counted whole "
+    "throughout backward; optimizer-step temporaries (foreach buffers) not included",
+)
+
+
+def _source(model_or_config: Any, dtype: torch.dtype) -> tuple[Any, type, nn.Module | None, Any]:
+    """(config, model class, full meta model or None, peft config found on a PEFT model)."""
+    from transformers import PretrainedConfig
+
+    if isinstance(model_or_config, nn.Module):
+        model, peft = model_or_config, None
+        if hasattr(model, "get_base_model") and hasattr(model, "peft_config"):
+            configs = model.peft_config
+            peft = configs.get(getattr(model, "active_adapter", "default")) or next(iter(configs.values()))
+            model = model.get_base_model()
+        config = getattr(model, "config", None)
+        if config is None:
+            raise ValueError("model_or_config: the model has no .config (a transformers PreTrainedModel is needed)")
+        return config, type(model), model, peft
+    config = model_or_config if isinstance(model_or_config, PretrainedConfig) else load_config(model_or_config)
+    return config, model_class(config), None, None
+
+
+def _with_peft(model: nn.Module, peft_config: Any) -> nn.Module:
+    if peft_config is None:
+        return model
+    from peft import get_peft_model
+
+    return get_peft_model(model, copy.deepcopy(peft_config))
+
+
+def _inputs(model: nn.Module, batch_size: int, seq_len: int, mode: Any) -> dict[str, torch.Tensor]:
+    vocab = getattr(getattr(model, "config", None), "vocab_size", None)
+    with mode:
+        ids = torch.zeros((batch_size, seq_len), dtype=torch.long)
+        if isinstance(vocab, int) and vocab > 0:
+            ids = ids % vocab
+    return {"input_ids": ids, "labels": ids}
+
+
+def _traced_name(full_blocks: list, traced_blocks: list, representative: Sequence[int]):
+    """Maps a parameter name of the full model to the name of its counterpart in the traced model."""
+    prefixes = [(block.name + ".", traced_blocks[representative[i]].name + ".") for i, block in enumerate(full_blocks)]
+    prefixes.sort(key=lambda pair: len(pair[0]), reverse=True)
+
+    def rename(name: str) -> str:
+        for full_prefix, traced_prefix in prefixes:
+            if name.startswith(full_prefix) or f".{full_prefix}" in name:
+                return name.replace(full_prefix, traced_prefix, 1)
+        return name
+
+    return rename
+
+
+def _per_block(strategy: Any, num_blocks: int) -> tuple[str, ...]:
+    if isinstance(strategy, CheckpointPlan):
+        strategy.check_fits(num_blocks)
+        return strategy.strategies
+    if strategy.startswith("every_n:"):
+        n = int(strategy.split(":", 1)[1])
+        return tuple("full" if i % n == 0 else "none" for i in range(num_blocks))
+    return (strategy,) * num_blocks
+
+
+def retained_bytes(traced: Trace, representative: Sequence[int], per_block: Sequence[str]) -> int:
+    """Bytes retained at the end of forward by the full model running ``per_block``: the base for its first
+    block's strategy, plus each block's bytes given its own strategy and its neighbours'."""
+    last = len(per_block) - 1
+    total = traced.base_bytes[per_block[0]]
+    for i, strategy in enumerate(per_block):
+        previous = per_block[i - 1] if i > 0 else None
+        following = per_block[i + 1] if i < last else None
+        total += traced.block_bytes(representative[i], previous, strategy, following)
+    return total
+
+
+def _bound(traced: Trace, representative: Sequence[int], i: int, strategy: str, usable: Sequence[str]) -> int:
+    """Block ``i``'s bytes under ``strategy`` whatever its neighbours run (the largest): additive, for the solver."""
+    return traced.largest(representative[i], strategy)
+
+
+def estimate(
+    model_or_config: Any,
+    *,
+    batch_size: int,
+    seq_len: int,
+    dtype: str | torch.dtype = "bfloat16",
+    device: str = "cuda",
+    optimizer: str = "adamw",
+    peft_config: Any = None,
+    strategies: Sequence[Any] = DEFAULT_STRATEGIES,
+) -> MemoryEstimate:
+    """Estimate one training step's memory and compute, per checkpointing strategy, without allocating.
+
+    The model is built on the meta device (parameter counts); a copy with at most two blocks of each block
+    type is traced on fake tensors under each strategy, and its per-block figures are scaled to the full depth.
+
+    Args:
+        model_or_config: A ``transformers.PretrainedConfig``, a path to a ``config.json`` (or its folder), or a
+            model built on the meta device (a PEFT model too).
+        batch_size: Sequences per step (per device).
+        seq_len: Tokens per sequence.
+        dtype: Training dtype: ``"bfloat16"``, ``"float16"`` or ``"float32"`` (or ``bf16``/``fp16``/``fp32``).
+        device: ``"cuda"`` (attention kernels modelled, see :mod:`hf_ckpt.estimate._attention`) or ``"cpu"``.
+        optimizer: ``"adamw"``, ``"adam"``, ``"sgd_momentum"`` or ``"sgd"``.
+        peft_config: A ``peft.PeftConfig`` (e.g. ``LoraConfig(r=16)``): only the adapters train.
+        strategies: Strategies to report: ``none``, ``full``, ``selective``, ``every_n:K``, or a
+            :class:`~hf_ckpt.CheckpointPlan`. ``none`` is always included (ratios are relative to it).
+
+    Returns:
+        A :class:`MemoryEstimate`.
+
+    Raises:
+        ValueError: an argument is invalid (the message names it and what it accepts), or the model cannot be
+            traced.
+    """
+    arguments.check_source(model_or_config)
+    batch_size = arguments.check_positive_int("batch_size", batch_size)
+    seq_len = arguments.check_positive_int("seq_len", seq_len)
+    torch_dtype = arguments.check_dtype(dtype)
+    device = arguments.check_device(device)
+    optimizer = arguments.check_optimizer(optimizer)
+    peft_config = arguments.check_peft_config(peft_config)
+    strategies = arguments.check_strategies(strategies)
+
+    config, cls, full, found_peft = _source(model_or_config, torch_dtype)
+    peft_config = peft_config if peft_config is not None else found_peft
+    if full is None:
+        full = build_on_meta(cls, config, torch_dtype)
+    else:
+        full = copy.deepcopy(full).to(dtype=torch_dtype).train()
+    full = _with_peft(full, peft_config)
+    reduced = _with_peft(build_on_meta(cls, reduced_config(config), torch_dtype), peft_config)
+    full_blocks, traced_blocks = blocks_of(full), blocks_of(reduced)
+    if not full_blocks:
+        raise ValueError(f"model_or_config: {cls.__name__} has no repeated blocks to checkpoint")
+    mapping = map_blocks(full_blocks, traced_blocks)
+    num_blocks = len(full_blocks)
+
+    mode = fake_mode()
+    to_fake(reduced, mode)
+    needed = {s for strategy in strategies for s in _per_block(strategy, num_blocks)} | {"none"}
+    mixed = any(len(set(_per_block(strategy, num_blocks))) > 1 for strategy in strategies) or set(TRACED) <= needed
+    traced = trace(reduced, traced_blocks, _inputs(reduced, batch_size, seq_len, mode), mode, device,
+                   tuple(s for s in TRACED if s in needed), mixed=mixed)
+    renamed = _traced_name(full_blocks, traced_blocks, mapping.representative)
+    states = count_states(full, optimizer, device, lambda name: renamed(name) in traced.used_parameters)
+    del full
+
+    rep = mapping.representative
+    usable = traced.strategies
+    block_bytes = {s: tuple(_bound(traced, rep, i, s, usable) for i in range(num_blocks)) for s in usable}
+    block_flops = {s: tuple(traced.recompute_flops[s][r] for r in rep) for s in usable}
+    none_flops = traced.step_flops + sum(traced.block_flops[r] for r in rep) - sum(traced.block_flops)
+
+    activation, peak, recompute, step, ratio = {}, {}, {}, {}, {}
+    unusable = dict(traced.unusable)
+    for strategy in dict.fromkeys(("none", *strategies)):
+        name = arguments.strategy_name(strategy)
+        per_block = _per_block(strategy, num_blocks)
+        missing = [s for s in set(per_block) if s not in usable]
+        if missing:
+            unusable.setdefault(name, unusable.get(missing[0], f"{missing[0]} cannot run on this model"))
+            continue
+        activation[name] = retained_bytes(traced, rep, per_block)
+        transient = max(traced.transient[s] for s in set(per_block))
+        peak[name] = states.parameters_bytes + states.gradients_bytes + states.optimizer_bytes + activation[name] + transient
+        recompute[name] = sum(block_flops[s][i] for i, s in enumerate(per_block))
+        step[name] = none_flops + recompute[name]
+        ratio[name] = step[name] / none_flops if none_flops else 1.0
+
+    attention = attention_model(device, torch_dtype)
+    return MemoryEstimate(
+        model_type=getattr(config, "model_type", None),
+        model_class=cls.__name__,
+        device=device,
+        dtype=str(torch_dtype).removeprefix("torch."),
+        batch_size=batch_size,
+        seq_len=seq_len,
+        optimizer=optimizer,
+        peft=str(getattr(peft_config, "peft_type", "")).split(".")[-1] or None if peft_config is not None else None,
+        parameters=states.parameters,
+        trainable_parameters=states.trainable_parameters,
+        parameters_bytes=states.parameters_bytes,
+        gradients_bytes=states.gradients_bytes,
+        optimizer_bytes=states.optimizer_bytes,
+        activation_bytes=activation,
+        peak_bytes=peak,
+        recompute_flops=recompute,
+        step_flops=step,
+        flops_ratio=ratio,
+        num_blocks=num_blocks,
+        traced_blocks=mapping.traced_blocks,
+        block_bytes=block_bytes,
+        block_recompute_flops=block_flops,
+        base_bytes=max(traced.base_bytes.values()),
+        representative=rep,
+        transient_bytes={s: traced.transient[s] for s in traced.transient},
+        unusable=unusable,
+        attention={"device": attention.device, "modelled": attention.modelled, "kernel": attention.kernel,
+                   "note": attention.note},
+        notes=_NOTES,
+    )

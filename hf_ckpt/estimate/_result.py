@@ -1,0 +1,136 @@
+"""``MemoryEstimate``: what one training step will need, per checkpointing strategy; printable and JSON."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from .._units import format_bytes
+
+_FORMAT = "hf_ckpt.MemoryEstimate"
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """The predicted memory and compute of one training step (forward, backward, optimizer state).
+
+    All byte counts are for one device holding the whole model (no sharding). The fixed part is
+    ``parameters_bytes + gradients_bytes + optimizer_bytes``; activations depend on the strategy.
+
+    Attributes:
+        model_type: ``config.model_type``.
+        model_class: The model class estimated (with its training head).
+        device: Target device type (``"cuda"`` or ``"cpu"``).
+        dtype: Training dtype of parameters and activations.
+        batch_size: Sequences per step.
+        seq_len: Tokens per sequence (encoder and decoder alike for encoder-decoder models).
+        optimizer: The optimizer whose states are counted.
+        peft: The PEFT method (``"LORA"``, ...) or None for full fine-tuning.
+        parameters: Number of parameters (tied weights once).
+        trainable_parameters: Number of parameters that receive gradients.
+        parameters_bytes: Bytes of the parameters.
+        gradients_bytes: Bytes of the gradients of the trainable parameters.
+        optimizer_bytes: Bytes of the optimizer states on the device.
+        activation_bytes: Bytes retained at the end of forward, per strategy (what backward holds).
+        peak_bytes: Predicted peak of the step per strategy: fixed part + activations + the largest transient.
+        recompute_flops: FLOPs spent recomputing in backward, per strategy.
+        step_flops: FLOPs of the whole step (forward, recompute, backward) per strategy.
+        flops_ratio: ``step_flops[strategy] / step_flops["none"]``.
+        num_blocks: Repeated blocks of the model (encoder then decoder).
+        traced_blocks: Blocks actually traced (at most two per block type).
+        block_bytes: Per base strategy (none, full, selective), the bytes each block retains, whatever the next
+            block runs (the largest: a block's output is kept when the next block checkpoints it); additive, as
+            the planner's solver needs, so a plan's sum never understates.
+        block_recompute_flops: Per base strategy, each block's recompute FLOPs.
+        base_bytes: Bytes retained outside the blocks (embeddings, head, loss), the largest over strategies.
+        representative: For each block, the traced block that stands for it.
+        transient_bytes: Per strategy, the step's peak above the bytes retained at the end of forward.
+        unusable: Strategies that cannot run on this model, with the reason.
+        attention: How attention's saved tensors were obtained (traced or modelled) for the device.
+        notes: What the figures assume.
+    """
+
+    model_type: str | None
+    model_class: str
+    device: str
+    dtype: str
+    batch_size: int
+    seq_len: int
+    optimizer: str
+    peft: str | None
+    parameters: int
+    trainable_parameters: int
+    parameters_bytes: int
+    gradients_bytes: int
+    optimizer_bytes: int
+    activation_bytes: dict[str, int]
+    peak_bytes: dict[str, int]
+    recompute_flops: dict[str, int]
+    step_flops: dict[str, int]
+    flops_ratio: dict[str, float]
+    num_blocks: int
+    traced_blocks: int
+    block_bytes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    block_recompute_flops: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    base_bytes: int = 0
+    representative: tuple[int, ...] = ()
+    transient_bytes: dict[str, int] = field(default_factory=dict)
+    unusable: dict[str, str] = field(default_factory=dict)
+    attention: dict[str, Any] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
+
+    @property
+    def fixed_bytes(self) -> int:
+        """Parameters, gradients and optimizer states: what every strategy needs."""
+        return self.parameters_bytes + self.gradients_bytes + self.optimizer_bytes
+
+    def fits(self, device_memory: int) -> dict[str, bool]:
+        """Per strategy, whether the predicted peak fits ``device_memory`` bytes."""
+        return {name: peak <= device_memory for name, peak in self.peak_bytes.items()}
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["block_bytes"] = {k: list(v) for k, v in self.block_bytes.items()}
+        data["block_recompute_flops"] = {k: list(v) for k, v in self.block_recompute_flops.items()}
+        data["notes"] = list(self.notes)
+        data["representative"] = list(self.representative)
+        return {"format": _FORMAT, "version": 1, **data}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write :meth:`to_json` to ``path``."""
+        with open(path, "w", encoding="utf-8") as handle:
+            handle.write(self.to_json() + "\n")
+
+    def table(self, device_memory: int | None = None) -> str:
+        """One row per strategy: activation memory, peak, whether it fits, FLOPs ratio."""
+        header = ["strategy", "activations", "peak", "fits", "FLOPs ratio"]
+        rows = []
+        fits = self.fits(device_memory) if device_memory is not None else {}
+        for name in self.activation_bytes:
+            rows.append([
+                name, format_bytes(self.activation_bytes[name]), format_bytes(self.peak_bytes[name]),
+                ("yes" if fits[name] else "no") if fits else "-", f"{self.flops_ratio[name]:.3f}x",
+            ])
+        widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+        lines = ["  ".join(str(c).ljust(w) if i == 0 else str(c).rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+                 for r in [header, *rows]]
+        lines.insert(1, "  ".join("-" * w for w in widths))
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        lora = f", {self.peft}" if self.peft else ""
+        head = (
+            f"{self.model_class} ({self.parameters / 1e9:.2f}B parameters, {self.num_blocks} blocks, "
+            f"{self.traced_blocks} traced); batch {self.batch_size} x seq {self.seq_len}, {self.dtype} on "
+            f"{self.device}, {self.optimizer}{lora}\n"
+            f"parameters {format_bytes(self.parameters_bytes)}, gradients {format_bytes(self.gradients_bytes)}, "
+            f"optimizer {format_bytes(self.optimizer_bytes)} (fixed {format_bytes(self.fixed_bytes)})\n"
+            f"attention: {self.attention.get('kernel', '-')}"
+            + (" [modelled, unverified on hardware]" if self.attention.get("modelled") else "")
+        )
+        return head + "\n" + self.table()

@@ -1,0 +1,386 @@
+"""Trace one training step of the reduced model on fake tensors: bytes retained per block, peak, FLOPs.
+
+The reduced model (at most two blocks per block type, see :mod:`._model`) gets parameters made under a
+``FakeTensorMode``: tensors with shapes, dtypes and a device but no data, so a step at 8k tokens of a 70B
+layer costs milliseconds and no memory. The step runs under :class:`hf_ckpt.measure.StorageTracker`, the same
+tracker :func:`hf_ckpt.measure.measure_step` uses on real tensors, with each storage labelled by the block that
+created it (as the planner does): what is alive when forward returns, per block and outside the blocks, is
+what a real step retains. FLOPs come from :func:`hf_ckpt.measure.count_flops` on the same fake step, so they
+are the figures ``hf_ckpt.measure`` would count on a real one.
+
+Data-dependent Python control flow (``if tensor.item()``) cannot run on fake tensors; batches are built without
+an attention mask (causal models use ``is_causal``), which is the packed-sequence case.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from dataclasses import dataclass
+from typing import Any, Iterator, Mapping
+
+import torch
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves, tree_map
+
+from ..blocks import Block
+from ..config import CheckpointConfig
+from ..core import apply_config, remove
+from ..plans import CheckpointPlan
+from ..selective import SelectiveRecomputeError
+from ._attention import attention_for
+
+#: The per-block strategies traced; every other strategy (every_n:k, a plan) is composed from them.
+TRACED = ("none", "full", "selective")
+
+
+@dataclass(frozen=True)
+class Trace:
+    """What the reduced model's step cost.
+
+    A block's retained bytes depend on its own strategy and on the next block's: its output is kept for backward
+    when the next block checkpoints it (as the checkpoint's input), and otherwise only if the next block's first
+    op saves it (an fp32 norm does in fp32, not in bf16, where it saves its own upcast copy). So memory is
+    traced for each strategy on all blocks, then for each ordered pair of strategies alternating, and each block's
+    bytes are kept with its neighbours' strategies (the last block of a stack also depends on the one before it).
+
+    Attributes:
+        base_bytes: ``base_bytes[s]``: bytes retained outside the blocks when the first block runs ``s``.
+        block_bytes_seen: ``[(j, p, s, t)]``: bytes traced block ``j`` retains running ``s`` when block ``j - 1``
+            runs ``p`` and block ``j + 1`` runs ``t`` (None at the ends).
+        transient: ``transient[s]``: the step's peak above the bytes retained at the end of forward with every
+            block on ``s`` (gradients excluded: they are counted apart).
+        step_flops: FLOPs of the reduced step without checkpointing.
+        block_flops: Forward and backward FLOPs of each traced block without checkpointing.
+        recompute_flops: ``recompute_flops[s][j]``: FLOPs traced block ``j`` spends recomputing under ``s``.
+        unusable: Strategies that cannot run on this model, with the reason.
+        used_parameters: Names of the traced model's parameters that received a gradient (the others, a vision
+            tower trained on text, a pooler no loss reaches, get neither gradient nor optimizer state).
+    """
+
+    base_bytes: dict[str, int]
+    block_bytes_seen: dict[tuple[int, str | None, str, str | None], int]
+    transient: dict[str, int]
+    step_flops: int
+    block_flops: tuple[int, ...]
+    recompute_flops: dict[str, tuple[int, ...]]
+    unusable: dict[str, str]
+    used_parameters: frozenset[str] = frozenset()
+
+    @property
+    def strategies(self) -> tuple[str, ...]:
+        return tuple(self.recompute_flops)
+
+    def block_bytes(self, block: int, previous: str | None, strategy: str, following: str | None) -> int:
+        """Bytes traced block ``block`` retains under ``strategy`` between blocks running ``previous`` and
+        ``following``; where that combination was not traced, the largest traced with the same next block, else
+        the largest for the strategy (never an understatement)."""
+        exact = self.block_bytes_seen.get((block, previous, strategy, following))
+        if exact is not None:
+            return exact
+        same_next = [v for (j, _p, s, t), v in self.block_bytes_seen.items() if (j, s, t) == (block, strategy, following)]
+        if same_next:
+            return max(same_next)
+        return self.largest(block, strategy)
+
+    def largest(self, block: int, strategy: str) -> int:
+        """The most traced block ``block`` retains under ``strategy``, whatever its neighbours run."""
+        return max(v for (j, _p, s, _t), v in self.block_bytes_seen.items() if j == block and s == strategy)
+
+
+@contextlib.contextmanager
+def _untraced_dispatch() -> Iterator[None]:
+    """Let transformers take the branches of a real eager step on fake tensors.
+
+    transformers' ``is_tracing(tensor)`` counts a fake tensor as tracing (export, compile), and then materialises a
+    causal mask that a real step skips (it passes ``is_causal`` to SDPA instead): the fake step would keep a mask
+    tensor, and on CUDA would lose the flash kernel, that the real one does not. For the trace's duration every
+    ``is_tracing`` transformers imported answers as for a real tensor (the checks without a tensor still apply).
+    """
+    import sys
+
+    try:
+        from transformers.utils import import_utils
+    except ImportError:  # pragma: no cover
+        yield
+        return
+    original = getattr(import_utils, "is_tracing", None)
+    if original is None:
+        yield
+        return
+
+    def is_tracing(tensor: Any = None) -> bool:
+        return original(None)
+
+    patched = [
+        module for name, module in list(sys.modules.items())
+        if name.startswith("transformers") and getattr(module, "is_tracing", None) is original
+    ]
+    for module in patched:
+        module.is_tracing = is_tracing
+    try:
+        yield
+    finally:
+        for module in patched:
+            module.is_tracing = original
+
+
+_GROUPED_MM = getattr(torch.ops.aten, "_grouped_mm", None)
+
+
+class _AssumedChecks(TorchDispatchMode):
+    """What fake tensors cannot answer by themselves, answered as a real CPU step would.
+
+    * Boolean checks transformers reads from tensor values (``if (mask == 0).all():``) answer True: every such
+      check in a training forward asks whether the batch is the plain case (no packed sequences, no padding),
+      which is the batch traced. Any other value read raises as before.
+    * ``_grouped_mm`` (mixture-of-experts layers) on a dtype other than bf16: the CPU kernel takes it, the shape
+      function refuses it (it checks the CUDA kernel's dtype); the shapes are computed in bf16 and the output
+      given the input's dtype.
+    """
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        if func is torch.ops.aten._local_scalar_dense.default and args and args[0].dtype is torch.bool:
+            return True
+        if _GROUPED_MM is not None and func in (_GROUPED_MM.default,) and args[0].dtype is not torch.bfloat16:
+            dtype = args[0].dtype
+            converted = [a.to(torch.bfloat16) if i < 2 else a for i, a in enumerate(args)]
+            return func(*converted, **kwargs).to(dtype)
+        return func(*args, **kwargs)
+
+
+def fake_mode() -> Any:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    return FakeTensorMode()
+
+
+def to_fake(model: nn.Module, mode: Any, device: str = "cpu") -> nn.Module:
+    """Replace the (meta) parameters and buffers of ``model`` by fake tensors on ``device``, ties kept."""
+    made: dict[int, torch.Tensor] = {}
+    with mode:
+        for module in model.modules():
+            for name, parameter in list(module._parameters.items()):
+                if parameter is None:
+                    continue
+                if id(parameter) not in made:
+                    data = torch.empty(parameter.shape, dtype=parameter.dtype, device=device)
+                    made[id(parameter)] = nn.Parameter(data, requires_grad=parameter.requires_grad)
+                module._parameters[name] = made[id(parameter)]
+            for name, buffer in list(module._buffers.items()):
+                if buffer is None:
+                    continue
+                if id(buffer) not in made:
+                    made[id(buffer)] = torch.zeros(buffer.shape, dtype=buffer.dtype, device=device)
+                module._buffers[name] = made[id(buffer)]
+    return model
+
+
+def _loss(output: Any) -> torch.Tensor:
+    from ..measure.step import loss_of
+
+    return loss_of(output, None, caller="estimate: ")
+
+
+def _apply(model: nn.Module, strategies: tuple[str, ...]) -> None:
+    """Set one strategy per block (a :class:`~hf_ckpt.CheckpointPlan`), or remove checkpointing for all-none."""
+    remove(model)
+    if any(s != "none" for s in strategies):
+        apply_config(model, CheckpointConfig.from_arguments({}, dict_name="checkpoint_kwargs",
+                                                            plan=CheckpointPlan(strategies)))
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield
+
+
+def _memory_step(model: nn.Module, blocks: list[Block], inputs: Mapping[str, Any], mode: Any, device: str):
+    """(base bytes, bytes per block, transient peak) of one fake step, labelled by block."""
+    from ..measure.memory import StorageTracker
+
+    current: list[int | None] = [None]
+    handles = []
+    for block in blocks:
+        handles.append(block.module.register_forward_pre_hook(lambda m, a, i=block.index: current.__setitem__(0, i)))
+        handles.append(block.module.register_forward_hook(lambda m, a, o: current.__setitem__(0, None)))
+    try:
+        with mode, _AssumedChecks(), attention_for(device), StorageTracker(label=lambda: current[0]) as tracker:
+            loss = _loss(model(**inputs))
+            by_block = tracker.live_bytes_by_label("meta")
+            retained = sum(by_block.values())
+            tracker.reset_peak()
+            loss.backward()
+            peak = tracker.peak_bytes().get("meta", 0)
+            del loss
+    finally:
+        for handle in handles:
+            handle.remove()
+    return by_block.get(None, 0), tuple(by_block.get(block.index, 0) for block in blocks), max(0, peak - retained)
+
+
+def _flops_step(
+    model: nn.Module, inputs: Mapping[str, Any], mode: Any, used: set[str] | None = None
+) -> tuple[int, dict[str, int]]:
+    """Whole-step FLOPs and FLOPs per module name, of one fake step; ``used`` collects the names of the
+    parameters that received a gradient."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from ..measure.flops import _missing_formulas
+
+    handles = []
+    if used is not None:
+        for name, parameter in model.named_parameters():
+            if parameter.requires_grad:
+                handles.append(parameter.register_post_accumulate_grad_hook(lambda p, n=name: used.add(n)))
+    counter = FlopCounterMode(display=False, custom_mapping=_missing_formulas())
+    try:
+        with mode, _AssumedChecks(), counter:
+            _loss(model(**inputs)).backward()
+    finally:
+        for handle in handles:
+            handle.remove()
+    per_module = {name: sum(counts.values()) for name, counts in counter.get_flop_counts().items()}
+    return int(counter.get_total_flops()), per_module
+
+
+def _preallocate_grads(model: nn.Module, mode: Any) -> None:
+    """Gradients exist before the step (counted apart, as persistent state), so the tracker does not count them."""
+    with mode:
+        for parameter in model.parameters():
+            if parameter.requires_grad:
+                parameter.grad = torch.zeros_like(parameter)
+
+
+def _captured_inputs(model: nn.Module, blocks: list[Block], inputs: Mapping[str, Any], mode: Any) -> list[tuple]:
+    """The (args, kwargs) each block is called with in a forward of ``model`` (fake tensors, detached with
+    their ``requires_grad``), to run each block on its own."""
+    captured: dict[int, tuple] = {}
+
+    def keep(value: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            return value.detach().requires_grad_(value.requires_grad)
+        if type(value).__name__.endswith("Cache"):  # a KV cache would grow with each run and tie the graphs
+            return None
+        return value
+
+    def hook(index: int):
+        def pre(module: nn.Module, args: tuple, kwargs: dict) -> None:
+            if index not in captured:
+                captured[index] = tree_map(keep, (args, kwargs))
+        return pre
+
+    handles = [block.module.register_forward_pre_hook(hook(block.index), with_kwargs=True) for block in blocks]
+    from ..core import _target_model
+
+    if "use_cache" in inspect.signature(_target_model(model).forward).parameters:
+        inputs = {**inputs, "use_cache": False}  # a cache in the captured kwargs would grow with each block run
+    try:
+        with mode, _AssumedChecks():  # with autograd on: the inputs' requires_grad is what a real step has
+            model(**inputs)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return [captured.get(block.index) for block in blocks]  # None: the block did not run (a vision tower on text)
+
+
+def _block_step_flops(block: Block, call: tuple | None, mode: Any) -> int:
+    """Forward and backward FLOPs of one block run on its own, with a gradient for every output that needs one
+    (as the next block, or the head, gives it in a real step)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from ..measure.flops import _missing_formulas
+
+    if call is None:
+        return 0
+    args, kwargs = call
+    counter = FlopCounterMode(display=False, custom_mapping=_missing_formulas())
+    with mode, _AssumedChecks(), counter:
+        out = block.module(*args, **kwargs)
+        needs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor) and t.requires_grad]
+        if needs:
+            torch.autograd.backward(needs, [torch.ones_like(t) for t in needs])
+    return int(counter.get_total_flops())
+
+
+def _twins(blocks: list[Block]) -> list[list[int]]:
+    """Positions of the traced blocks grouped by block type (same class, parameter shapes, attention type)."""
+    from ._model import block_key
+
+    groups: dict[tuple, list[int]] = {}
+    for position, block in enumerate(blocks):
+        groups.setdefault(block_key(block), []).append(position)
+    return list(groups.values())
+
+
+def _patterns(strategies: tuple[str, ...], count: int, mixed: bool) -> list[tuple[str, ...]]:
+    """Each strategy on every block, then (``mixed``) each ordered pair alternating: every neighbour pair occurs."""
+    patterns = [(s,) * count for s in strategies]
+    for first in strategies:
+        for second in strategies:
+            if mixed and first != second and count > 1:
+                patterns.append(tuple(first if j % 2 == 0 else second for j in range(count)))
+    return patterns
+
+
+def trace(
+    model: nn.Module, blocks: list[Block], inputs: Mapping[str, Any], mode: Any, device: str,
+    strategies: tuple[str, ...] = TRACED,
+    mixed: bool = True,
+) -> Trace:
+    """Trace the fake ``model`` (its blocks ``blocks``) on ``inputs`` under each of ``strategies`` (and, with
+    ``mixed``, their alternations, for plans that mix strategies)."""
+    count = len(blocks)
+    base: dict[str, int] = {}
+    seen: dict[tuple[int, str | None, str, str | None], int] = {}
+    transient: dict[str, int] = {}
+    recompute: dict[str, tuple[int, ...]] = {}
+    unusable: dict[str, str] = {}
+    usable = list(dict.fromkeys(("none", *strategies)))
+    _preallocate_grads(model, mode)
+    with _quiet(), _untraced_dispatch():
+        for pattern in _patterns(tuple(usable), count, mixed):
+            if any(s in unusable for s in pattern):
+                continue
+            _apply(model, pattern)
+            try:
+                outside, per_block, above = _memory_step(model, blocks, inputs, mode, device)
+            except SelectiveRecomputeError as error:
+                unusable[next(s for s in pattern if s != "none")] = str(error)
+                continue
+            if len(set(pattern)) == 1:
+                base[pattern[0]], transient[pattern[0]] = outside, above
+            for j in range(count):
+                previous = pattern[j - 1] if j > 0 else None
+                following = pattern[j + 1] if j + 1 < count else None
+                seen[(j, previous, pattern[j], following)] = per_block[j]
+        remove(model)
+        used: set[str] = set()
+        step_flops, _per_module = _flops_step(model, inputs, mode, used)
+        calls = _captured_inputs(model, blocks, inputs, mode)
+        block_flops = tuple(_block_step_flops(block, call, mode) for block, call in zip(blocks, calls))
+        for strategy in usable:
+            if strategy in unusable:
+                continue
+            if strategy == "none":
+                recompute[strategy] = (0,) * count
+                continue
+            per_block = [0] * count
+            for group in _twins(blocks):  # whole-step totals are exact; blocks of one type cost the same
+                plan = tuple(strategy if j in group else "none" for j in range(count))
+                _apply(model, plan)
+                total, _ = _flops_step(model, inputs, mode)
+                share, remainder = divmod(max(0, total - step_flops), len(group))
+                for position, j in enumerate(group):
+                    per_block[j] = share + (1 if position < remainder else 0)
+            recompute[strategy] = tuple(per_block)
+        remove(model)
+    for parameter in model.parameters():
+        parameter.grad = None
+    return Trace(base, seen, transient, step_flops, block_flops, recompute, unusable, frozenset(used))

@@ -1,0 +1,83 @@
+"""hf-ckpt estimate: the table, --device-memory with the plan that fits, --json keys, one-line argument errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import transformers
+
+from hf_ckpt import CheckpointPlan, cli
+
+
+@pytest.fixture(scope="module")
+def config_path(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tiny")
+    transformers.LlamaConfig(hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2,
+                             num_hidden_layers=6, vocab_size=128, max_position_embeddings=64).save_pretrained(folder)
+    return str(folder / "config.json")
+
+
+def test_table_json_and_the_plan_that_fits(config_path, tmp_path, capsys):
+    out_json, plan_json = tmp_path / "est.json", tmp_path / "plan.json"
+    fast = ["--strategies", "none,full"]
+    code = cli.main(["estimate", config_path, "--batch", "2", "--seq", "16", "--dtype", "float32", "--device", "cpu",
+                     "--json", str(out_json), *fast])
+    assert code == 0
+    data = json.loads(out_json.read_text())
+    # a device that holds the fixed states and half the activations: "none" does not fit, "full" does
+    device_memory = data["parameters_bytes"] + data["gradients_bytes"] + data["optimizer_bytes"] + max(
+        data["transient_bytes"].values()) + (data["activation_bytes"]["none"] + data["activation_bytes"]["full"]) // 2
+    capsys.readouterr()
+    code = cli.main(["estimate", config_path, "--batch", "2", "--seq", "16", "--dtype", "float32", "--device", "cpu",
+                     "--device-memory", f"{device_memory}B", "--json", str(out_json), "--plan-json", str(plan_json),
+                     *fast])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "strategy" in out and "FLOPs ratio" in out and "cheapest plan that fits:" in out
+    data = json.loads(out_json.read_text())
+    for key in ("parameters_bytes", "gradients_bytes", "optimizer_bytes", "activation_bytes", "peak_bytes",
+                "flops_ratio"):
+        assert key in data
+    assert {"none", "full"} <= set(data["activation_bytes"])
+    assert data["fits"]["none"] is False and data["fits"]["full"] is True
+    plan = CheckpointPlan.load(plan_json)
+    assert plan.num_blocks == 6 and set(plan.strategies) - {"none"}
+    assert plan.predicted_bytes <= plan.budget_bytes
+
+
+def test_nothing_fits_is_exit_status_1(config_path, capsys):
+    code = cli.main(["estimate", config_path, "--batch", "1", "--seq", "8", "--device-memory", "1KiB",
+                     "--strategies", "none,full"])
+    assert code == 1
+    assert "no plan fits a budget of" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--batch", "0"], "batch_size must be a positive int; got 0"),
+        (["--dtype", "float8"], "dtype must be one of float32, bfloat16, float16"),
+        (["--device", "tpu"], "device must be one of cuda, cpu; got 'tpu'"),
+        (["--optimizer", "lion"], "optimizer must be one of adamw, adam, sgd_momentum, sgd; got 'lion'"),
+        (["--device-memory", "80"], "--device-memory: expected a size with a unit"),
+        (["--json", "/no/such/dir/x.json"], "--json: the folder of '/no/such/dir/x.json' does not exist"),
+        (["--plan-json", "plan.json"], "--plan-json needs --device-memory"),
+        (["--lora-r", "0"], "--lora-r must be a positive int; got 0"),
+    ],
+)
+def test_argument_errors_are_one_line_with_exit_status_2(config_path, argv, message, capsys):
+    base = {"--batch": "1", "--seq": "8"}
+    for option, value in zip(argv[::2], argv[1::2]):
+        base[option] = value
+    flat = [item for pair in base.items() for item in pair]
+    code = cli.main(["estimate", config_path, *flat])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.startswith("hf-ckpt estimate: error: ") and message in err and err.count("\n") == 1
+
+
+def test_missing_config_is_named(capsys):
+    code = cli.main(["estimate", "/no/such/config.json", "--batch", "1", "--seq", "8"])
+    assert code == 2
+    assert "model_or_config: no config.json at '/no/such/config.json'" in capsys.readouterr().err
