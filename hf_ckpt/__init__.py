@@ -29,7 +29,7 @@ _EXPORTS = {
     "verify": ".verification",
     "BlockStrategy": ".block_strategy",
 }
-_SUBMODULES = ("measure", "distributed")
+_SUBMODULES = ("measure", "distributed", "estimate")
 
 __all__ = sorted(_EXPORTS) + ["__version__"]
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable
 
-import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 

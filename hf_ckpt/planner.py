@@ -25,8 +25,6 @@ The model is left as it was found: its checkpointing setting, training mode, gra
 from __future__ import annotations
 
 import contextlib
-import math
-from dataclasses import dataclass
 from typing import Any, Iterator, Mapping, Sequence
 
 import torch
@@ -37,44 +35,18 @@ from ._state import suspended
 from ._target import target_model
 from ._units import format_bytes as _mib
 from ._units import parse_budget
-from .block_strategy import ALL_STRATEGIES, BlockStrategy
+from ._solver import BlockProfile, solve
+from .block_strategy import ALL_STRATEGIES
 from .blocks import Block, find_blocks
 from .config import CheckpointConfig
 from .core import apply_config, remove
+from .estimate import plan_for
 from .measure.step import LossFn, loss_of, model_device
 from .plans import CheckpointPlan, model_signature
 from .selective import SelectiveRecomputeError
-_QUANTA = 4096
 #: How many times the planner measures a candidate plan and tightens its target before giving up.
 _VERIFY_ROUNDS = 4
 
-
-@dataclass(frozen=True)
-class BlockProfile:
-    """What each block retains and recomputes under each strategy, measured on one batch.
-
-    Attributes:
-        base_bytes: Bytes retained at the end of forward by storages created outside the blocks.
-        retained: ``retained[strategy][i]``: bytes block ``i`` retains at the end of forward.
-        recompute_flops: ``recompute_flops[strategy][i]``: FLOPs block ``i`` spends recomputing in backward.
-        unusable: Strategies that could not run on this model, with the reason.
-    """
-
-    base_bytes: int
-    retained: dict[str, tuple[int, ...]]
-    recompute_flops: dict[str, tuple[int, ...]]
-    unusable: dict[str, str]
-
-    @property
-    def baseline_bytes(self) -> int:
-        """Bytes retained without any checkpointing."""
-        return self.base_bytes + sum(self.retained["none"])
-
-    def predicted_bytes(self, strategies: Sequence[str]) -> int:
-        return self.base_bytes + sum(self.retained[s][i] for i, s in enumerate(strategies))
-
-    def predicted_recompute_flops(self, strategies: Sequence[str]) -> int:
-        return sum(self.recompute_flops[s][i] for i, s in enumerate(strategies))
 
 
 def _loss_of(output: Any, loss_fn: LossFn | None) -> torch.Tensor:
@@ -220,63 +192,25 @@ def _budget_bytes(budget: float | int, baseline: int) -> int:
     return int(budget * baseline) if isinstance(budget, float) else budget
 
 
-def solve(profile: BlockProfile, budget_bytes: int) -> tuple[str, ...]:
-    """The per-block strategies that keep the predicted bytes within ``budget_bytes`` at the least recompute."""
-    options = [s for s in ALL_STRATEGIES if s in profile.retained]
-    num_blocks = len(profile.retained["none"])
-    required = profile.baseline_bytes - budget_bytes
-    if required <= 0:
-        return ("none",) * num_blocks
-    smallest = profile.base_bytes + sum(min(profile.retained[s][i] for s in options) for i in range(num_blocks))
-    if smallest > budget_bytes:
-        raise ValueError(
-            f"no plan fits a budget of {_mib(budget_bytes)} "
-            f"({100 * budget_bytes / profile.baseline_bytes:.1f}% of the {_mib(profile.baseline_bytes)} retained "
-            f"without checkpointing): the smallest activation memory reachable with {', '.join(options)} is "
-            f"{_mib(smallest)} ({100 * smallest / profile.baseline_bytes:.1f}%)"
-        )
-    unit = max(1, math.ceil(required / _QUANTA))
-    target = math.ceil(required / unit)
-    infinity = (math.inf, math.inf)
-    best: list[tuple[float, float]] = [(0, 0)] + [infinity] * target
-    choices: list[list[str | None]] = [[]]
-    history = []
-    for i in range(num_blocks):
-        step = [infinity] * (target + 1)
-        picked: list[tuple[int, str] | None] = [None] * (target + 1)
-        for k, (flops, count) in enumerate(best):
-            if flops == math.inf:
-                continue
-            for strategy in options:
-                saved = (profile.retained["none"][i] - profile.retained[strategy][i]) // unit
-                reach = min(target, k + max(0, saved))
-                cost = (flops + profile.recompute_flops[strategy][i], count + (strategy != "none"))
-                if cost < step[reach]:
-                    step[reach] = cost
-                    picked[reach] = (k, strategy)
-        best = step
-        history.append(picked)
-    if best[target] == infinity:  # quantisation lost the last few bytes: fall back to the strongest plan
-        return tuple(min(options, key=lambda s: profile.retained[s][i]) for i in range(num_blocks))
-    strategies: list[str] = []
-    k = target
-    for picked in reversed(history):
-        k, strategy = picked[k]
-        strategies.append(strategy)
-    return tuple(reversed(strategies))
-
 
 def plan(
-    model: nn.Module,
-    sample_inputs: Mapping[str, Any],
-    budget: int | float,
+    model: Any,
+    sample_inputs: Mapping[str, Any] | None = None,
+    budget: int | float | str | None = None,
     *,
+    batch_size: int | None = None,
+    seq_len: int | None = None,
     strategies: Sequence[str] = ("none", "selective", "full"),
     policy: Any = None,
     loss_fn: LossFn | None = None,
     **checkpoint_kwargs: Any,
 ) -> CheckpointPlan:
     """Make the plan that fits ``budget`` at the least recompute.
+
+    Two ways: with ``sample_inputs``, by profiling real steps of ``model`` on this machine; or, with
+    ``batch_size`` and ``seq_len`` instead, from shapes alone (:func:`hf_ckpt.estimate.plan_for`: fake tensors,
+    no allocation), so that ``model`` may be a config, a ``config.json`` path or a meta-device model that does not
+    fit here. ``checkpoint_kwargs`` then go to the estimate (``dtype``, ``device``, ``optimizer``, ``peft_config``).
 
     Args:
         model: A ``PreTrainedModel`` (or PEFT model) on the device it will train on. It is left as found.
@@ -300,6 +234,12 @@ def plan(
         ValueError: ``budget`` is out of range; no parameter requires grad; no assignment of the allowed
             strategies fits the budget (the message gives the smallest activation memory that can be reached).
     """
+    if budget is None:
+        raise TypeError("plan() needs a budget: bytes (int or '40GiB'), or a fraction (0.5 or '50%')")
+    if sample_inputs is None and (batch_size is not None or seq_len is not None):
+        return plan_for(model, batch_size=batch_size, seq_len=seq_len, budget=budget, **checkpoint_kwargs)
+    if batch_size is not None or seq_len is not None:
+        raise ValueError("give either sample_inputs (profile real steps) or batch_size and seq_len (estimate), not both")
     budget = parse_budget(budget)
     _check_sample_inputs(sample_inputs)
     bad = [s for s in strategies if s not in ALL_STRATEGIES]

@@ -1,6 +1,5 @@
 """Remote-code models with the legacy ``_set_gradient_checkpointing(module, value)`` signature."""
 
-import re
 import warnings
 
 import pytest

@@ -1,23 +1,56 @@
 """``hf_ckpt.estimate``: will it fit? Training memory and recompute cost from a config, without allocating.
 
-* :func:`estimate` -> :class:`MemoryEstimate`: parameter, gradient and optimizer-state bytes, activation bytes
-  retained per checkpointing strategy, the predicted step peak and recompute FLOPs, for a config, a
-  ``config.json`` or a model on the meta device. It traces one block per block type on fake tensors and scales.
+* ``hf_ckpt.estimate(...)`` (the same as :func:`estimate`) -> :class:`MemoryEstimate`: parameter, gradient and
+  optimizer-state bytes, activation bytes retained per checkpointing strategy, the predicted step peak and
+  recompute FLOPs, for a config, a ``config.json`` or a model on the meta device. It traces one block per block
+  type on fake tensors and scales.
 * :func:`plan_for` -> :class:`~hf_ckpt.CheckpointPlan`: the cheapest per-block plan within a budget, solved by
   :func:`hf_ckpt.planner.solve` on the estimate's per-block profile (no sample batch, no real step).
+  ``hf_ckpt.plan(config, batch_size=..., seq_len=..., budget=...)`` calls it.
 * ``hf-ckpt estimate CONFIG --batch B --seq S`` (:mod:`hf_ckpt.estimate.command`) prints the table.
+
+The package is callable, so ``hf_ckpt.estimate(config, batch_size=1, seq_len=8192)`` works while
+``hf_ckpt.estimate.plan_for`` stays reachable; names load on first use (the command must not import torch for
+``--help``).
 """
 
-from ._estimate import DEFAULT_STRATEGIES, estimate
-from ._plan import plan_for, plan_from_estimate, profile_of, write_plan
-from ._result import MemoryEstimate
+from __future__ import annotations
 
-__all__ = [
-    "DEFAULT_STRATEGIES",
-    "MemoryEstimate",
-    "estimate",
-    "plan_for",
-    "plan_from_estimate",
-    "profile_of",
-    "write_plan",
-]
+import sys
+import types
+from importlib import import_module
+from typing import Any
+
+_EXPORTS = {
+    "DEFAULT_STRATEGIES": "._estimate",
+    "estimate": "._estimate",
+    "MemoryEstimate": "._result",
+    "plan_for": "._plan",
+    "plan_from_estimate": "._plan",
+    "profile_of": "._plan",
+    "write_plan": "._plan",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(_EXPORTS[name], __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
+class _CallableModule(types.ModuleType):
+    """``hf_ckpt.estimate(...)`` calls :func:`estimate`; attribute access is the package's."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.estimate(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule

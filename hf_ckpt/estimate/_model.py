@@ -188,6 +188,6 @@ def map_blocks(full: list[Block], traced: list[Block]) -> BlockMap:
 
 
 def blocks_of(model: nn.Module) -> list[Block]:
-    from ..core import _target_model
+    from .._target import target_model
 
-    return find_blocks(_target_model(model))
+    return find_blocks(target_model(model))

@@ -6,7 +6,7 @@ import os
 from typing import Any
 
 from .._units import format_bytes, parse_budget
-from ..planner import BlockProfile, solve
+from .._solver import BlockProfile, solve
 from ..plans import CheckpointPlan
 from ._result import MemoryEstimate
 

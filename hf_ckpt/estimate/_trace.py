@@ -232,14 +232,14 @@ def _flops_step(
     parameters that received a gradient."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    from ..measure.flops import _missing_formulas
+    from ..measure.flops import missing_formulas
 
     handles = []
     if used is not None:
         for name, parameter in model.named_parameters():
             if parameter.requires_grad:
                 handles.append(parameter.register_post_accumulate_grad_hook(lambda p, n=name: used.add(n)))
-    counter = FlopCounterMode(display=False, custom_mapping=_missing_formulas())
+    counter = FlopCounterMode(display=False, custom_mapping=missing_formulas())
     try:
         with mode, _AssumedChecks(), counter:
             _loss(model(**inputs)).backward()
@@ -277,9 +277,9 @@ def _captured_inputs(model: nn.Module, blocks: list[Block], inputs: Mapping[str,
         return pre
 
     handles = [block.module.register_forward_pre_hook(hook(block.index), with_kwargs=True) for block in blocks]
-    from ..core import _target_model
+    from .._target import target_model
 
-    if "use_cache" in inspect.signature(_target_model(model).forward).parameters:
+    if "use_cache" in inspect.signature(target_model(model).forward).parameters:
         inputs = {**inputs, "use_cache": False}  # a cache in the captured kwargs would grow with each block run
     try:
         with mode, _AssumedChecks():  # with autograd on: the inputs' requires_grad is what a real step has
@@ -295,12 +295,12 @@ def _block_step_flops(block: Block, call: tuple | None, mode: Any) -> int:
     (as the next block, or the head, gives it in a real step)."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    from ..measure.flops import _missing_formulas
+    from ..measure.flops import missing_formulas
 
     if call is None:
         return 0
     args, kwargs = call
-    counter = FlopCounterMode(display=False, custom_mapping=_missing_formulas())
+    counter = FlopCounterMode(display=False, custom_mapping=missing_formulas())
     with mode, _AssumedChecks(), counter:
         out = block.module(*args, **kwargs)
         needs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor) and t.requires_grad]

@@ -15,7 +15,7 @@ import argparse
 import json
 import os
 
-from ..cli import CommandError
+from ..cli.errors import CommandError
 
 NAME = "estimate"
 HELP = "will it fit? predicted training memory and recompute cost per checkpointing strategy, from a config"

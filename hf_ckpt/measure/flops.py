@@ -39,7 +39,7 @@ def _cpu_attention_backward(
     return flop_counter.sdpa_backward_flop_count(grad_out, query, key, value)
 
 
-def _missing_formulas() -> dict[Any, Any]:
+def missing_formulas() -> dict[Any, Any]:
     """Formulas for ops that run on this machine and that ``FlopCounterMode`` does not count by itself."""
     if not hasattr(flop_counter, "sdpa_flop_count") or not hasattr(flop_counter, "sdpa_backward_flop_count"):
         return {}
@@ -71,7 +71,7 @@ def count_flops() -> Iterator[FlopCount]:
         # FlopCounterMode's module tracker warns when backward re-enters a module (as the recompute does);
         # the per-module breakdown is not used here, the total is exact.
         warnings.simplefilter("ignore", UserWarning)
-        counter = FlopCounterMode(display=False, custom_mapping=_missing_formulas())
+        counter = FlopCounterMode(display=False, custom_mapping=missing_formulas())
         with counter:
             yield result
     result.total = int(counter.get_total_flops())
