@@ -76,3 +76,22 @@ def test_bench_with_selective_and_plans_reports_their_checks():
     by_name = {check.name: check for check in checks(report)}
     assert by_name["plan:0.5: retained <= budget"].passed
     assert by_name["plan:0.5: predicted bytes within 10% of measured"].passed
+
+
+def test_plan_from_a_config_needs_no_model_here(tmp_path, capsys, monkeypatch):
+    """``--config``: a plan for a model that does not fit this machine, from shapes alone (no model is built)."""
+    import hf_ckpt.measure.workload
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("no workload may be built for --config")
+
+    monkeypatch.setattr(hf_ckpt.measure.workload, "build_workload", forbidden)
+    config = Path(__file__).parent / "data" / "configs" / "llama-3.1-8b.json"
+    path = tmp_path / "plan.json"
+    args = ["plan", "--config", str(config), "--batch", "1", "--seq", "1024", "--dtype", "bfloat16"]
+    assert main([*args, "--budget", "2GiB", "--json", str(path)]) == 0
+    plan = CheckpointPlan.load(path)
+    assert plan.num_blocks == 32 and plan.predicted_bytes <= plan.budget_bytes == 2 * 2**30
+    assert "(estimated)" in capsys.readouterr().out
+    assert main([*args, "--budget", "2GiB", "--model", "llama"]) == 2
+    assert "not both" in capsys.readouterr().err

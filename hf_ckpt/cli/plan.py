@@ -69,13 +69,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"per-block strategies the plan may use, comma-separated (default {','.join(PLAN_STRATEGIES)})",
     )
     parser.add_argument("--json", metavar="PATH", type=output_file, help="also write the plan as JSON to PATH")
+    parser.add_argument(
+        "--config",
+        metavar="CONFIG",
+        type=config_path,
+        help="plan from shapes alone for this config.json (or a folder holding one), with --batch and --seq: "
+        "nothing is allocated, so the model need not fit this machine (see hf-ckpt estimate); --device "
+        "defaults to cuda then",
+    )
     add_workload_arguments(parser)
+
+
+def config_path(text: str) -> str:
+    """``--config``: an existing config.json, or a folder holding one."""
+    import os
+
+    path = os.path.join(text, "config.json") if os.path.isdir(text) else text
+    if not os.path.isfile(path):
+        raise argparse.ArgumentTypeError(f"no config.json at {text!r}")
+    return path
 
 
 def run(args: argparse.Namespace) -> int:
     """Run ``hf-ckpt plan``; returns the exit status."""
     from ..planner import plan
 
+    if args.config is not None:
+        return _run_from_config(args)
     work = build_workload_from(args)
     try:
         made = plan(work.model, work.batch, args.budget, strategies=args.strategies, loss_fn=work.loss_fn)
@@ -86,6 +106,26 @@ def run(args: argparse.Namespace) -> int:
         f"model: {info['class']} ({info['source']}), {info['layers']} layers, hidden {info['hidden']}; "
         f"batch {info['batch']} x seq {info['seq']}, {info['dtype']} on {info['device']}"
     )
+    print(made)
+    if args.json is not None:
+        made.save(args.json)
+        print(f"plan written to {args.json}")
+    return 0
+
+
+def _run_from_config(args: argparse.Namespace) -> int:
+    """``--config``: the plan from the estimate of ``args.config`` at ``--batch`` x ``--seq``."""
+    from ..planner import plan
+
+    if args.model is not None:
+        raise CommandError("give --model (profile a real step) or --config (plan from shapes), not both")
+    device = "cuda" if args.device is None else str(args.device).split(":")[0]
+    try:
+        made = plan(args.config, batch_size=args.batch, seq_len=args.seq, budget=args.budget,
+                    dtype=args.dtype, device=device)
+    except ValueError as error:
+        raise CommandError(str(error), exit_code=1) from None
+    print(f"config: {args.config}; batch {args.batch} x seq {args.seq}, {args.dtype} on {device} (estimated)")
     print(made)
     if args.json is not None:
         made.save(args.json)
