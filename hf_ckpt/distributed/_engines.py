@@ -60,11 +60,18 @@ def _engine_wrapper_classes() -> tuple[type, ...]:
 
 
 def unwrap_engine(model: nn.Module) -> nn.Module:
-    """The module inside DDP / FSDP1 root wrappers (``model`` itself when it is not wrapped)."""
+    """The module inside DDP / FSDP1 root wrappers and client wrappers (a ``DeepSpeedEngine``, a
+    ``SentenceTransformer``: :func:`hf_ckpt.integrations.unwrap`); ``model`` itself when it is not wrapped."""
+    from ..integrations import unwrap as unwrap_client
+
     classes = _engine_wrapper_classes()
-    while classes and isinstance(model, classes) and isinstance(getattr(model, "module", None), nn.Module):
-        model = model.module
-    return model
+    while True:
+        inner = unwrap_client(model)
+        if inner is None and classes and isinstance(model, classes) and isinstance(getattr(model, "module", None), nn.Module):
+            inner = model.module
+        if inner is None:
+            return model
+        model = inner
 
 
 def innermost(module: nn.Module) -> nn.Module:
