@@ -24,6 +24,12 @@ def _enable(model: Any, kwargs_dict: dict[str, Any] | None, dict_name: str, **op
     apply_config(model, config)
 
 
+def _overridden(model: Any, name: str) -> bool:
+    """Whether ``model.<name>`` is not hf_ckpt's method: a subclass override or a wrapper set on the instance (TRL's
+    selective-checkpointing wrapper). Upstream's ``_is_overridden`` test (transformers >= 5.23), against the mixin."""
+    return getattr(getattr(model, name), "__func__", None) is not GradientCheckpointingMixin.__dict__[name]
+
+
 def _deprecated(old: str, new: str) -> None:
     warnings.warn(f"`{old}` is deprecated and will be removed in v6. Use `{new}` instead.", FutureWarning, stacklevel=3)
 
@@ -58,6 +64,16 @@ class GradientCheckpointingMixin:
         """
         if has_activation_checkpointing_names():
             _deprecated("gradient_checkpointing_enable", "activation_checkpointing_enable")
+            if not _overridden(self, "gradient_checkpointing_enable") and _overridden(
+                self, "activation_checkpointing_enable"
+            ):
+                # As upstream: not reached from an override of this name, so an override of the new name runs.
+                given = {"every_n_layers": every_n_layers, "offload": offload, **options}
+                self.activation_checkpointing_enable(
+                    activation_checkpointing_kwargs=gradient_checkpointing_kwargs,
+                    **{name: value for name, value in given.items() if value is not None},
+                )
+                return
         _enable(
             self, gradient_checkpointing_kwargs, "gradient_checkpointing_kwargs",
             every_n_layers=every_n_layers, offload=offload, **options,
@@ -67,6 +83,11 @@ class GradientCheckpointingMixin:
         """Disable activation checkpointing and undo everything the enable call added."""
         if has_activation_checkpointing_names():
             _deprecated("gradient_checkpointing_disable", "activation_checkpointing_disable")
+            if not _overridden(self, "gradient_checkpointing_disable") and _overridden(
+                self, "activation_checkpointing_disable"
+            ):
+                self.activation_checkpointing_disable()
+                return
         remove(self)
 
     if has_activation_checkpointing_names():
@@ -88,6 +109,15 @@ class GradientCheckpointingMixin:
                 offload: Keep the inputs saved for the recompute in pinned host memory; default False.
                 **options: hf_ckpt's other options, as keywords (``layers=[0, 3]``, ``strategy="selective"``, ...).
             """
+            if _overridden(self, "gradient_checkpointing_enable"):
+                # As upstream: an override or instance wrapper of the old name stays the entry point (TRL adds its
+                # {"selective": True} there); it reaches the implementation through the mixin's old name.
+                given = {"every_n_layers": every_n_layers, "offload": offload, **options}
+                self.gradient_checkpointing_enable(
+                    gradient_checkpointing_kwargs=activation_checkpointing_kwargs,
+                    **{name: value for name, value in given.items() if value is not None},
+                )
+                return
             _enable(
                 self, activation_checkpointing_kwargs, "activation_checkpointing_kwargs",
                 every_n_layers=every_n_layers, offload=offload, **options,
@@ -95,4 +125,7 @@ class GradientCheckpointingMixin:
 
         def activation_checkpointing_disable(self) -> None:
             """Disable activation checkpointing and undo everything the enable call added."""
+            if _overridden(self, "gradient_checkpointing_disable"):
+                self.gradient_checkpointing_disable()  # as upstream: the override stays the entry point
+                return
             remove(self)
