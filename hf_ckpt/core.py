@@ -261,9 +261,12 @@ def apply_config(model: nn.Module, config: CheckpointConfig) -> nn.Module:
     saved = _snapshot(target)
     offload_to = _offload_device(target, config)
     offloader = None if offload_to is None else OverlappedOffload(offload_to.type, pin_memory=offload_to.type != "cpu")
-    checkpoint_function = build_checkpoint_function(dict(config.checkpoint_kwargs), offloader=offloader)
+    checkpoint_function = build_checkpoint_function(
+        dict(config.checkpoint_kwargs), offloader=offloader, checkpoint_fn=config.checkpoint_fn
+    )
     functions = build_block_functions(
-        strategies, dict(config.checkpoint_kwargs), offloader=offloader, policy=config.policy
+        strategies, dict(config.checkpoint_kwargs), offloader=offloader, policy=config.policy,
+        checkpoint_fn=config.checkpoint_fn,
     )
     _run_model_logic(target, True, checkpoint_function, config)
 
@@ -277,7 +280,7 @@ def apply_config(model: nn.Module, config: CheckpointConfig) -> nn.Module:
     state = _EnabledState(config=config, selected=selected, saved_attributes=saved)
     state.uncontrolled, state.inert = _warn_uncontrolled(target, blocks, config)
 
-    if config.use_reentrant or target is not model or has_peft_adapters(target):
+    if config.use_reentrant or config.checkpoint_fn is not None or target is not model or has_peft_adapters(target):
         handle = _hooks.add_input_grads_hook(target)
         if handle is not None:
             state.hooks.append(handle)
@@ -323,6 +326,7 @@ def enable(
     budget: float | int | None = None,
     sample_inputs: Mapping[str, Any] | None = None,
     offload: bool = False,
+    checkpoint_fn: Any = None,
     **checkpoint_kwargs: Any,
 ) -> nn.Module:
     """Enable activation checkpointing on a loaded model, without subclassing it.
@@ -350,6 +354,12 @@ def enable(
         sample_inputs: A representative batch for ``budget``'s profiling step.
         offload: Keep the inputs saved for the recompute in pinned host memory. Without an accelerator there is
             nothing to offload: plain checkpointing runs and one warning says so.
+        checkpoint_fn: Checkpoint the selected blocks with this function instead of
+            ``torch.utils.checkpoint.checkpoint``: any function with its calling convention,
+            ``checkpoint_fn(function, *args, **kwargs)``, e.g. ``deepspeed.checkpointing.checkpoint``. It gets the
+            checkpoint keyword arguments its signature names, and refuses the others, ``offload``,
+            ``strategy="selective"`` and ``context_fn`` with an error at the call. Input grads are turned on (as
+            for reentrant checkpointing), so weights inside a block get gradients whatever the function does.
         **checkpoint_kwargs: Passed to ``torch.utils.checkpoint.checkpoint`` (``use_reentrant``,
             ``preserve_rng_state``, ``context_fn``, ``determinism_check``, ``debug``, ...). ``use_reentrant``
             defaults to ``False`` and is always passed explicitly.
@@ -387,6 +397,7 @@ def enable(
         policy=policy,
         plan=plan,
         offload=offload,
+        checkpoint_fn=checkpoint_fn,
     )
     return apply_config(model, config)
 
