@@ -277,6 +277,9 @@ def apply_config(model: nn.Module, config: CheckpointConfig) -> nn.Module:
             f"{type(target).__name__} is not compatible with activation checkpointing: none of its modules has a "
             "`gradient_checkpointing` attribute."
         )
+    from .integrations.deepspeed import warn_ignored_config
+
+    warn_ignored_config(model, config.checkpoint_fn, owner=target)  # a DeepSpeed "activation_checkpointing" block
     state = _EnabledState(config=config, selected=selected, saved_attributes=saved)
     state.uncontrolled, state.inert = _warn_uncontrolled(target, blocks, config)
 
