@@ -125,7 +125,10 @@ def test_dpo_every_n_layers(patched, tmp_path):
         output_dir=str(tmp_path), gradient_checkpointing=True, gradient_checkpointing_kwargs={"every_n_layers": 2},
         max_length=24, **COMMON,
     )
-    trainer = trl.DPOTrainer(model=model, args=config, train_dataset=_preference_dataset(), processing_class=tokenizer)
+    reference, _ = _model()  # given: TRL would load the reference from model.config._name_or_path
+    trainer = trl.DPOTrainer(
+        model=model, ref_model=reference, args=config, train_dataset=_preference_dataset(), processing_class=tokenizer
+    )
     runs = _train_counting(trainer, model)
     # DPO runs the policy forward once per step (chosen and rejected concatenated), the reference model separately.
     assert runs.recomputed() == [0, 2]
