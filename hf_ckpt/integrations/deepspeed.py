@@ -25,8 +25,8 @@ _INSTEAD = {
     "partition_activations": "nothing: it splits the saved inputs across model-parallel (Megatron mpu) ranks, which "
     "a transformers model does not have",
     "contiguous_memory_optimization": "nothing: it only applies together with partition_activations",
-    "cpu_checkpointing": "offload=True (keeps the saved inputs in pinned host memory; DeepSpeed's own "
-    "cpu_checkpointing needs partition_activations and fails on CPU-only hosts)",
+    "cpu_checkpointing": "offload=True (keeps the saved inputs in pinned host memory on a machine with an "
+    "accelerator; DeepSpeed's own cpu_checkpointing only acts together with partition_activations)",
     "number_checkpoints": "nothing: it sizes the contiguous buffer of contiguous_memory_optimization",
     "synchronize_checkpoint_boundary": "nothing: hf_ckpt adds no synchronisation",
     "profile": "hf_ckpt.measure (hf-ckpt bench) to time a step",

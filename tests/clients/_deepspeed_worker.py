@@ -12,7 +12,8 @@ engine, and ``hf_ckpt.verify`` on the engine at stage 2, then ``hf_ckpt.disable`
 (``checkpoint_fn=deepspeed.checkpointing.checkpoint``); ``ds-nonreentrant``
 (``checkpoint_fn=deepspeed.checkpointing.non_reentrant_checkpoint``); ``ds-cpu`` (DeepSpeed's own
 ``checkpoint_in_cpu``); ``config-block`` (the config carries an ``"activation_checkpointing"`` block, checkpointing
-via ``hf_ckpt.enable``). ``OPTION``: ``reuse0`` sets ``stage3_max_reuse_distance`` (and the prefetch bucket) to 0; ``step2`` takes one
+via ``hf_ckpt.enable``); ``trainer`` (the stock ``Trainer``, patched, with ``TrainingArguments(deepspeed=...,
+use_cpu=True)``, a config with that block and ``gradient_checkpointing_kwargs={"every_n_layers": 2}``). ``OPTION``: ``reuse0`` sets ``stage3_max_reuse_distance`` (and the prefetch bucket) to 0; ``step2`` takes one
 optimizer step first and measures the second step; several join with ``+``.
 """
 
@@ -102,12 +103,38 @@ class _AllGatherCounter:
             setattr(self._module, name, original)
 
 
+def run_trainer(stage: int, world_size: int, rank: int, out_dir: str) -> dict:
+    """The stock ``Trainer`` with ``TrainingArguments(deepspeed=config, use_cpu=True)``, patched, one step."""
+    from transformers import Trainer, TrainingArguments
+
+    hf_ckpt.patch_transformers()
+    torch.manual_seed(0)
+    model = tiny_llama()
+    inputs = torch.cat([batch(r) for r in range(world_size)])
+    dataset = [{"input_ids": row, "labels": row} for row in inputs]
+    config = ds_config(stage, world_size, set(), block=True)
+    config["train_micro_batch_size_per_gpu"] = config["train_batch_size"] = "auto"
+    args = TrainingArguments(
+        output_dir=out_dir, deepspeed=config, use_cpu=True, max_steps=1, per_device_train_batch_size=MICRO_BATCH,
+        learning_rate=0.0, report_to=[], save_strategy="no", logging_strategy="no", gradient_checkpointing=True,
+        gradient_checkpointing_kwargs={"every_n_layers": 2}, max_grad_norm=0.0,
+    )
+    trainer = Trainer(model=model, args=args, train_dataset=dataset)
+    with BlockRunCounter(model) as runs:
+        trainer.train()
+    result = {"recomputed": runs.recomputed(), "checkpointed_layers": hf_ckpt.checkpointed_layers(model)}
+    hf_ckpt.unpatch_transformers()
+    return result
+
+
 def run(scenario: str, rank: int, world_size: int) -> dict:
     import deepspeed
     from deepspeed.utils import safe_get_full_grad
 
     parts = scenario.split(":")
     stage, method, options = int(parts[0]), parts[1], set(parts[2].split("+") if len(parts) > 2 else ())
+    if method == "trainer":
+        return run_trainer(stage, world_size, rank, os.environ["HF_CKPT_WORKER_OUT"])
     torch.manual_seed(0)
     model = tiny_llama()
     model.train()
@@ -178,6 +205,7 @@ def run(scenario: str, rank: int, world_size: int) -> dict:
 def main() -> None:
     rank, world_size, init_file, out_dir, scenarios = sys.argv[1:6]
     rank, world_size = int(rank), int(world_size)
+    os.environ["HF_CKPT_WORKER_OUT"] = out_dir
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world_size))
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     torch.set_num_threads(1)

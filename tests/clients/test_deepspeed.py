@@ -27,11 +27,11 @@ SELECTED = [0, 2]  # the worker's every_n_layers=2 on a 4-block Llama
 
 ONE_PROCESS = (
     "2:none", "2:enable-engine", "2:enable-before", "3:none", "3:enable-before", "3:enable-engine",
-    "3:apply-engine", "3:ds-checkpoint", "3:ds-nonreentrant", "3:config-block",
+    "3:apply-engine", "3:ds-checkpoint", "3:ds-nonreentrant", "3:config-block", "3:trainer",
 )
 TWO_PROCESSES = (
     "2:none", "2:enable-before", "3:none", "3:enable-before", "3:ds-checkpoint", "3:ds-cpu", "3:ds-config",
-    "3:none:step2", "3:enable-before:step2", "3:none:reuse0+step2", "3:enable-before:reuse0+step2",
+    "3:none:step2", "3:enable-before:step2", "3:none:reuse0+step2", "3:enable-before:reuse0+step2", "2:trainer",
 )
 
 
@@ -149,3 +149,13 @@ def test_config_block_is_named_in_one_warning(one_process):
     warned = [w for w in result["warnings"] if '"activation_checkpointing" block' in w]
     assert len(warned) == 1
     assert "partition_activations, cpu_checkpointing" in warned[0] and "offload=True" in warned[0]
+
+
+@pytest.mark.parametrize("world_size, scenario", [(1, "3:trainer"), (2, "2:trainer")])
+def test_trainer_with_deepspeed_config(one_process, two_processes, world_size, scenario):
+    """TrainingArguments(deepspeed=config, use_cpu=True), patched: every_n_layers applies, the block is named."""
+    for results in one_process if world_size == 1 else two_processes:
+        result = _ok(results[scenario])
+        assert result["recomputed"] == SELECTED and result["checkpointed_layers"] == SELECTED
+        warned = [w for w in result["warnings"] if '"activation_checkpointing" block' in w]
+        assert len(warned) == 1 and "partition_activations, cpu_checkpointing" in warned[0]
