@@ -9,8 +9,6 @@
 
 from __future__ import annotations
 
-import functools
-
 import pytest
 import torch
 from torch.utils.checkpoint import checkpoint
@@ -24,7 +22,11 @@ def _trainer_entry_point(model):
     return getattr(model, "activation_checkpointing_enable", model.gradient_checkpointing_enable)
 
 
+_CONTEXT_CALLS: list = []
+
+
 def _context_fn():
+    _CONTEXT_CALLS.append(1)  # torch calls it once per checkpointed block, in the forward
     return torch.utils.checkpoint.noop_context_fn()
 
 
@@ -50,12 +52,12 @@ def test_instance_wrapper_is_the_entry_point_and_combines_with_every_n_layers():
     _wrap_like_trl(model, calls)
     _trainer_entry_point(model)({"every_n_layers": 2, "selective": True})
     assert calls == [True]
-    for index, layer in enumerate(model.model.layers):
-        assert layer.gradient_checkpointing is (index in (0, 2))
-        assert layer._gradient_checkpointing_func.keywords["context_fn"] is _context_fn
+    assert hf_ckpt.checkpointed_layers(model) == [0, 2]
     reference = train_step(tiny_llama(), batch_for(model))
+    _CONTEXT_CALLS.clear()
     recomputed, grads = recomputed_in_step(model, batch_for(model))
     assert recomputed == [0, 2]
+    assert len(_CONTEXT_CALLS) == 2  # the wrapper's context_fn ran for blocks 0 and 2
     assert max_grad_diff(reference, grads) == 0.0
 
 
@@ -139,13 +141,19 @@ def test_checkpoint_fn_in_the_kwargs_dict_of_the_patched_method():
 
 
 def test_checkpoint_fn_gets_only_the_keywords_it_names():
+    received: list = []
+
     def checkpoint_fn(function, *args, use_reentrant=None, preserve_rng_state=True, **kwargs):
+        received.append({"use_reentrant": use_reentrant, "preserve_rng_state": preserve_rng_state, **kwargs})
         return checkpoint(function, *args, use_reentrant=use_reentrant, preserve_rng_state=preserve_rng_state, **kwargs)
 
-    model = hf_ckpt.enable(tiny_llama(), checkpoint_fn=checkpoint_fn, preserve_rng_state=False)
-    bound = model.model.layers[0]._gradient_checkpointing_func
-    assert isinstance(bound, functools.partial) and bound.func is checkpoint_fn
-    assert bound.keywords == {"use_reentrant": False, "preserve_rng_state": False}
+    model = hf_ckpt.enable(tiny_llama(), layers=[1], checkpoint_fn=checkpoint_fn, preserve_rng_state=False)
+    train_step(model, batch_for(model))
+    assert len(received) == 1
+    # the checkpoint options it names; the block's own keyword arguments (if any) pass through **kwargs
+    assert {k: received[0][k] for k in ("use_reentrant", "preserve_rng_state")} == {
+        "use_reentrant": False, "preserve_rng_state": False
+    }
 
 
 @pytest.mark.parametrize(
