@@ -96,8 +96,10 @@ def resolve(target: nn.Module, config: CheckpointConfig) -> Binding:
     return Binding(
         config=config,
         blocks=blocks,
-        functions=build_block_functions(strategies, kwargs, offloader=offloader, policy=config.policy),
-        default=build_checkpoint_function(kwargs, offloader=offloader),
+        functions=build_block_functions(
+            strategies, kwargs, offloader=offloader, policy=config.policy, checkpoint_fn=config.checkpoint_fn
+        ),
+        default=build_checkpoint_function(kwargs, offloader=offloader, checkpoint_fn=config.checkpoint_fn),
         legacy=uses_legacy_signature(target),
     )
 

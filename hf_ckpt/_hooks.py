@@ -183,9 +183,11 @@ def add_checkpointing_hooks(
     state: CheckpointState, target: nn.Module, binding: Binding, *, needs_input_grads: bool
 ) -> None:
     """Every hook a checkpointed model needs, recorded in ``state``: input grads where the recompute needs them
-    (reentrant checkpointing, a wrapper such as PEFT or DDP around the model, adapters inside it), ``use_cache``
+    (reentrant checkpointing, a custom ``checkpoint_fn``, a wrapper such as PEFT or DDP around the model, adapters
+    inside it), ``use_cache``
     off in training steps, checkpointing off under ``no_grad``, and the first-step probe."""
-    if needs_input_grads or binding.config.use_reentrant or has_peft_adapters(target):
+    config = binding.config
+    if needs_input_grads or config.use_reentrant or config.checkpoint_fn is not None or has_peft_adapters(target):
         add_input_grads_hooks(state.hooks, target)
     add_use_cache_hooks(state.hooks, target, binding.blocks)
     add_no_grad_hooks(state.hooks, target, binding.blocks)

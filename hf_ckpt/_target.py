@@ -16,6 +16,7 @@ from typing import Callable
 import torch
 from torch import nn
 
+from . import integrations
 from ._compat import peft_model_base
 
 Unwrapper = Callable[[nn.Module], "nn.Module | None"]
@@ -46,6 +47,9 @@ def _torch_engines(model: nn.Module) -> nn.Module | None:
         wrappers.append(fsdp.FullyShardedDataParallel)
     inner = getattr(model, "module", None)
     return inner if isinstance(model, tuple(wrappers)) and isinstance(inner, nn.Module) else None
+
+
+register_unwrapper(integrations.unwrap)  # DeepSpeedEngine, SentenceTransformer (recognised by class, not imported)
 
 
 def unwrap(model: nn.Module) -> nn.Module:

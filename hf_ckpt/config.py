@@ -25,7 +25,9 @@ from .selective import check_policy, selective_supported
 
 #: Keys of a checkpointing kwargs dict that hf_ckpt consumes itself; every other key goes to
 #: ``torch.utils.checkpoint.checkpoint``.
-HF_CKPT_KEYS = ("every_n_layers", "layers", "num_layers", "method", "strategy", "policy", "plan", "offload")
+HF_CKPT_KEYS = (
+    "every_n_layers", "layers", "num_layers", "method", "strategy", "policy", "plan", "offload", "checkpoint_fn"
+)
 
 
 _EVERY_N_ACCEPTS = "a positive int (1 checkpoints every block, 2 every other block, ...)"
@@ -113,6 +115,37 @@ def _check_checkpoint_kwargs(kwargs: Mapping[str, Any], source: str) -> dict[str
     return checked
 
 
+def checkpoint_fn_keywords(checkpoint_fn: Any) -> tuple[str, ...]:
+    """The keyword arguments ``checkpoint_fn`` names in its signature (after the function it checkpoints). A
+    ``**kwargs`` catch-all does not count: ``deepspeed.checkpointing.checkpoint`` passes those on to the block."""
+    import inspect
+
+    try:
+        parameters = list(inspect.signature(checkpoint_fn).parameters.values())
+    except (TypeError, ValueError):
+        return ()
+    named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return tuple(p.name for p in parameters[1:] if p.kind in named)
+
+
+def _check_checkpoint_fn(checkpoint_fn: Any, given: Mapping[str, Any], source: str) -> None:
+    """``checkpoint_fn`` is callable and names every checkpoint keyword argument the user gave."""
+    if not callable(checkpoint_fn):
+        raise TypeError(
+            "checkpoint_fn must be a function with torch.utils.checkpoint.checkpoint's calling convention, "
+            f"checkpoint_fn(function, *args, **kwargs), e.g. deepspeed.checkpointing.checkpoint; got {_type_name(checkpoint_fn)}"
+        )
+    accepted = checkpoint_fn_keywords(checkpoint_fn)
+    refused = [key for key in given if key not in accepted]
+    if refused:
+        name = getattr(checkpoint_fn, "__qualname__", type(checkpoint_fn).__name__)
+        raise TypeError(
+            f"checkpoint_fn={name} does not take {', '.join(repr(k) for k in refused)} (from {source}), so it "
+            f"cannot honour {'it' if len(refused) == 1 else 'them'}; it takes: {', '.join(accepted) or 'no keyword arguments'}. "
+            "Drop them, or leave checkpoint_fn unset to use torch.utils.checkpoint.checkpoint."
+        )
+
+
 def _load_plan(plan: Any) -> Any:
     from .plans import CheckpointPlan
 
@@ -148,6 +181,11 @@ class CheckpointConfig:
             warning.
         checkpoint_kwargs: Passed to ``torch.utils.checkpoint.checkpoint``. ``use_reentrant`` is always present
             and defaults to ``False``.
+        checkpoint_fn: Checkpoint the selected blocks with this function instead of
+            ``torch.utils.checkpoint.checkpoint``: any function with its calling convention,
+            ``checkpoint_fn(function, *args, **kwargs)``, e.g. ``deepspeed.checkpointing.checkpoint``. It gets only
+            the checkpoint keyword arguments its signature names; it cannot be combined with ``offload``,
+            ``strategy="selective"`` (or a plan with selective blocks) or ``context_fn``.
     """
 
     every_n_layers: int = 1
@@ -159,6 +197,7 @@ class CheckpointConfig:
     plan: Any = None
     offload: bool = False
     checkpoint_kwargs: Mapping[str, Any] = field(default_factory=lambda: {"use_reentrant": False})
+    checkpoint_fn: Any = None
 
     def __post_init__(self) -> None:
         _check_every_n_layers(self.every_n_layers)
@@ -178,6 +217,28 @@ class CheckpointConfig:
         check_policy(self.policy)
         self._check_exclusive()
         self._check_selective()
+        self._check_checkpoint_fn()
+
+    def _check_checkpoint_fn(self) -> None:
+        if self.checkpoint_fn is None:
+            return
+        _check_checkpoint_fn(self.checkpoint_fn, {}, "checkpoint_kwargs")
+        refused = [
+            name
+            for name, active in (
+                ("offload=True", self.offload),
+                ('strategy="selective"', self.strategy == "selective"),
+                ("a plan with selective blocks", self.plan is not None and "selective" in self.plan.strategies),
+                ("context_fn", "context_fn" in self.checkpoint_kwargs),
+            )
+            if active
+        ]
+        if refused:
+            raise ValueError(
+                f"checkpoint_fn cannot be combined with {' and '.join(refused)}: those work through "
+                "torch.utils.checkpoint.checkpoint's hooks and context_fn, which a custom checkpoint function does "
+                "not have. Drop checkpoint_fn, or drop them."
+            )
 
     def _check_exclusive(self) -> None:
         given = [
@@ -283,4 +344,6 @@ class CheckpointConfig:
         if arguments:
             raise TypeError(f"unexpected arguments {sorted(arguments)}; hf_ckpt accepts: {', '.join(HF_CKPT_KEYS)}")
         checkpoint_kwargs = _check_checkpoint_kwargs(remaining, dict_name)
+        if resolved.get("checkpoint_fn") is not None:
+            _check_checkpoint_fn(resolved["checkpoint_fn"], remaining, dict_name)
         return cls(checkpoint_kwargs=checkpoint_kwargs, **resolved)

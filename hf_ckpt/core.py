@@ -31,6 +31,7 @@ from .blocks import find_blocks
 from .config import CheckpointConfig
 from .distributed._engines import wrapped_blocks
 from .distributed.checks import install as install_guard
+from .integrations.deepspeed import warn_ignored_config
 
 if TYPE_CHECKING:
     from .plans import CheckpointPlan
@@ -53,6 +54,7 @@ def apply_config(model: nn.Module, config: CheckpointConfig) -> nn.Module:
     binding = resolve(target, config)  # everything that can fail on this model fails here, before any change
     if binding.legacy:
         _warn_legacy(target)
+    warn_ignored_config(model, config.checkpoint_fn, owner=target)  # a DeepSpeed "activation_checkpointing" block
     before = take_back(target)
     try:
         bound = bind(target, binding)
@@ -97,6 +99,7 @@ def enable(
     budget: float | int | str | None = None,
     sample_inputs: Mapping[str, Any] | None = None,
     offload: bool = False,
+    checkpoint_fn: Any = None,
     **checkpoint_kwargs: Any,
 ) -> nn.Module:
     """Enable activation checkpointing on a loaded model, without subclassing it.
@@ -129,6 +132,12 @@ def enable(
             profiling step.
         offload: Keep the inputs saved for the recompute in pinned host memory. Without an accelerator there is
             nothing to offload: plain checkpointing runs and one warning says so.
+        checkpoint_fn: Checkpoint the selected blocks with this function instead of
+            ``torch.utils.checkpoint.checkpoint``: any function with its calling convention,
+            ``checkpoint_fn(function, *args, **kwargs)``, e.g. ``deepspeed.checkpointing.checkpoint``. It gets the
+            checkpoint keyword arguments its signature names, and refuses the others, ``offload``,
+            ``strategy="selective"`` and ``context_fn`` with an error at the call. Input grads are turned on (as
+            for reentrant checkpointing), so weights inside a block get gradients whatever the function does.
         **checkpoint_kwargs: Passed to ``torch.utils.checkpoint.checkpoint`` (``use_reentrant``,
             ``preserve_rng_state``, ``context_fn``, ``determinism_check``, ``debug``, ...), their values checked.
             ``use_reentrant`` defaults to ``False`` and is always passed explicitly.
@@ -156,6 +165,7 @@ def enable(
     options = dict(
         every_n_layers=every_n_layers, layers=layers, num_layers=num_layers, method=method,
         strategy=None if strategy == "full" else strategy, policy=policy, plan=plan, offload=offload,
+        checkpoint_fn=checkpoint_fn,
     )
     config = CheckpointConfig.from_arguments(checkpoint_kwargs, dict_name="checkpoint_kwargs", **options)
     if budget is not None:

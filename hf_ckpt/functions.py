@@ -16,6 +16,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from .blocks import SELECTED_ATTRIBUTE
+from .config import checkpoint_fn_keywords
 from .offload import OverlappedOffload
 
 
@@ -80,9 +81,13 @@ def with_block_selection(checkpoint_function: Callable[..., Any]) -> functools.p
 
 
 def build_checkpoint_function(
-    checkpoint_kwargs: dict[str, Any], *, offloader: OverlappedOffload | None = None
+    checkpoint_kwargs: dict[str, Any], *, offloader: OverlappedOffload | None = None, checkpoint_fn: Any = None
 ) -> functools.partial:
-    """``partial(checkpoint, **checkpoint_kwargs)``, or its offloading twin when an ``offloader`` is given."""
+    """``partial(checkpoint, **checkpoint_kwargs)``, or its offloading twin when an ``offloader`` is given, or
+    ``partial(checkpoint_fn, **the checkpoint_kwargs it names)`` for a custom checkpoint function."""
+    if checkpoint_fn is not None:
+        accepted = checkpoint_fn_keywords(checkpoint_fn)
+        return functools.partial(checkpoint_fn, **{k: v for k, v in checkpoint_kwargs.items() if k in accepted})
     if offloader is None:
         return functools.partial(checkpoint, **checkpoint_kwargs)
     return functools.partial(offloaded_checkpoint, offloader=offloader, **checkpoint_kwargs)
@@ -94,6 +99,7 @@ def build_block_functions(
     *,
     offloader: OverlappedOffload | None,
     policy: Any,
+    checkpoint_fn: Any = None,
 ) -> dict[int, functools.partial]:
     """One checkpoint function per checkpointed block; blocks of the same strategy share one."""
     from .selective import selective_context_fn
@@ -103,5 +109,5 @@ def build_block_functions(
         kwargs = dict(checkpoint_kwargs)
         if strategy == "selective":
             kwargs["context_fn"] = selective_context_fn(policy)
-        by_strategy[strategy] = build_checkpoint_function(kwargs, offloader=offloader)
+        by_strategy[strategy] = build_checkpoint_function(kwargs, offloader=offloader, checkpoint_fn=checkpoint_fn)
     return {index: by_strategy[strategy] for index, strategy in strategies.items()}

@@ -48,7 +48,7 @@ def test_unknown_checkpoint_kwarg_names_the_key_and_the_accepted_ones():
     for accepted in ("use_reentrant", "preserve_rng_state", "context_fn", "determinism_check", "debug"):
         assert accepted in message
     assert message.endswith(
-        "hf_ckpt itself accepts: every_n_layers, layers, num_layers, method, strategy, policy, plan, offload."
+        "hf_ckpt itself accepts: every_n_layers, layers, num_layers, method, strategy, policy, plan, offload, checkpoint_fn."
     )
 
 

@@ -1,0 +1,28 @@
+"""A word-level tokenizer built in memory and tiny in-memory datasets, for the client tests (no download)."""
+
+from __future__ import annotations
+
+WORDS = (
+    "the a cat dog bird sat ran flew on under over mat tree roof big small red blue quick slow and then it was "
+    "very happy sad today night day one two three four five six seven eight nine ten yes no good bad"
+).split()
+SPECIALS = ("[PAD]", "[UNK]", "[BOS]", "[EOS]")
+
+
+def tiny_tokenizer():
+    """A ``PreTrainedTokenizerFast`` over :data:`WORDS` (fewer than 64 ids, the tiny models' vocabulary)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {token: index for index, token in enumerate(SPECIALS + tuple(WORDS))}
+    tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    wrapped = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, pad_token="[PAD]", unk_token="[UNK]", bos_token="[BOS]", eos_token="[EOS]"
+    )
+    assert len(wrapped) <= 64
+    return wrapped
+
+
+def sentences(count: int = 8) -> list[str]:
+    return [" ".join(WORDS[(i * 7 + j * 3) % len(WORDS)] for j in range(6 + i % 3)) for i in range(count)]
