@@ -103,6 +103,65 @@ def _bound(traced: Trace, representative: Sequence[int], i: int, strategy: str, 
     return traced.largest(representative[i], strategy)
 
 
+def _models(model_or_config: Any, torch_dtype: torch.dtype, peft_config: Any):
+    """(config, class, the full model on meta, the reduced copy on meta), adapters added to both."""
+    config, cls, full, found_peft = _source(model_or_config, torch_dtype)
+    peft_config = peft_config if peft_config is not None else found_peft
+    if full is None:
+        full = build_on_meta(cls, config, torch_dtype)
+    else:
+        full = copy.deepcopy(full).to(dtype=torch_dtype).train()
+    full = _with_peft(full, peft_config)
+    reduced = _with_peft(build_on_meta(cls, reduced_config(config), torch_dtype), peft_config)
+    return config, cls, full, reduced
+
+
+def _per_strategy(traced: Trace, rep: Sequence[int], strategies: Sequence[Any], num_blocks: int,
+                  block_flops: dict, none_flops: int, states: Any):
+    """Activation, peak, recompute and step FLOPs and the FLOPs ratio of each strategy, and the unusable ones."""
+    activation, peak, recompute, step, ratio = {}, {}, {}, {}, {}
+    unusable = dict(traced.unusable)
+    fixed = states.parameters_bytes + states.gradients_bytes + states.optimizer_bytes
+    for strategy in dict.fromkeys(("none", *strategies)):
+        name = arguments.strategy_name(strategy)
+        per_block = _per_block(strategy, num_blocks)
+        missing = [s for s in set(per_block) if s not in traced.strategies]
+        if missing:
+            unusable.setdefault(name, unusable.get(missing[0], f"{missing[0]} cannot run on this model"))
+            continue
+        activation[name] = retained_bytes(traced, rep, per_block)
+        peak[name] = fixed + activation[name] + max(traced.transient[s] for s in set(per_block))
+        recompute[name] = sum(block_flops[s][i] for i, s in enumerate(per_block))
+        step[name] = none_flops + recompute[name]
+        ratio[name] = step[name] / none_flops if none_flops else 1.0
+    return activation, peak, recompute, step, ratio, unusable
+
+
+def _checked(model_or_config, batch_size, seq_len, dtype, device, optimizer, peft_config, strategies):
+    """Every argument of :func:`estimate`, checked at the call (each error names its argument)."""
+    arguments.check_source(model_or_config)
+    return (
+        arguments.check_positive_int("batch_size", batch_size),
+        arguments.check_positive_int("seq_len", seq_len),
+        arguments.check_dtype(dtype),
+        arguments.check_device(device),
+        arguments.check_optimizer(optimizer),
+        arguments.check_peft_config(peft_config),
+        arguments.check_strategies(strategies),
+    )
+
+
+def _trace_reduced(reduced: nn.Module, traced_blocks: list, strategies: Sequence[Any], num_blocks: int,
+                   batch_size: int, seq_len: int, device: str) -> Trace:
+    """The reduced model traced on fake tensors under every per-block strategy the asked strategies use."""
+    mode = fake_mode()
+    to_fake(reduced, mode)
+    needed = {s for strategy in strategies for s in _per_block(strategy, num_blocks)} | {"none"}
+    mixed = any(len(set(_per_block(strategy, num_blocks))) > 1 for strategy in strategies) or set(TRACED) <= needed
+    return trace(reduced, traced_blocks, _inputs(reduced, batch_size, seq_len, mode), mode, device,
+                 tuple(s for s in TRACED if s in needed), mixed=mixed)
+
+
 def estimate(
     model_or_config: Any,
     *,
@@ -138,35 +197,18 @@ def estimate(
         ValueError: an argument is invalid (the message names it and what it accepts), or the model cannot be
             traced.
     """
-    arguments.check_source(model_or_config)
-    batch_size = arguments.check_positive_int("batch_size", batch_size)
-    seq_len = arguments.check_positive_int("seq_len", seq_len)
-    torch_dtype = arguments.check_dtype(dtype)
-    device = arguments.check_device(device)
-    optimizer = arguments.check_optimizer(optimizer)
-    peft_config = arguments.check_peft_config(peft_config)
-    strategies = arguments.check_strategies(strategies)
+    batch_size, seq_len, torch_dtype, device, optimizer, peft_config, strategies = _checked(
+        model_or_config, batch_size, seq_len, dtype, device, optimizer, peft_config, strategies
+    )
 
-    config, cls, full, found_peft = _source(model_or_config, torch_dtype)
-    peft_config = peft_config if peft_config is not None else found_peft
-    if full is None:
-        full = build_on_meta(cls, config, torch_dtype)
-    else:
-        full = copy.deepcopy(full).to(dtype=torch_dtype).train()
-    full = _with_peft(full, peft_config)
-    reduced = _with_peft(build_on_meta(cls, reduced_config(config), torch_dtype), peft_config)
+    config, cls, full, reduced = _models(model_or_config, torch_dtype, peft_config)
     full_blocks, traced_blocks = blocks_of(full), blocks_of(reduced)
     if not full_blocks:
         raise ValueError(f"model_or_config: {cls.__name__} has no repeated blocks to checkpoint")
     mapping = map_blocks(full_blocks, traced_blocks)
     num_blocks = len(full_blocks)
 
-    mode = fake_mode()
-    to_fake(reduced, mode)
-    needed = {s for strategy in strategies for s in _per_block(strategy, num_blocks)} | {"none"}
-    mixed = any(len(set(_per_block(strategy, num_blocks))) > 1 for strategy in strategies) or set(TRACED) <= needed
-    traced = trace(reduced, traced_blocks, _inputs(reduced, batch_size, seq_len, mode), mode, device,
-                   tuple(s for s in TRACED if s in needed), mixed=mixed)
+    traced = _trace_reduced(reduced, traced_blocks, strategies, num_blocks, batch_size, seq_len, device)
     renamed = _traced_name(full_blocks, traced_blocks, mapping.representative)
     states = count_states(full, optimizer, device, lambda name: renamed(name) in traced.used_parameters)
     del full
@@ -177,21 +219,9 @@ def estimate(
     block_flops = {s: tuple(traced.recompute_flops[s][r] for r in rep) for s in usable}
     none_flops = traced.step_flops + sum(traced.block_flops[r] for r in rep) - sum(traced.block_flops)
 
-    activation, peak, recompute, step, ratio = {}, {}, {}, {}, {}
-    unusable = dict(traced.unusable)
-    for strategy in dict.fromkeys(("none", *strategies)):
-        name = arguments.strategy_name(strategy)
-        per_block = _per_block(strategy, num_blocks)
-        missing = [s for s in set(per_block) if s not in usable]
-        if missing:
-            unusable.setdefault(name, unusable.get(missing[0], f"{missing[0]} cannot run on this model"))
-            continue
-        activation[name] = retained_bytes(traced, rep, per_block)
-        transient = max(traced.transient[s] for s in set(per_block))
-        peak[name] = states.parameters_bytes + states.gradients_bytes + states.optimizer_bytes + activation[name] + transient
-        recompute[name] = sum(block_flops[s][i] for i, s in enumerate(per_block))
-        step[name] = none_flops + recompute[name]
-        ratio[name] = step[name] / none_flops if none_flops else 1.0
+    activation, peak, recompute, step, ratio, unusable = _per_strategy(
+        traced, rep, strategies, num_blocks, block_flops, none_flops, states
+    )
 
     attention = attention_model(device, torch_dtype)
     return MemoryEstimate(
