@@ -263,7 +263,8 @@ def apply_config(model: nn.Module, config: CheckpointConfig) -> nn.Module:
     offloader = None if offload_to is None else OverlappedOffload(offload_to.type, pin_memory=offload_to.type != "cpu")
     checkpoint_function = build_checkpoint_function(dict(config.checkpoint_kwargs), offloader=offloader)
     functions = build_block_functions(
-        strategies, dict(config.checkpoint_kwargs), offloader=offloader, policy=config.policy
+        strategies, dict(config.checkpoint_kwargs), offloader=offloader, policy=config.policy,
+        policies=getattr(config.plan, "policies", None),
     )
     _run_model_logic(target, True, checkpoint_function, config)
 

@@ -95,8 +95,13 @@ def build_block_functions(
     *,
     offloader: OverlappedOffload | None,
     policy: Any,
+    policies: dict[str, Any] | None = None,
 ) -> dict[int, functools.partial]:
-    """One checkpoint function per checkpointed block; blocks of the same strategy share one."""
+    """One checkpoint function per checkpointed block; blocks of the same strategy share one.
+
+    ``"oplevel:<name>"`` blocks get the selective contexts of ``policies[name]`` (a plan's op-level policies).
+    """
+    from .oplevel import OpPolicy
     from .selective import selective_context_fn
 
     by_strategy: dict[str, functools.partial] = {}
@@ -104,5 +109,7 @@ def build_block_functions(
         kwargs = dict(checkpoint_kwargs)
         if strategy == "selective":
             kwargs["context_fn"] = selective_context_fn(policy)
+        elif strategy.startswith("oplevel:"):
+            kwargs["context_fn"] = OpPolicy((policies or {})[strategy.partition(":")[2]]).context_fn()
         by_strategy[strategy] = build_checkpoint_function(kwargs, offloader=offloader)
     return {index: by_strategy[strategy] for index, strategy in strategies.items()}

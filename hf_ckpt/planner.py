@@ -305,7 +305,8 @@ def plan(
             you will train with.
         budget: Bytes (int), or a fraction of the activation memory retained without checkpointing (float in
             ``(0, 1]``).
-        strategies: The strategies the plan may use.
+        strategies: The strategies the plan may use; add ``"oplevel"`` to let it choose, per block, which single
+            ops keep their outputs (:mod:`hf_ckpt.oplevel`).
         policy: The selective policy (see :mod:`hf_ckpt.selective`).
         loss_fn: Maps the model output to the scalar loss; default ``output.loss``.
         **checkpoint_kwargs: Passed to ``torch.utils.checkpoint.checkpoint`` while profiling and kept for the plan's
@@ -318,9 +319,13 @@ def plan(
         ValueError: no assignment of the allowed strategies fits the budget; the message gives the smallest
             activation memory that can be reached.
     """
-    bad = [s for s in strategies if s not in ("none", "selective", "full")]
+    bad = [s for s in strategies if s not in ("none", "selective", "full", "oplevel")]
     if bad or not strategies:
-        raise ValueError(f"strategies must be a non-empty subset of none, selective, full; got {list(strategies)}")
+        raise ValueError(f"strategies must be a non-empty subset of none, selective, full, oplevel; got {list(strategies)}")
+    if "oplevel" in strategies:  # op-level policies among the options: hf_ckpt.oplevel plans
+        from .oplevel import plan_oplevel
+
+        return plan_oplevel(model, sample_inputs, budget, strategies=strategies, policy=policy, loss_fn=loss_fn, **checkpoint_kwargs)
     profile = profile_blocks(
         model, sample_inputs, strategies=strategies, policy=policy, loss_fn=loss_fn, **checkpoint_kwargs
     )

@@ -14,6 +14,8 @@ from typing import Any
 
 _FORMAT_VERSION = 1
 _VALID = ("full", "selective", "none")
+#: Prefix of a strategy that applies one of the plan's op-level policies: ``"oplevel:<name>"``.
+_OPLEVEL = "oplevel:"
 
 
 def _mib(n: int | float | None) -> str:
@@ -33,6 +35,8 @@ class CheckpointPlan:
         block_bytes: Measured retained bytes of each block under each strategy (the profile the plan used).
         block_recompute_flops: Measured recompute FLOPs of each block under each strategy.
         model_type: ``config.model_type`` of the model profiled, for the reader's benefit.
+        policies: Op-level policies by name: the op occurrences (``"aten.mm.default#0"``) whose outputs a block
+            with strategy ``"oplevel:<name>"`` keeps; it recomputes every other op (see :mod:`hf_ckpt.oplevel`).
     """
 
     strategies: tuple[str, ...]
@@ -43,12 +47,22 @@ class CheckpointPlan:
     block_bytes: dict[str, tuple[int, ...]] = field(default_factory=dict)
     block_recompute_flops: dict[str, tuple[int, ...]] = field(default_factory=dict)
     model_type: str | None = None
+    policies: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "strategies", tuple(self.strategies))
-        bad = [s for s in self.strategies if s not in _VALID]
+        if not isinstance(self.policies, dict):
+            raise TypeError(f"policies must be a dict from a policy name to a list of op occurrences; got {type(self.policies).__name__}")
+        object.__setattr__(self, "policies", {k: _checked_policy(k, v) for k, v in self.policies.items()})
+        bad = [
+            s for s in self.strategies
+            if s not in _VALID and not (isinstance(s, str) and s.startswith(_OPLEVEL) and s[len(_OPLEVEL):] in self.policies)
+        ]
         if bad:
-            raise ValueError(f"plan strategies must each be one of {', '.join(_VALID)}; got {bad[0]!r}")
+            raise ValueError(
+                f"plan strategies must each be one of {', '.join(_VALID)} or 'oplevel:<name>' with <name> a key of "
+                f"policies ({', '.join(sorted(self.policies)) or 'none given'}); got {bad[0]!r}"
+            )
         object.__setattr__(self, "block_bytes", {k: tuple(v) for k, v in self.block_bytes.items()})
         object.__setattr__(
             self, "block_recompute_flops", {k: tuple(v) for k, v in self.block_recompute_flops.items()}
@@ -71,6 +85,7 @@ class CheckpointPlan:
         data["strategies"] = list(self.strategies)
         data["block_bytes"] = {k: list(v) for k, v in self.block_bytes.items()}
         data["block_recompute_flops"] = {k: list(v) for k, v in self.block_recompute_flops.items()}
+        data["policies"] = {k: list(v) for k, v in self.policies.items()}
         return {"format": "hf_ckpt.CheckpointPlan", "version": _FORMAT_VERSION, **data}
 
     def to_json(self) -> str:
@@ -96,7 +111,7 @@ class CheckpointPlan:
         return cls.from_dict(json.loads(file.read_text()))
 
     def __str__(self) -> str:
-        counts = {s: self.strategies.count(s) for s in _VALID if s in self.strategies}
+        counts = {s: self.strategies.count(s) for s in dict.fromkeys(self.strategies)}
         lines = [
             f"CheckpointPlan for {self.num_blocks} blocks"
             + (f" ({self.model_type})" if self.model_type else "")
@@ -112,4 +127,14 @@ class CheckpointPlan:
             lines.append(f"  recompute: {self.predicted_recompute_flops / 1e9:.4f} GFLOP")
         lines.append("  block  strategy")
         lines.extend(f"  {i:>5}  {s}" for i, s in enumerate(self.strategies))
+        for name, saved in self.policies.items():
+            lines.append(f"  policy {name}: keeps {', '.join(saved)}; recomputes every other op")
         return "\n".join(lines)
+
+
+def _checked_policy(name: Any, saved: Any) -> tuple[str, ...]:
+    from .oplevel import OpPolicy
+
+    if not isinstance(name, str) or not name or ":" in name:
+        raise ValueError(f"policies keys must be non-empty names without ':'; got {name!r}")
+    return OpPolicy(saved).saved
