@@ -361,19 +361,25 @@ def _compile(argument: str | None) -> Strategy:
     if reason is not None:
         raise ValueError(f"compile:{value:g} cannot run: {reason}; leave it out of --strategies")
     reference = CompiledReference(value)
+    details: dict[str, Any] = {}
 
     def prepare(model: nn.Module, batch: Mapping[str, Any]) -> None:
         from .step import training_step
 
         reference.prepare(model, batch, lambda: training_step(model, batch))
+        saved_bytes, graph_flops = reference.measure(model, batch)
+        details.update(saved_bytes=saved_bytes, graph_flops=graph_flops)
         model.zero_grad(set_to_none=True)
 
     return Strategy(
         f"compile:{value:g}",
-        f"torch.compile(model, backend='inductor') with activation_memory_budget={value:g} (min-cut partitioner)",
+        f"torch.compile(model, backend='inductor') with activation_memory_budget={value:g} (min-cut partitioner); "
+        "under the bench's dispatch modes dynamo runs eagerly, so its memory and FLOPs are in details "
+        "(saved_bytes, graph_flops; benchmarks/oplevel_budget.py compares them)",
         apply=reference.apply,
         remove=reference.remove,
         prepare=prepare,
+        details=details,
     )
 
 

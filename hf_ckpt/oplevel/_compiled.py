@@ -5,6 +5,16 @@ it recomputes; ``torch._functorch.config.activation_memory_budget = F`` asks it 
 its default choice keeps (1.0: the default; 0: recompute everything it may). :class:`CompiledReference` compiles
 the model's ``__call__`` with inductor (CPU or GPU) under that setting, as ``nn.Module.compile`` does, and
 switches the compiled call on and off.
+
+Measuring it needs other instruments than eager strategies: while a ``TorchDispatchMode`` (the storage tracker,
+``FlopCounterMode``) is active, dynamo runs the model eagerly. So :meth:`CompiledReference.measure` counts
+
+* **retained bytes** with saved-tensor hooks: the distinct storages the compiled autograd function saves for
+  backward, parameters and the batch left out (on an eager model the same hooks and the storage tracker agree to
+  the bytes of the loss scalar);
+* **step FLOPs** statically, over the forward and backward graphs the partitioner produced, with the formulas of
+  ``torch.utils.flop_counter`` applied to each node's recorded shapes. The recompute is the difference with
+  ``compile:1`` (graphs counted the same way), since a decomposed attention counts differently from the fused op.
 """
 
 from __future__ import annotations
@@ -31,26 +41,58 @@ def compile_unavailable() -> str | None:
     return None
 
 
+def graph_flops(graph_module: Any) -> int:
+    """FLOPs of an aten FX graph, from each node's recorded ``meta["val"]`` and ``torch.utils.flop_counter``."""
+    from ._profile import _flop_registry
+
+    registry = _flop_registry()
+    total = 0
+    for node in graph_module.graph.nodes:
+        if node.op != "call_function":
+            continue
+        formula = registry.get(getattr(node.target, "overloadpacket", None))
+        if formula is None:
+            continue
+        args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: n.meta.get("val"))
+        total += int(formula(*args, **kwargs, out_val=node.meta.get("val")))
+    return total
+
+
 class CompiledReference:
     """``torch.compile(model, backend="inductor")`` with ``activation_memory_budget=budget`` during partitioning."""
 
     def __init__(self, budget: float) -> None:
         self.budget = budget
+        self.graph_flops: list[int] = []
         self._compiled: "weakref.WeakKeyDictionary[nn.Module, Callable[..., Any]]" = weakref.WeakKeyDictionary()
+
+    def _inner(self, graph: Any, example_inputs: Any, **kwargs: Any) -> Any:
+        from torch._inductor.compile_fx import compile_fx_inner
+
+        self.graph_flops.append(graph_flops(graph))
+        return compile_fx_inner(graph, example_inputs, **kwargs)
 
     def _backend(self, graph: Any, example_inputs: Any) -> Any:
         import torch._functorch.config as functorch_config
+        import torch._inductor.config as inductor_config
         from torch._inductor.compile_fx import compile_fx
 
-        with functorch_config.patch(activation_memory_budget=self.budget):
-            return compile_fx(graph, example_inputs)
+        patches = {"activation_memory_budget": self.budget}
+        if hasattr(functorch_config, "enable_autograd_cache"):
+            patches["enable_autograd_cache"] = False  # a cache hit would skip the partitioner and our recording
+        with functorch_config.patch(**patches), inductor_config.patch(fx_graph_cache=False):
+            return compile_fx(graph, example_inputs, inner_compile=self._inner)
 
     def prepare(self, model: nn.Module, batch: Mapping[str, Any], step: Callable[[], Any]) -> None:
-        """Compile for ``model`` and run ``step`` once so that compilation is not measured."""
+        """Compile for ``model`` and run ``step`` once so that compilation is not measured.
+
+        Resets dynamo first: compiled frames of another budget would otherwise be reused.
+        """
         reason = compile_unavailable()
         if reason is not None:
             raise RuntimeError(f"compile:{self.budget:g} cannot run: {reason}")
-        # One backend object per budget: dynamo guards on the backend, so budgets do not share compiled code.
+        torch._dynamo.reset()
+        self.graph_flops.clear()
         self._compiled[model] = torch.compile(model._call_impl, backend=self._backend)
         self.apply(model)
         try:
@@ -63,6 +105,8 @@ class CompiledReference:
             ) from error
         finally:
             self.remove(model)
+        if not self.graph_flops:
+            raise RuntimeError(f"compile:{self.budget:g}: dynamo compiled no graph for this model (it ran eagerly)")
 
     def apply(self, model: nn.Module) -> None:
         if model not in self._compiled:
@@ -71,3 +115,33 @@ class CompiledReference:
 
     def remove(self, model: nn.Module) -> None:
         model._compiled_call_impl = None
+
+    def measure(self, model: nn.Module, batch: Mapping[str, Any], loss_fn: Any = None) -> tuple[int, int]:
+        """(bytes saved for backward, step FLOPs of the compiled graphs) of one step of the compiled model."""
+        from ..measure.step import forward_loss
+
+        foreign = {
+            t.untyped_storage().data_ptr()
+            for t in (*model.parameters(), *model.buffers(), *(v for v in batch.values() if isinstance(v, torch.Tensor)))
+        }
+        saved: dict[int, int] = {}
+
+        def pack(tensor: torch.Tensor) -> torch.Tensor:
+            storage = tensor.untyped_storage()
+            if storage.data_ptr() not in foreign:
+                saved[storage.data_ptr()] = storage.nbytes()
+            return tensor
+
+        compiled_before = len(self.graph_flops)
+        self.apply(model)
+        try:
+            model.train()
+            model.zero_grad(set_to_none=True)
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+                loss = forward_loss(model, batch, loss_fn)
+            loss.backward()
+        finally:
+            self.remove(model)
+        if len(self.graph_flops) != compiled_before:
+            raise RuntimeError(f"compile:{self.budget:g} recompiled while measured; its figures would mix graphs")
+        return sum(saved.values()), sum(self.graph_flops)
