@@ -165,11 +165,11 @@ def _timing(args: argparse.Namespace) -> None:
     work = build_workload(args.models[0], layers=args.layers or 4, hidden=args.hidden or 1024, batch=args.batch, seq=args.seq)
     print(f"timing {work.info}; nice {os.nice(0)}; load average {os.getloadavg()}", flush=True)
     specs = []
-    for budget in BUDGETS:
+    for budget in args.budgets:
         specs += [f"plan:{budget:g}", f"oplevel:{budget:g}"]
     report = run_benchmark(work.model, work.batch, specs, repeat=args.repeat, warmup=1, loss_fn=work.loss_fn,
                            clock=args.clock)
-    for budget in BUDGETS:
+    for budget in args.budgets:
         block, op = report[f"plan:{budget:g}"], report[f"oplevel:{budget:g}"]
         ratios = [o / b for o, b in zip(op.step_times_s, block.step_times_s)]
         print(f"{budget:.0%}: plan {statistics.median(block.step_times_s) * 1e3:.1f} ms  oplevel "
@@ -192,6 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plot", default=None, help="draw memory vs recompute FLOPs here (needs matplotlib)")
     parser.add_argument("--timing", action="store_true", help="time plan:F against oplevel:F instead")
     parser.add_argument("--repeat", type=int, default=7)
+    parser.add_argument("--budgets", type=float, nargs="+", default=list(BUDGETS), help="timing mode: the budgets")
     parser.add_argument("--clock", default="wall", choices=["wall", "cpu"])
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
