@@ -31,7 +31,7 @@ def test_plan_command_prints_and_writes_a_loadable_plan(tmp_path, capsys):
         (["plan", "--budget", "0.001", *TINY], 1, "hf-ckpt plan: error: no plan fits a budget of"),
         (["plan", "--budget", "abc"], 2, "expected a fraction (0.5), a percentage (50%) or a size in bytes"),
         (["plan", "--budget", "0.5", "--strategies", "half", *TINY], 2,
-         "strategies must be a non-empty subset of none, selective, full; got ['half']"),
+         "strategies must be a non-empty subset of none, selective, full, oplevel; got ['half']"),
         (["plan", "--budget", "0.5", "--json", "/no/such/dir/p.json"], 2, "--json: the folder of"),
         (["plan"], 2, "the following arguments are required: --budget"),
     ],
