@@ -27,7 +27,7 @@ def run_main(argv, capsys):
         (
             ["--strategies", "none,bogus"],
             "argument --strategies: unknown strategy 'bogus'; accepted: none, full, every_n:N, offload, "
-            "upstream:full|upstream:every_n:N, selective[:POLICY], plan:F (see hf-ckpt bench --help)",
+            "upstream:full|upstream:every_n:N, selective[:POLICY], plan:F, oplevel:F, compile:F (see hf-ckpt bench --help)",
         ),
         (
             ["--strategies", "every_n:x"],
@@ -75,7 +75,7 @@ def test_python_dash_m_reports_errors_in_one_line_without_traceback():
     assert done.stdout == ""
     assert done.stderr.splitlines() == [
         "hf-ckpt bench: error: argument --strategies: unknown strategy 'nonsense'; accepted: none, full, every_n:N, "
-        "offload, upstream:full|upstream:every_n:N, selective[:POLICY], plan:F (see hf-ckpt bench --help)"
+        "offload, upstream:full|upstream:every_n:N, selective[:POLICY], plan:F, oplevel:F, compile:F (see hf-ckpt bench --help)"
     ]
 
 
