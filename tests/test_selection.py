@@ -130,7 +130,10 @@ def test_plan_applies_a_strategy_per_block(name, third, tmp_path):
 
 
 def test_plan_errors():
-    with pytest.raises(ValueError, match=re.escape("plan strategies must each be one of full, selective, none; got 'half'")):
+    with pytest.raises(ValueError, match=re.escape(
+        "plan strategies must each be one of full, selective, none or 'oplevel:<name>' with <name> a key of policies "
+        "(none given); got 'half'"
+    )):
         CheckpointPlan(strategies=("half",))
     with pytest.raises(ValueError, match=re.escape(
         "plan has a strategy for 2 blocks, but this model has 4 repeated blocks; make the plan on the same architecture"
