@@ -97,7 +97,8 @@ def resolve(target: nn.Module, config: CheckpointConfig) -> Binding:
         config=config,
         blocks=blocks,
         functions=build_block_functions(
-            strategies, kwargs, offloader=offloader, policy=config.policy, checkpoint_fn=config.checkpoint_fn
+            strategies, kwargs, offloader=offloader, policy=config.policy, checkpoint_fn=config.checkpoint_fn,
+            policies=getattr(config.plan, "policies", None),
         ),
         default=build_checkpoint_function(kwargs, offloader=offloader, checkpoint_fn=config.checkpoint_fn),
         legacy=uses_legacy_signature(target),

@@ -90,3 +90,8 @@ def solve(profile: BlockProfile, budget_bytes: int) -> tuple[str, ...]:
         k, strategy = picked[k]
         strategies.append(strategy)
     return tuple(reversed(strategies))
+
+
+def budget_bytes(budget: float | int, baseline: int) -> int:
+    """A budget already checked by :func:`hf_ckpt._units.parse_budget`, in bytes."""
+    return int(budget * baseline) if isinstance(budget, float) else budget

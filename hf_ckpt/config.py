@@ -261,9 +261,10 @@ class CheckpointConfig:
 
     def _check_selective(self) -> None:
         wants_selective = self.strategy == BlockStrategy.SELECTIVE or (
-            self.plan is not None and BlockStrategy.SELECTIVE in self.plan.strategies
+            self.plan is not None
+            and any(s == BlockStrategy.SELECTIVE or s.startswith("oplevel:") for s in self.plan.strategies)
         )
-        if self.policy is not None and not wants_selective:
+        if self.policy is not None and not (self.strategy == "selective" or (self.plan is not None and "selective" in self.plan.strategies)):
             raise ValueError('policy only applies to strategy="selective"; set strategy="selective" or drop policy')
         if not wants_selective:
             return

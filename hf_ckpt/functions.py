@@ -18,6 +18,7 @@ from torch.utils.checkpoint import checkpoint
 from .blocks import SELECTED_ATTRIBUTE
 from .config import checkpoint_fn_keywords
 from .offload import OverlappedOffload
+from .oplevel._policy import OpPolicy
 
 
 def offloaded_checkpoint(
@@ -100,8 +101,12 @@ def build_block_functions(
     offloader: OverlappedOffload | None,
     policy: Any,
     checkpoint_fn: Any = None,
+    policies: dict[str, Any] | None = None,
 ) -> dict[int, functools.partial]:
-    """One checkpoint function per checkpointed block; blocks of the same strategy share one."""
+    """One checkpoint function per checkpointed block; blocks of the same strategy share one.
+
+    ``"oplevel:<name>"`` blocks get the selective contexts of ``policies[name]`` (a plan's op-level policies).
+    """
     from .selective import selective_context_fn
 
     by_strategy: dict[str, functools.partial] = {}
@@ -109,5 +114,7 @@ def build_block_functions(
         kwargs = dict(checkpoint_kwargs)
         if strategy == "selective":
             kwargs["context_fn"] = selective_context_fn(policy)
+        elif strategy.startswith("oplevel:"):
+            kwargs["context_fn"] = OpPolicy((policies or {})[strategy.partition(":")[2]]).context_fn()
         by_strategy[strategy] = build_checkpoint_function(kwargs, offloader=offloader, checkpoint_fn=checkpoint_fn)
     return {index: by_strategy[strategy] for index, strategy in strategies.items()}

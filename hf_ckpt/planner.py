@@ -24,172 +24,26 @@ The model is left as it was found: its checkpointing setting, training mode, gra
 
 from __future__ import annotations
 
-import contextlib
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
-import torch
-from torch import nn
-
-from ._preserve import check_trainable, preserved
-from ._state import suspended
+from ._preserve import check_trainable
+from ._solver import BlockProfile, solve
+from ._solver import budget_bytes as _in_bytes
 from ._target import target_model
 from ._units import format_bytes as _mib
 from ._units import parse_budget
-from ._solver import BlockProfile, solve
 from .block_strategy import ALL_STRATEGIES
-from .blocks import Block, find_blocks
 from .config import CheckpointConfig
-from .core import apply_config, remove
 from .estimate import plan_for
-from .measure.step import LossFn, loss_of, model_device
+from .measure.step import LossFn
+from .oplevel._plan import plan_oplevel
 from .plans import CheckpointPlan, model_signature
-from .selective import SelectiveRecomputeError
+from .profiling import measured_bytes, profile_blocks
+
+__all__ = ["BlockProfile", "plan", "profile_blocks", "solve"]
+
 #: How many times the planner measures a candidate plan and tightens its target before giving up.
 _VERIFY_ROUNDS = 4
-
-
-
-def _loss_of(output: Any, loss_fn: LossFn | None) -> torch.Tensor:
-    return loss_of(output, loss_fn, caller="plan: ", inputs="sample_inputs")
-
-
-def _retained_per_block(model: nn.Module, blocks: list[Block], inputs: Mapping[str, Any], loss_fn: LossFn | None):
-    """(base bytes, bytes per block) alive when forward returns, labelled by the block that created them."""
-    from .measure.memory import StorageTracker
-
-    current: list[int | None] = [None]
-    handles = []
-    for block in blocks:
-        handles.append(block.module.register_forward_pre_hook(lambda m, a, i=block.index: current.__setitem__(0, i)))
-        handles.append(block.module.register_forward_hook(lambda m, a, o: current.__setitem__(0, None)))
-    try:
-        with StorageTracker(label=lambda: current[0]) as tracker:
-            loss = _loss_of(model(**inputs), loss_fn)
-            by_block = tracker.live_bytes_by_label(str(model_device(model)))
-            loss.backward()
-    finally:
-        for handle in handles:
-            handle.remove()
-    return by_block.get(None, 0), tuple(by_block.get(block.index, 0) for block in blocks)
-
-
-def _step_flops(model: nn.Module, inputs: Mapping[str, Any], loss_fn: LossFn | None) -> int:
-    from .measure.flops import count_flops
-
-    torch.manual_seed(0)
-    model.zero_grad(set_to_none=True)
-    with count_flops() as flops:
-        _loss_of(model(**inputs), loss_fn).backward()
-    return flops.total
-
-
-def _twin_groups(blocks: list[Block]) -> list[list[int]]:
-    """Blocks of the same class with parameters of the same shapes: they cost the same to recompute."""
-    groups: dict[tuple, list[int]] = {}
-    for block in blocks:
-        shapes = tuple((name, tuple(p.shape)) for name, p in block.module.named_parameters())
-        groups.setdefault((type(block.module), shapes), []).append(block.index)
-    return list(groups.values())
-
-
-def _recompute_flops_per_block(
-    model: nn.Module, blocks: list[Block], strategy: str, config: dict[str, Any], inputs: Mapping[str, Any],
-    loss_fn: LossFn | None, none_flops: int,
-) -> tuple[int, ...]:
-    """Each block's recompute FLOPs under ``strategy``: whole-step FLOPs with the strategy on one group of twin
-    blocks, less the FLOPs without checkpointing, shared among the group. Whole-step totals are exact where
-    per-module attribution of the recompute (which runs in backward) is not."""
-    per_block = [0] * len(blocks)
-    for group in _twin_groups(blocks):
-        strategies = tuple(strategy if i in group else "none" for i in range(len(blocks)))
-        remove(model)
-        apply_config(model, CheckpointConfig.from_arguments(config, dict_name="checkpoint_kwargs", plan=CheckpointPlan(strategies)))
-        extra = max(0, _step_flops(model, inputs, loss_fn) - none_flops)
-        share, remainder = divmod(extra, len(group))
-        for position, index in enumerate(group):
-            per_block[index] = share + (1 if position < remainder else 0)
-    return tuple(per_block)
-
-
-@contextlib.contextmanager
-def _left_as_found(model: nn.Module) -> Iterator[None]:
-    """Profile in training mode with grad, then put everything back: the checkpointing attributes of every module
-    (hf_ckpt's record and hooks, or upstream's flags), each module's training flag, accumulated gradients and the
-    RNG state."""
-    with preserved(model), suspended(target_model(model)), torch.enable_grad():
-        model.train()
-        yield
-
-
-def _measured_bytes(
-    model: nn.Module, strategies: tuple[str, ...], inputs: Mapping[str, Any], loss_fn: LossFn | None,
-    policy: Any, checkpoint_kwargs: dict[str, Any],
-) -> int:
-    """Bytes the plan ``strategies`` retains at the end of forward, measured in one step."""
-    blocks = find_blocks(target_model(model))
-    with _left_as_found(model):
-        remove(model)
-        options = {"policy": policy} if "selective" in strategies else {}
-        apply_config(model, CheckpointConfig.from_arguments(
-            checkpoint_kwargs, dict_name="checkpoint_kwargs", plan=CheckpointPlan(strategies), **options
-        ))
-        torch.manual_seed(0)
-        base, per_block = _retained_per_block(model, blocks, inputs, loss_fn)
-    return base + sum(per_block)
-
-
-def profile_blocks(
-    model: nn.Module,
-    sample_inputs: Mapping[str, Any],
-    *,
-    strategies: Sequence[str] = ("none", "full", "selective"),
-    policy: Any = None,
-    loss_fn: LossFn | None = None,
-    **checkpoint_kwargs: Any,
-) -> BlockProfile:
-    """Measure each block's retained bytes and recompute FLOPs under each strategy (one step per strategy).
-
-    A strategy the model cannot run (``"selective"`` on a block that writes into a saved output) is left out and
-    listed in :attr:`BlockProfile.unusable` with the reason.
-    """
-    target = target_model(model)
-    blocks = find_blocks(target)
-    if not blocks:
-        raise ValueError(f"{type(target).__name__} has no repeated blocks to plan for")
-    retained: dict[str, tuple[int, ...]] = {}
-    recompute: dict[str, tuple[int, ...]] = {}
-    unusable: dict[str, str] = {}
-    base_bytes = 0
-    with _left_as_found(model):
-        remove(model)
-        none_flops = _step_flops(model, sample_inputs, loss_fn)
-        for strategy in dict.fromkeys(("none", *strategies)):
-            remove(model)
-            options = {"policy": policy} if strategy == "selective" else {}
-            if strategy != "none":
-                apply_config(model, CheckpointConfig.from_arguments(
-                    checkpoint_kwargs, dict_name="checkpoint_kwargs", strategy=strategy, **options
-                ))
-            try:
-                torch.manual_seed(0)
-                model.zero_grad(set_to_none=True)
-                base, retained[strategy] = _retained_per_block(model, blocks, sample_inputs, loss_fn)
-            except SelectiveRecomputeError as error:
-                unusable[strategy] = str(error)
-                continue
-            if strategy == "none":
-                base_bytes = base
-                recompute[strategy] = (0,) * len(blocks)
-            else:
-                recompute[strategy] = _recompute_flops_per_block(
-                    model, blocks, strategy, {**checkpoint_kwargs, **options}, sample_inputs, loss_fn, none_flops
-                )
-    return BlockProfile(base_bytes=base_bytes, retained=retained, recompute_flops=recompute, unusable=unusable)
-
-
-def _budget_bytes(budget: float | int, baseline: int) -> int:
-    """A budget already checked by :func:`hf_ckpt._units.parse_budget`, in bytes."""
-    return int(budget * baseline) if isinstance(budget, float) else budget
 
 
 
@@ -220,7 +74,8 @@ def plan(
         budget: Bytes (an int, or a string with a unit: ``"512MiB"``, ``"40GiB"``), or a fraction of the
             activation memory retained without checkpointing (a float in ``(0, 1]``, or ``"50%"``). Checked before
             any profiling.
-        strategies: The strategies the plan may use.
+        strategies: The strategies the plan may use; add ``"oplevel"`` to let it choose, per block, which single
+            ops keep their outputs (:mod:`hf_ckpt.oplevel`).
         policy: The selective policy (see :mod:`hf_ckpt.selective`).
         loss_fn: Maps the model output to the scalar loss; default ``output.loss``.
         **checkpoint_kwargs: Passed to ``torch.utils.checkpoint.checkpoint`` while profiling and kept for the plan's
@@ -242,20 +97,23 @@ def plan(
         raise ValueError("give either sample_inputs (profile real steps) or batch_size and seq_len (estimate), not both")
     budget = parse_budget(budget)
     _check_sample_inputs(sample_inputs)
-    bad = [s for s in strategies if s not in ALL_STRATEGIES]
+    bad = [s for s in strategies if s not in (*ALL_STRATEGIES, "oplevel")]
     if bad or not strategies or isinstance(strategies, str):
-        raise ValueError(f"strategies must be a non-empty subset of none, selective, full; got {strategies!r}")
+        raise ValueError(f"strategies must be a non-empty subset of none, selective, full, oplevel; got {list(strategies)}")
     check_trainable(target_model(model), "plan: ")
     CheckpointConfig.from_arguments(checkpoint_kwargs, dict_name="checkpoint_kwargs", policy=policy,
                                     strategy="selective" if policy is not None else None)
+    if "oplevel" in strategies:  # op-level policies among the options: hf_ckpt.oplevel plans
+        return plan_oplevel(model, sample_inputs, budget, strategies=strategies, policy=policy, loss_fn=loss_fn,
+                            **checkpoint_kwargs)
     profile = profile_blocks(
         model, sample_inputs, strategies=strategies, policy=policy, loss_fn=loss_fn, **checkpoint_kwargs
     )
-    budget_bytes = _budget_bytes(budget, profile.baseline_bytes)
+    budget_bytes = _in_bytes(budget, profile.baseline_bytes)
     target = budget_bytes
     for _ in range(_VERIFY_ROUNDS):
         chosen = solve(profile, target)
-        measured = _measured_bytes(model, chosen, sample_inputs, loss_fn, policy, dict(checkpoint_kwargs))
+        measured = measured_bytes(model, chosen, sample_inputs, loss_fn, policy, dict(checkpoint_kwargs))
         if measured <= budget_bytes:
             break
         # Blocks interact a little on some releases (a mask or position tensor kept once more when checkpointed

@@ -19,12 +19,15 @@ from torch import nn
 from ._units import format_bytes as _mib
 from ._warnings import HfCkptWarning
 from .block_strategy import check_strategy
+from .oplevel._policy import OpPolicy
 
 _FORMAT_VERSION = 1
 
 #: The config fields that decide a block's activation shapes; a plan records them and checks them when applied.
 _SHAPE_FIELDS = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "d_model", "d_ff",
                  "n_embd", "n_head", "num_heads")
+#: Prefix of a strategy that applies one of the plan's op-level policies: ``"oplevel:<name>"``.
+_OPLEVEL = "oplevel:"
 
 
 def model_signature(model: nn.Module) -> dict[str, Any]:
@@ -56,6 +59,8 @@ class CheckpointPlan:
         made_for: The model the plan was made for (:func:`model_signature`): model type, block count and the
             config fields that decide activation shapes. Applying the plan to a model that differs warns, naming
             both.
+        policies: Op-level policies by name: the op occurrences (``"aten.mm.default#0"``) whose outputs a block
+            with strategy ``"oplevel:<name>"`` keeps; it recomputes every other op (see :mod:`hf_ckpt.oplevel`).
     """
 
     strategies: tuple[str, ...]
@@ -67,16 +72,33 @@ class CheckpointPlan:
     block_recompute_flops: dict[str, tuple[int, ...]] = field(default_factory=dict)
     model_type: str | None = None
     made_for: dict[str, Any] = field(default_factory=dict)
+    policies: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if isinstance(self.strategies, (str, bytes)) or not hasattr(self.strategies, "__iter__"):
             raise TypeError(f"plan strategies must be a list with one strategy per block; got {self.strategies!r}")
-        strategies = tuple(check_strategy(s, "each plan strategy").value for s in self.strategies)
-        object.__setattr__(self, "strategies", strategies)
+        if not isinstance(self.policies, dict):
+            raise TypeError(f"policies must be a dict from a policy name to a list of op occurrences; got {type(self.policies).__name__}")
+        object.__setattr__(self, "policies", {k: _checked_policy(k, v) for k, v in self.policies.items()})
+        object.__setattr__(self, "strategies", tuple(self._checked_strategy(s) for s in self.strategies))
         object.__setattr__(self, "block_bytes", {k: tuple(v) for k, v in self.block_bytes.items()})
         object.__setattr__(
             self, "block_recompute_flops", {k: tuple(v) for k, v in self.block_recompute_flops.items()}
         )
+
+    def _checked_strategy(self, strategy: Any) -> str:
+        """A block's strategy: a :class:`~hf_ckpt.BlockStrategy`, or ``"oplevel:<name>"`` naming a policy."""
+        if isinstance(strategy, str) and strategy.startswith(_OPLEVEL):
+            if strategy[len(_OPLEVEL):] not in self.policies:
+                raise ValueError(
+                    f"each plan strategy 'oplevel:<name>' must name a key of policies "
+                    f"({', '.join(sorted(self.policies)) or 'none given'}); got {strategy!r}"
+                )
+            return strategy
+        try:
+            return check_strategy(strategy, "each plan strategy").value
+        except ValueError as error:
+            raise ValueError(f"{error} (or 'oplevel:<name>' with <name> a key of policies)") from None
 
     @property
     def num_blocks(self) -> int:
@@ -110,6 +132,7 @@ class CheckpointPlan:
         data["strategies"] = list(self.strategies)
         data["block_bytes"] = {k: list(v) for k, v in self.block_bytes.items()}
         data["block_recompute_flops"] = {k: list(v) for k, v in self.block_recompute_flops.items()}
+        data["policies"] = {k: list(v) for k, v in self.policies.items()}
         return {"format": "hf_ckpt.CheckpointPlan", "version": _FORMAT_VERSION, **data}
 
     def to_json(self) -> str:
@@ -154,7 +177,8 @@ class CheckpointPlan:
             raise ValueError(f"plan file {str(path)!r}: {error}") from None
 
     def __str__(self) -> str:
-        counts = {s: self.strategies.count(s) for s in ("full", "selective", "none") if s in self.strategies}
+        order = ["full", "selective", *sorted({s for s in self.strategies if s.startswith(_OPLEVEL)}), "none"]
+        counts = {s: self.strategies.count(s) for s in order if s in self.strategies}
         lines = [
             f"CheckpointPlan for {self.num_blocks} blocks"
             + (f" ({self.model_type})" if self.model_type else "")
@@ -170,4 +194,12 @@ class CheckpointPlan:
             lines.append(f"  recompute: {self.predicted_recompute_flops / 1e9:.4f} GFLOP")
         lines.append("  block  strategy")
         lines.extend(f"  {i:>5}  {s}" for i, s in enumerate(self.strategies))
+        for name, saved in self.policies.items():
+            lines.append(f"  policy {name}: keeps {', '.join(saved)}; recomputes every other op")
         return "\n".join(lines)
+
+
+def _checked_policy(name: Any, saved: Any) -> tuple[str, ...]:
+    if not isinstance(name, str) or not name or ":" in name:
+        raise ValueError(f"policies keys must be non-empty names without ':'; got {name!r}")
+    return OpPolicy(saved).saved

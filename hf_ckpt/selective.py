@@ -125,7 +125,7 @@ class SelectiveRecomputeError(RuntimeError):
     """A block modifies in place a tensor that selective recompute saved, so its gradients would be wrong."""
 
 
-def _written_tensors(func: Any, args: tuple, kwargs: dict) -> list[torch.Tensor]:
+def written_tensors(func: Any, args: tuple, kwargs: dict) -> list[torch.Tensor]:
     written = []
     for position, argument in enumerate(func._schema.arguments):
         if argument.alias_info is not None and argument.alias_info.is_write:
@@ -135,7 +135,7 @@ def _written_tensors(func: Any, args: tuple, kwargs: dict) -> list[torch.Tensor]
     return written
 
 
-class _InPlaceGuard(TorchDispatchMode):
+class InPlaceGuard(TorchDispatchMode):
     """Forward-side guard: fail loudly when an op writes into the output of an op the policy saves.
 
     Selective recompute stores such outputs and hands them back during the recompute; an in-place op on one
@@ -154,7 +154,7 @@ class _InPlaceGuard(TorchDispatchMode):
         from torch.utils.checkpoint import CheckpointPolicy, SelectiveCheckpointContext
 
         kwargs = kwargs or {}
-        for tensor in _written_tensors(func, args, kwargs):
+        for tensor in written_tensors(func, args, kwargs):
             producer = self.saved.get(tensor.untyped_storage())
             if producer is not None:
                 raise SelectiveRecomputeError(
@@ -178,10 +178,10 @@ def _compiling() -> bool:
 
 
 class _GuardedForward:
-    """The forward context: PyTorch's selective-checkpoint context, plus :class:`_InPlaceGuard` in eager mode."""
+    """The forward context: PyTorch's selective-checkpoint context, plus :class:`InPlaceGuard` in eager mode."""
 
     def __init__(self, forward_context: Any, policy_fn: Callable[..., Any]) -> None:
-        self._contexts = (forward_context, _InPlaceGuard(policy_fn))
+        self._contexts = (forward_context, InPlaceGuard(policy_fn))
         self._stack = contextlib.ExitStack()
 
     def __enter__(self) -> None:

@@ -140,7 +140,7 @@ def test_pareto_front_keeps_the_points_nothing_beats_on_both_axes():
 @pytest.mark.parametrize(
     ("spec", "message"),
     [
-        ("bogus", "unknown strategy 'bogus'; accepted: none, full, every_n:N, offload, upstream:full|upstream:every_n:N, selective[:POLICY], plan:F"),
+        ("bogus", "unknown strategy 'bogus'; accepted: none, full, every_n:N, offload, upstream:full|upstream:every_n:N, selective[:POLICY], plan:F, oplevel:F, compile:F"),
         ("every_n:x", "every_n needs a positive int (every_n:2 recomputes every other block); got every_n:x"),
         ("every_n:0", "every_n needs a positive int (every_n:2 recomputes every other block); got every_n:0"),
         ("full:2", "strategy 'full' takes no argument; got full:2"),

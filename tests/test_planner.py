@@ -125,7 +125,7 @@ def test_bad_budget(workload, budget, error, message):
 
 def test_bad_strategies(workload):
     model, batch = workload
-    with pytest.raises(ValueError, match=re.escape("strategies must be a non-empty subset of none, selective, full; got ['half']")):
+    with pytest.raises(ValueError, match=re.escape("strategies must be a non-empty subset of none, selective, full, oplevel; got ['half']")):
         hf_ckpt.plan(model, batch, 0.5, strategies=["half"])
 
 

@@ -254,15 +254,15 @@ def _selective(argument: str | None) -> Strategy:
     )
 
 
-def _fraction(argument: str | None) -> float:
+def _fraction(argument: str | None, name: str = "plan") -> float:
     try:
         value = float(argument) if argument is not None else 0.0
     except ValueError:
         value = 0.0
     if not 0.0 < value <= 1.0:
         raise ValueError(
-            "plan needs the budget as a fraction of the no-checkpointing activation memory in (0, 1], "
-            f"e.g. plan:0.5; got plan:{argument or ''}"
+            f"{name} needs the budget as a fraction of the no-checkpointing activation memory in (0, 1], "
+            f"e.g. {name}:0.5; got {name}:{argument or ''}"
         )
     return value
 
@@ -309,4 +309,89 @@ register_strategy(
     _plan,
     syntax="plan:F",
     help="hf_ckpt.plan(model, batch, F): per-block plan fitting F x none's activation memory at the least recompute",
+)
+
+
+def _oplevel(argument: str | None) -> Strategy:
+    from ..planner import plan as make_plan
+
+    fraction = _fraction(argument, "oplevel")
+    made: dict[str, Any] = {}
+    details: dict[str, Any] = {}
+
+    def prepare(model: nn.Module, batch: Mapping[str, Any]) -> None:
+        made["plan"] = make_plan(model, batch, fraction, strategies=("none", "selective", "full", "oplevel"))
+        details.update(
+            strategies=list(made["plan"].strategies),
+            policies={name: list(saved) for name, saved in made["plan"].policies.items()},
+            predicted_bytes=made["plan"].predicted_bytes,
+            predicted_recompute_flops=made["plan"].predicted_recompute_flops,
+            budget_bytes=made["plan"].budget_bytes,
+        )
+
+    def apply(model: nn.Module) -> None:
+        if "plan" not in made:
+            raise RuntimeError(f"oplevel:{fraction:g} was applied before it was prepared on a batch")
+        enable(model, plan=made["plan"])
+
+    return Strategy(
+        f"oplevel:{fraction:g}",
+        f"hf_ckpt.plan(model, batch, {fraction:g}, strategies=(..., 'oplevel')): per block none/full/selective or "
+        f"an op-level policy, the least recompute within {fraction:.0%} of none's memory",
+        apply=apply,
+        remove=disable,
+        prepare=prepare,
+        details=details,
+    )
+
+
+def _compile(argument: str | None) -> Strategy:
+    from ..oplevel._compiled import CompiledReference, compile_unavailable
+
+    try:
+        value = float(argument) if argument is not None else -1.0
+    except ValueError:
+        value = -1.0
+    if not 0.0 <= value <= 1.0:
+        raise ValueError(
+            "compile needs torch._functorch.config.activation_memory_budget in [0, 1], e.g. compile:0.5; "
+            f"got compile:{argument or ''}"
+        )
+    reason = compile_unavailable()
+    if reason is not None:
+        raise ValueError(f"compile:{value:g} cannot run: {reason}; leave it out of --strategies")
+    reference = CompiledReference(value)
+    details: dict[str, Any] = {}
+
+    def prepare(model: nn.Module, batch: Mapping[str, Any]) -> None:
+        from .step import training_step
+
+        reference.prepare(model, batch, lambda: training_step(model, batch))
+        saved_bytes, graph_flops = reference.measure(model, batch)
+        details.update(saved_bytes=saved_bytes, graph_flops=graph_flops)
+        model.zero_grad(set_to_none=True)
+
+    return Strategy(
+        f"compile:{value:g}",
+        f"torch.compile(model, backend='inductor') with activation_memory_budget={value:g} (min-cut partitioner); "
+        "under the bench's dispatch modes dynamo runs eagerly, so its memory and FLOPs are in details "
+        "(saved_bytes, graph_flops; benchmarks/oplevel_budget.py compares them)",
+        apply=reference.apply,
+        remove=reference.remove,
+        prepare=prepare,
+        details=details,
+    )
+
+
+register_strategy(
+    "oplevel",
+    _oplevel,
+    syntax="oplevel:F",
+    help="hf_ckpt.plan(..., strategies=(..., 'oplevel')): per-block or per-op policies within F x none's memory",
+)
+register_strategy(
+    "compile",
+    _compile,
+    syntax="compile:F",
+    help="torch.compile (inductor) with torch._functorch.config.activation_memory_budget=F, the min-cut reference",
 )

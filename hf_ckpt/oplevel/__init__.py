@@ -1,0 +1,53 @@
+"""Op-level activation budgets in eager mode: choose, op by op, which outputs each block keeps for backward.
+
+Block-level plans choose per block between keeping everything (``none``), recomputing everything (``full``) and
+one fixed selective policy. torch.compile's min-cut partitioner (``torch._functorch.config.activation_memory_budget``)
+chooses per op, but only inside a compiled graph. This package does it in eager mode for any Hugging Face model:
+
+* :func:`profile_ops` runs one block per block type under recording dispatch modes and finds, for every aten op
+  occurrence, the bytes its output would keep and the FLOPs its recompute costs (:class:`BlockOpProfile`);
+* :func:`frontier` finds the op sets that avoid the most recompute per byte kept (exact up to 16 candidate ops,
+  within a stated bound beyond; see :mod:`hf_ckpt.oplevel._solver`);
+* :func:`plan_oplevel` (``hf_ckpt.plan(..., strategies=("none", "selective", "full", "oplevel"))``) chooses per
+  block among those and the block-level strategies within a budget, and returns a
+  :class:`~hf_ckpt.CheckpointPlan` whose ``policies`` name the kept op occurrences (``"aten.mm.default#3"``);
+* :class:`OpPolicy` applies one through ``torch.utils.checkpoint.create_selective_checkpoint_contexts``.
+
+Example::
+
+    plan = hf_ckpt.plan(model, batch, 0.5, strategies=("none", "selective", "full", "oplevel"))
+    plan.save("plan.json")                 # "strategies": ["oplevel:LlamaDecoderLayer-3", ...], "policies": {...}
+    hf_ckpt.enable(model, plan="plan.json")
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import Any
+
+#: Public name -> the module that defines it. Loaded on first use (PEP 562): plans and the checkpoint functions
+#: need :class:`OpPolicy`, while the op-level planner builds on the core that uses them.
+_EXPORTS = {
+    "plan_oplevel": "._plan",
+    "profile_ops": "._plan",
+    "OpPolicy": "._policy",
+    "op_key": "._policy",
+    "BlockOpProfile": "._profile",
+    "OpRecord": "._profile",
+    "FrontierPoint": "._solver",
+    "frontier": "._solver",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(_EXPORTS[name], __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -1,0 +1,147 @@
+"""The reference op-level trade-off: ``torch.compile`` with ``activation_memory_budget``, for ``compile:F`` benches.
+
+torch's min-cut partitioner decides, per compiled graph, which forward values the backward graph keeps and which
+it recomputes; ``torch._functorch.config.activation_memory_budget = F`` asks it for at most ``F`` of the memory
+its default choice keeps (1.0: the default; 0: recompute everything it may). :class:`CompiledReference` compiles
+the model's ``__call__`` with inductor (CPU or GPU) under that setting, as ``nn.Module.compile`` does, and
+switches the compiled call on and off.
+
+Measuring it needs other instruments than eager strategies: while a ``TorchDispatchMode`` (the storage tracker,
+``FlopCounterMode``) is active, dynamo runs the model eagerly. So :meth:`CompiledReference.measure` counts
+
+* **retained bytes** with saved-tensor hooks: the distinct storages the compiled autograd function saves for
+  backward, parameters and the batch left out (on an eager model the same hooks and the storage tracker agree to
+  the bytes of the loss scalar);
+* **step FLOPs** statically, over the forward and backward graphs the partitioner produced, with the formulas of
+  ``torch.utils.flop_counter`` applied to each node's recorded shapes. The recompute is the difference with
+  ``compile:1`` (graphs counted the same way), since a decomposed attention counts differently from the fused op.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any, Callable, Mapping
+
+import torch
+from torch import nn
+
+
+def compile_unavailable() -> str | None:
+    """Why ``torch.compile`` with an activation memory budget cannot run here, or None when it can."""
+    if not hasattr(torch, "compile"):
+        return "this torch has no torch.compile"
+    try:
+        import torch._functorch.config as functorch_config
+    except ImportError as error:  # pragma: no cover - every torch with torch.compile has it
+        return f"torch._functorch.config cannot be imported ({error})"
+    if not hasattr(functorch_config, "activation_memory_budget"):
+        return "this torch's partitioner has no activation_memory_budget (torch >= 2.4 has it)"
+    if not hasattr(nn.Module, "compile"):
+        return "this torch's nn.Module cannot hold a compiled call (nn.Module.compile, torch >= 2.2)"
+    return None
+
+
+def graph_flops(graph_module: Any) -> int:
+    """FLOPs of an aten FX graph, from each node's recorded ``meta["val"]`` and ``torch.utils.flop_counter``."""
+    from ._profile import flop_registry
+
+    registry = flop_registry()
+    total = 0
+    for node in graph_module.graph.nodes:
+        if node.op != "call_function":
+            continue
+        formula = registry.get(getattr(node.target, "overloadpacket", None))
+        if formula is None:
+            continue
+        args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: n.meta.get("val"))
+        total += int(formula(*args, **kwargs, out_val=node.meta.get("val")))
+    return total
+
+
+class CompiledReference:
+    """``torch.compile(model, backend="inductor")`` with ``activation_memory_budget=budget`` during partitioning."""
+
+    def __init__(self, budget: float) -> None:
+        self.budget = budget
+        self.graph_flops: list[int] = []
+        self._compiled: "weakref.WeakKeyDictionary[nn.Module, Callable[..., Any]]" = weakref.WeakKeyDictionary()
+
+    def _inner(self, graph: Any, example_inputs: Any, **kwargs: Any) -> Any:
+        from torch._inductor.compile_fx import compile_fx_inner
+
+        self.graph_flops.append(graph_flops(graph))
+        return compile_fx_inner(graph, example_inputs, **kwargs)
+
+    def _backend(self, graph: Any, example_inputs: Any) -> Any:
+        import torch._functorch.config as functorch_config
+        import torch._inductor.config as inductor_config
+        from torch._inductor.compile_fx import compile_fx
+
+        patches = {"activation_memory_budget": self.budget}
+        if hasattr(functorch_config, "enable_autograd_cache"):
+            patches["enable_autograd_cache"] = False  # a cache hit would skip the partitioner and our recording
+        with functorch_config.patch(**patches), inductor_config.patch(fx_graph_cache=False):
+            return compile_fx(graph, example_inputs, inner_compile=self._inner)
+
+    def prepare(self, model: nn.Module, batch: Mapping[str, Any], step: Callable[[], Any]) -> None:
+        """Compile for ``model`` and run ``step`` once so that compilation is not measured.
+
+        Resets dynamo first: compiled frames of another budget would otherwise be reused.
+        """
+        reason = compile_unavailable()
+        if reason is not None:
+            raise RuntimeError(f"compile:{self.budget:g} cannot run: {reason}")
+        torch._dynamo.reset()
+        self.graph_flops.clear()
+        self._compiled[model] = torch.compile(model._call_impl, backend=self._backend)
+        self.apply(model)
+        try:
+            step()
+        except Exception as error:
+            raise RuntimeError(
+                f"compile:{self.budget:g} cannot run on this machine: torch.compile with inductor failed "
+                f"({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}). On a CPU inductor "
+                "needs a C++ compiler (g++ or clang++); leave compile:F out of --strategies."
+            ) from error
+        finally:
+            self.remove(model)
+        if not self.graph_flops:
+            raise RuntimeError(f"compile:{self.budget:g}: dynamo compiled no graph for this model (it ran eagerly)")
+
+    def apply(self, model: nn.Module) -> None:
+        if model not in self._compiled:
+            raise RuntimeError(f"compile:{self.budget:g} was applied before it was prepared on a batch")
+        model._compiled_call_impl = self._compiled[model]
+
+    def remove(self, model: nn.Module) -> None:
+        model._compiled_call_impl = None
+
+    def measure(self, model: nn.Module, batch: Mapping[str, Any], loss_fn: Any = None) -> tuple[int, int]:
+        """(bytes saved for backward, step FLOPs of the compiled graphs) of one step of the compiled model."""
+        from ..measure.step import forward_loss
+
+        foreign = {
+            t.untyped_storage().data_ptr()
+            for t in (*model.parameters(), *model.buffers(), *(v for v in batch.values() if isinstance(v, torch.Tensor)))
+        }
+        saved: dict[int, int] = {}
+
+        def pack(tensor: torch.Tensor) -> torch.Tensor:
+            storage = tensor.untyped_storage()
+            if storage.data_ptr() not in foreign:
+                saved[storage.data_ptr()] = storage.nbytes()
+            return tensor
+
+        compiled_before = len(self.graph_flops)
+        self.apply(model)
+        try:
+            model.train()
+            model.zero_grad(set_to_none=True)
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+                loss = forward_loss(model, batch, loss_fn)
+            loss.backward()
+        finally:
+            self.remove(model)
+        if len(self.graph_flops) != compiled_before:
+            raise RuntimeError(f"compile:{self.budget:g} recompiled while measured; its figures would mix graphs")
+        return sum(saved.values()), sum(self.graph_flops)

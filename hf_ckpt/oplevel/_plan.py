@@ -1,0 +1,207 @@
+"""Op-level planning: per block, one of none / full / selective or an op-level policy, within a memory budget.
+
+1. **Profile.** :func:`hf_ckpt.planner.profile_blocks` measures each block's retained bytes and recompute FLOPs
+   under the block-level strategies; :func:`profile_ops` profiles one block per twin group op by op.
+2. **Menu.** Each block's options: the block-level strategies, plus every point of its type's op-level frontier
+   (:func:`~hf_ckpt.oplevel.frontier`), predicted as ``full`` plus the kept bytes and ``full``'s recompute less the
+   avoided FLOPs.
+3. **Solve.** A multiple-choice knapsack over blocks, solved exactly by dynamic programming over savings
+   quantised *down* (so memory is never understated), as the block-level planner does; ties go to fewer
+   checkpointed blocks, then to plain ``full`` over a selective policy (less dispatch overhead).
+4. **Verify.** The plan runs one step and its retained bytes are measured; on an overshoot the solver is asked for
+   the overshoot less, up to a few times.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping, Sequence
+
+import torch
+from torch import nn
+
+from .._target import target_model
+from ..blocks import find_blocks
+from ..plans import CheckpointPlan
+from ._profile import BlockOpProfile, capture_inputs, profile_block
+from ._solver import frontier
+
+_QUANTA = 4096
+_VERIFY_ROUNDS = 4
+#: Tie-breaks between options of equal FLOPs: no checkpoint, then plain checkpointing, then selective contexts.
+_OVERHEAD = {"none": 0, "full": 1}
+
+
+def profile_ops(model: nn.Module, sample_inputs: Mapping[str, Any], *, loss_fn: Any = None) -> list[BlockOpProfile]:
+    """Profile, op by op, the first block of each group of twin blocks (see :mod:`hf_ckpt.oplevel._profile`).
+
+    The model is left as found (checkpointing setting, mode, gradients, RNG state).
+    """
+    from ..core import remove
+    from ..profiling import left_as_found, loss_of_sample, twin_groups
+
+    if not isinstance(sample_inputs, Mapping):
+        raise TypeError(
+            f"sample_inputs must be a mapping of keyword arguments for the model; got {type(sample_inputs).__name__}"
+        )
+    target = target_model(model)
+    blocks = find_blocks(target)
+    if not blocks:
+        raise ValueError(f"{type(target).__name__} has no repeated blocks to profile")
+    groups = twin_groups(blocks)
+    firsts = [blocks[group[0]] for group in groups]
+    profiles = []
+    with left_as_found(model):
+        remove(model)
+        torch.manual_seed(0)
+        captured = capture_inputs(model, firsts, lambda: loss_of_sample(model(**sample_inputs), loss_fn))
+        for block, group in zip(firsts, groups):
+            if block.index not in captured:
+                continue  # the block never ran on this batch (a decoder without decoder inputs)
+            torch.manual_seed(0)
+            args, kwargs = captured[block.index]
+            profiles.append(profile_block(block, args, kwargs, tuple(group)))
+    return profiles
+
+
+def _menu(block_profile: Any, op_profiles: list[BlockOpProfile]) -> tuple[list[list[tuple[str, int, int, int]]], dict[str, tuple[str, ...]]]:
+    """Per block, the options (strategy, predicted bytes, predicted recompute FLOPs, overhead rank)."""
+    num_blocks = len(block_profile.retained["none"])
+    menu: list[list[tuple[str, int, int, int]]] = [[] for _ in range(num_blocks)]
+    for strategy, retained in block_profile.retained.items():
+        for i in range(num_blocks):
+            menu[i].append((strategy, retained[i], block_profile.recompute_flops[strategy][i], _OVERHEAD.get(strategy, 3)))
+    policies: dict[str, tuple[str, ...]] = {}
+    used_names: set[str] = set()
+    for number, profile in enumerate(op_profiles):
+        prefix = profile.block_type if profile.block_type not in used_names else f"{profile.block_type}{number}"
+        used_names.add(prefix)
+        for k, point in enumerate(frontier(profile)):
+            if not point.saved:
+                continue  # saving nothing is plain "full"
+            name = f"{prefix}-{k}"
+            policies[name] = point.saved
+            for i in profile.blocks:
+                menu[i].append((
+                    f"oplevel:{name}",
+                    block_profile.retained["full"][i] + point.bytes,
+                    max(0, block_profile.recompute_flops["full"][i] - point.avoided_flops),
+                    2,
+                ))
+    return menu, policies
+
+
+def _solve(menu: list[list[tuple[str, int, int, int]]], base: int, budget_bytes: int) -> tuple[str, ...]:
+    """The options of least total (recompute FLOPs, checkpointed blocks, overhead) whose bytes fit the budget."""
+    none = [next(bytes_ for name, bytes_, _, _ in options if name == "none") for options in menu]
+    baseline = base + sum(none)
+    required = baseline - budget_bytes
+    if required <= 0:
+        return ("none",) * len(menu)
+    smallest = base + sum(min(b for _, b, _, _ in options) for options in menu)
+    if smallest > budget_bytes:
+        raise ValueError(
+            f"no plan fits a budget of {budget_bytes / 2**20:.2f} MiB: the smallest activation memory reachable is "
+            f"{smallest / 2**20:.2f} MiB ({100 * smallest / baseline:.1f}% of no checkpointing)"
+        )
+    unit = max(1, math.ceil(required / _QUANTA))
+    target = math.ceil(required / unit)
+    infinity = (math.inf, math.inf, math.inf)
+    best: list[tuple[float, float, float]] = [(0, 0, 0)] + [infinity] * target
+    history = []
+    for i, options in enumerate(menu):
+        step = [infinity] * (target + 1)
+        picked: list[tuple[int, str] | None] = [None] * (target + 1)
+        for k, cost in enumerate(best):
+            if cost[0] == math.inf:
+                continue
+            for name, bytes_, flops, overhead in options:
+                reach = min(target, k + max(0, (none[i] - bytes_) // unit))
+                candidate = (cost[0] + flops, cost[1] + (name != "none"), cost[2] + overhead)
+                if candidate < step[reach]:
+                    step[reach] = candidate
+                    picked[reach] = (k, name)
+        best = step
+        history.append(picked)
+    if best[target] == infinity:  # quantisation lost the last few bytes: the strongest option everywhere
+        return tuple(min(options, key=lambda o: (o[1], o[2]))[0] for options in menu)
+    chosen: list[str] = []
+    k = target
+    for picked in reversed(history):
+        k, name = picked[k]
+        chosen.append(name)
+    return tuple(reversed(chosen))
+
+
+def _measured(model: nn.Module, plan: CheckpointPlan, inputs: Mapping[str, Any], loss_fn: Any, policy: Any,
+              checkpoint_kwargs: dict[str, Any]) -> int:
+    from ..config import CheckpointConfig
+    from ..core import apply_config, remove
+    from ..profiling import left_as_found, retained_per_block
+
+    blocks = find_blocks(target_model(model))
+    with left_as_found(model):
+        remove(model)
+        options = {"policy": policy} if "selective" in plan.strategies else {}
+        apply_config(model, CheckpointConfig.from_arguments(
+            checkpoint_kwargs, dict_name="checkpoint_kwargs", plan=plan, **options
+        ))
+        torch.manual_seed(0)
+        base, per_block = retained_per_block(model, blocks, inputs, loss_fn)
+    return base + sum(per_block)
+
+
+def plan_oplevel(
+    model: nn.Module,
+    sample_inputs: Mapping[str, Any],
+    budget: int | float,
+    *,
+    strategies: Sequence[str] = ("none", "selective", "full", "oplevel"),
+    policy: Any = None,
+    loss_fn: Any = None,
+    **checkpoint_kwargs: Any,
+) -> CheckpointPlan:
+    """:func:`hf_ckpt.plan` with op-level policies among the options (``"oplevel"`` in ``strategies``)."""
+    from .._solver import budget_bytes as in_bytes
+    from ..profiling import profile_blocks
+
+    block_strategies = tuple(dict.fromkeys(s for s in (*strategies, "full") if s != "oplevel"))
+    block_profile = profile_blocks(
+        model, sample_inputs, strategies=block_strategies, policy=policy, loss_fn=loss_fn, **checkpoint_kwargs
+    )
+    budget_bytes = in_bytes(budget, block_profile.baseline_bytes)
+    op_profiles = profile_ops(model, sample_inputs, loss_fn=loss_fn)
+    menu, policies = _menu(block_profile, op_profiles)
+    allowed = set(strategies) - {"oplevel"}
+    menu = [
+        [o for o in options if o[0] in allowed or (o[0].startswith("oplevel:") and "oplevel" in strategies)]
+        for options in menu
+    ]
+    target = budget_bytes
+    for _ in range(_VERIFY_ROUNDS):
+        chosen = _solve(menu, block_profile.base_bytes, target)
+        used = {s.partition(":")[2] for s in chosen if s.startswith("oplevel:")}
+        candidate = CheckpointPlan(strategies=chosen, policies={name: policies[name] for name in sorted(used)})
+        measured = _measured(model, candidate, sample_inputs, loss_fn, policy, dict(checkpoint_kwargs))
+        if measured <= budget_bytes:
+            break
+        target -= measured - budget_bytes
+    else:
+        raise ValueError(
+            f"no plan fits a budget of {budget_bytes / 2**20:.2f} MiB: the best plan found retains "
+            f"{measured / 2**20:.2f} MiB when measured"
+        )
+    recompute = sum(
+        next(flops for name, _, flops, _ in menu[i] if name == strategy) for i, strategy in enumerate(chosen)
+    )
+    return CheckpointPlan(
+        strategies=chosen,
+        policies=candidate.policies,
+        predicted_bytes=measured,
+        predicted_recompute_flops=recompute,
+        baseline_bytes=block_profile.baseline_bytes,
+        budget_bytes=budget_bytes,
+        block_bytes=block_profile.retained,
+        block_recompute_flops=block_profile.recompute_flops,
+        model_type=getattr(getattr(target_model(model), "config", None), "model_type", None),
+    )

@@ -1,0 +1,172 @@
+"""Profiling real training steps, block by block: what the planners measure.
+
+* :func:`profile_blocks` -> :class:`~hf_ckpt._solver.BlockProfile`: each block's retained bytes and recompute
+  FLOPs under each strategy, one step per strategy. A :class:`~hf_ckpt.measure.StorageTracker` labels each storage
+  with the block that created it, so the bytes alive when forward returns split per block (what is created
+  outside the blocks, embeddings and head, is the fixed base). Recompute cost is counted by ``FlopCounterMode``
+  over whole steps: one step per strategy and group of twin blocks (same class, same parameter shapes), less the
+  step without checkpointing, shared among the group.
+* :func:`measured_bytes`: what a candidate plan retains, measured in one step.
+* :func:`left_as_found`: every step runs inside it, so the model ends as it started (checkpointing, training
+  flags, gradients, RNG).
+
+The block-level planner (:mod:`hf_ckpt.planner`) and the op-level one (:mod:`hf_ckpt.oplevel`) both build on it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Iterator, Mapping, Sequence
+
+import torch
+from torch import nn
+
+from ._preserve import preserved
+from ._solver import BlockProfile
+from ._state import suspended
+from ._target import target_model
+from .blocks import Block, find_blocks
+from .config import CheckpointConfig
+from .core import apply_config, remove
+from .measure.step import LossFn, loss_of, model_device
+from .plans import CheckpointPlan
+from .selective import SelectiveRecomputeError
+
+
+def loss_of_sample(output: Any, loss_fn: LossFn | None) -> torch.Tensor:
+    """The loss of a profiling step, with the planner's wording when there is none."""
+    return loss_of(output, loss_fn, caller="plan: ", inputs="sample_inputs")
+
+
+def retained_per_block(model: nn.Module, blocks: list[Block], inputs: Mapping[str, Any], loss_fn: LossFn | None):
+    """(base bytes, bytes per block) alive when forward returns, labelled by the block that created them."""
+    from .measure.memory import StorageTracker
+
+    current: list[int | None] = [None]
+    handles = []
+    for block in blocks:
+        handles.append(block.module.register_forward_pre_hook(lambda m, a, i=block.index: current.__setitem__(0, i)))
+        handles.append(block.module.register_forward_hook(lambda m, a, o: current.__setitem__(0, None)))
+    try:
+        with StorageTracker(label=lambda: current[0]) as tracker:
+            loss = loss_of_sample(model(**inputs), loss_fn)
+            by_block = tracker.live_bytes_by_label(str(model_device(model)))
+            loss.backward()
+    finally:
+        for handle in handles:
+            handle.remove()
+    return by_block.get(None, 0), tuple(by_block.get(block.index, 0) for block in blocks)
+
+
+def step_flops(model: nn.Module, inputs: Mapping[str, Any], loss_fn: LossFn | None) -> int:
+    from .measure.flops import count_flops
+
+    torch.manual_seed(0)
+    model.zero_grad(set_to_none=True)
+    with count_flops() as flops:
+        loss_of_sample(model(**inputs), loss_fn).backward()
+    return flops.total
+
+
+def twin_groups(blocks: list[Block]) -> list[list[int]]:
+    """Blocks of the same class with parameters of the same shapes: they cost the same to recompute."""
+    groups: dict[tuple, list[int]] = {}
+    for block in blocks:
+        shapes = tuple((name, tuple(p.shape)) for name, p in block.module.named_parameters())
+        groups.setdefault((type(block.module), shapes), []).append(block.index)
+    return list(groups.values())
+
+
+def recompute_flops_per_block(
+    model: nn.Module, blocks: list[Block], strategy: str, config: dict[str, Any], inputs: Mapping[str, Any],
+    loss_fn: LossFn | None, none_flops: int,
+) -> tuple[int, ...]:
+    """Each block's recompute FLOPs under ``strategy``: whole-step FLOPs with the strategy on one group of twin
+    blocks, less the FLOPs without checkpointing, shared among the group. Whole-step totals are exact where
+    per-module attribution of the recompute (which runs in backward) is not."""
+    per_block = [0] * len(blocks)
+    for group in twin_groups(blocks):
+        strategies = tuple(strategy if i in group else "none" for i in range(len(blocks)))
+        remove(model)
+        apply_config(model, CheckpointConfig.from_arguments(config, dict_name="checkpoint_kwargs", plan=CheckpointPlan(strategies)))
+        extra = max(0, step_flops(model, inputs, loss_fn) - none_flops)
+        share, remainder = divmod(extra, len(group))
+        for position, index in enumerate(group):
+            per_block[index] = share + (1 if position < remainder else 0)
+    return tuple(per_block)
+
+
+@contextlib.contextmanager
+def left_as_found(model: nn.Module) -> Iterator[None]:
+    """Profile in training mode with grad, then put everything back: the checkpointing attributes of every module
+    (hf_ckpt's record and hooks, or upstream's flags), each module's training flag, accumulated gradients and the
+    RNG state."""
+    with preserved(model), suspended(target_model(model)), torch.enable_grad():
+        model.train()
+        yield
+
+
+def measured_bytes(
+    model: nn.Module, strategies: tuple[str, ...], inputs: Mapping[str, Any], loss_fn: LossFn | None,
+    policy: Any, checkpoint_kwargs: dict[str, Any],
+) -> int:
+    """Bytes the plan ``strategies`` retains at the end of forward, measured in one step."""
+    blocks = find_blocks(target_model(model))
+    with left_as_found(model):
+        remove(model)
+        options = {"policy": policy} if "selective" in strategies else {}
+        apply_config(model, CheckpointConfig.from_arguments(
+            checkpoint_kwargs, dict_name="checkpoint_kwargs", plan=CheckpointPlan(strategies), **options
+        ))
+        torch.manual_seed(0)
+        base, per_block = retained_per_block(model, blocks, inputs, loss_fn)
+    return base + sum(per_block)
+
+
+def profile_blocks(
+    model: nn.Module,
+    sample_inputs: Mapping[str, Any],
+    *,
+    strategies: Sequence[str] = ("none", "full", "selective"),
+    policy: Any = None,
+    loss_fn: LossFn | None = None,
+    **checkpoint_kwargs: Any,
+) -> BlockProfile:
+    """Measure each block's retained bytes and recompute FLOPs under each strategy (one step per strategy).
+
+    A strategy the model cannot run (``"selective"`` on a block that writes into a saved output) is left out and
+    listed in :attr:`BlockProfile.unusable` with the reason.
+    """
+    target = target_model(model)
+    blocks = find_blocks(target)
+    if not blocks:
+        raise ValueError(f"{type(target).__name__} has no repeated blocks to plan for")
+    retained: dict[str, tuple[int, ...]] = {}
+    recompute: dict[str, tuple[int, ...]] = {}
+    unusable: dict[str, str] = {}
+    base_bytes = 0
+    with left_as_found(model):
+        remove(model)
+        none_flops = step_flops(model, sample_inputs, loss_fn)
+        for strategy in dict.fromkeys(("none", *strategies)):
+            remove(model)
+            options = {"policy": policy} if strategy == "selective" else {}
+            if strategy != "none":
+                apply_config(model, CheckpointConfig.from_arguments(
+                    checkpoint_kwargs, dict_name="checkpoint_kwargs", strategy=strategy, **options
+                ))
+            try:
+                torch.manual_seed(0)
+                model.zero_grad(set_to_none=True)
+                base, retained[strategy] = retained_per_block(model, blocks, sample_inputs, loss_fn)
+            except SelectiveRecomputeError as error:
+                unusable[strategy] = str(error)
+                continue
+            if strategy == "none":
+                base_bytes = base
+                recompute[strategy] = (0,) * len(blocks)
+            else:
+                recompute[strategy] = recompute_flops_per_block(
+                    model, blocks, strategy, {**checkpoint_kwargs, **options}, sample_inputs, loss_fn, none_flops
+                )
+    return BlockProfile(base_bytes=base_bytes, retained=retained, recompute_flops=recompute, unusable=unusable)
