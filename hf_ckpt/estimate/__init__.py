@@ -19,7 +19,7 @@ from __future__ import annotations
 import sys
 import types
 from importlib import import_module
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 _EXPORTS = {
     "DEFAULT_STRATEGIES": "._estimate",
@@ -32,6 +32,11 @@ _EXPORTS = {
 }
 
 __all__ = sorted(_EXPORTS)
+
+if TYPE_CHECKING:  # for type checkers and the API docs: the same names, imported eagerly
+    from ._estimate import DEFAULT_STRATEGIES, estimate
+    from ._plan import plan_for, plan_from_estimate, profile_of, write_plan
+    from ._result import MemoryEstimate
 
 
 def __getattr__(name: str) -> Any:

@@ -23,7 +23,7 @@ Example::
 from __future__ import annotations
 
 from importlib import import_module
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 #: Public name -> the module that defines it. Loaded on first use (PEP 562): plans and the checkpoint functions
 #: need :class:`OpPolicy`, while the op-level planner builds on the core that uses them.
@@ -39,6 +39,12 @@ _EXPORTS = {
 }
 
 __all__ = sorted(_EXPORTS)
+
+if TYPE_CHECKING:  # for type checkers and the API docs: the same names, imported eagerly
+    from ._plan import plan_oplevel, profile_ops
+    from ._policy import OpPolicy, op_key
+    from ._profile import BlockOpProfile, OpRecord
+    from ._solver import FrontierPoint, frontier
 
 
 def __getattr__(name: str) -> Any:
