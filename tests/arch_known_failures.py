@@ -1,0 +1,2 @@
+"""Reviewed known failures of the generic sweep (placeholder)."""
+KNOWN_FAILURES: dict[str, str] = {}
