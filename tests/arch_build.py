@@ -86,6 +86,8 @@ _SIZES: dict[str, int] = {
     **dict.fromkeys(["kv_lora_rank", "q_lora_rank"], 16),
     **dict.fromkeys(["qk_nope_head_dim", "v_head_dim"], 8),
     "qk_rope_head_dim": 4,
+    "num_frames": 2,  # video models: frames per clip
+    "mm_tokens_per_image": 4,  # Gemma 3: pooled image tokens, at most the 16 patches of a tiny image
 }
 #: Names of fields that may hold a width equal to some config's hidden size (projector outputs, adapters).
 _WIDTH = re.compile(r"(size|dim|hidden|channels|width)")
@@ -260,6 +262,13 @@ def tiny_kwargs(cls: type, defaults: dict[str, Any], tokens: _Tokens, half: bool
             if sub is not None:
                 kwargs[name] = {**value, **tiny_kwargs(sub, value, tokens, widths=widths)}
             continue
+        if isinstance(value, dict) and value and all(str(k).isdigit() for k in value):
+            kwargs[name] = {k: v for k, v in value.items() if int(k) < BLOCKS}  # per-layer settings
+            continue
+        if isinstance(value, dict) and isinstance(value.get("mrope_section"), list):
+            # multimodal rotary sections (t, h, w) must sum to half the tiny head size
+            kwargs[name] = {**value, "mrope_section": [2, 1, 1]}
+            continue
         if isinstance(value, list):
             shrunk = _shrink_list(name, value, layers)
             if shrunk is not None:
@@ -286,6 +295,8 @@ def tiny_kwargs(cls: type, defaults: dict[str, Any], tokens: _Tokens, half: bool
     for name in ("torch_dtype", "dtype"):
         if name in defaults:
             kwargs[name] = "float32"
+    if "qk_rope_head_dim" in defaults and "head_dim" in defaults:
+        kwargs["head_dim"] = _SIZES["qk_rope_head_dim"]  # multi-head latent attention: head_dim is the rope part
     if "pad_token_id" in defaults or "vocab_size" in defaults:
         kwargs["pad_token_id"] = 0
     if defaults.get("is_encoder_decoder"):
@@ -403,7 +414,9 @@ def _inputs(model: torch.nn.Module, seed: int, pixels: bool = False, image_token
             channels = _find(config, "num_channels", "in_channels", "in_chans", default=3)
             size = _find(config, "image_size", "img_size", default=IMAGE_SIZE)
             size = size if isinstance(size, int) else IMAGE_SIZE
-            batch["pixel_values"] = torch.randn(BATCH_SIZE, channels, size, size, generator=generator)
+            frames = _find(config, "num_frames")
+            shape = (BATCH_SIZE, channels, size, size) if not frames else (BATCH_SIZE, frames, channels, size, size)
+            batch["pixel_values"] = torch.randn(*shape, generator=generator)
         elif name == "input_features":
             bins = _find(config, "num_mel_bins", "feature_size", "input_feat_per_channel", default=16)
             frames = 2 * (_find(config, "max_source_positions", default=16) or 16)
