@@ -383,12 +383,15 @@ def inputs(model: torch.nn.Module, seed: int = 0) -> dict[str, Any]:
             return batch
         except (ValueError, RuntimeError) as error:
             found = _FEATURES.search(str(error))
-            if not found or candidates == []:
+            if not (found or "image tokens" in str(error)) or candidates == []:
                 raise
-            if candidates is None:  # "features" is a token count or (Llava) tokens x hidden size, over the batch
+            if candidates is None and found:  # "features": a token count or tokens x hidden size, over the batch
                 features = int(found.group(2))
                 hidden = _find(model.config, "hidden_size", default=1)
                 candidates = [c for c in (features // BATCH_SIZE, features // BATCH_SIZE // hidden, features) if c]
+            elif candidates is None:  # older releases: one token per image, expanded by the model, or one per patch
+                patches = (IMAGE_SIZE // PATCH_SIZE) ** 2
+                candidates = [1, patches, patches + 1]
             batch = _inputs(model, seed, pixels=True, image_tokens=candidates.pop(0))
 
 
