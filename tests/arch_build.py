@@ -411,6 +411,8 @@ def _inputs(model: torch.nn.Module, seed: int, pixels: bool = False, image_token
             if image_tokens and token is not None:
                 ids = torch.cat([torch.full((BATCH_SIZE, image_tokens), token), ids], dim=1)
             batch["input_ids"] = ids
+            if "mm_token_type_ids" in parameters and image_tokens:  # 1 marks an image token (GLM-4V, Qwen-VL)
+                batch["mm_token_type_ids"] = (ids == token).long()
             if "attention_mask" in parameters:
                 batch["attention_mask"] = torch.ones_like(ids)
         elif name == "pixel_values":
@@ -419,6 +421,12 @@ def _inputs(model: torch.nn.Module, seed: int, pixels: bool = False, image_token
             size = size if isinstance(size, int) else IMAGE_SIZE
             frames = _find(config, "num_frames")
             shape = (BATCH_SIZE, channels, size, size) if not frames else (BATCH_SIZE, frames, channels, size, size)
+            if "image_grid_thw" in parameters:  # Qwen2-VL style: flattened patches and a (t, h, w) grid per image
+                patch = _find(config, "patch_size", default=PATCH_SIZE)
+                temporal = _find(config, "temporal_patch_size", default=1)
+                side = size // patch
+                shape = (BATCH_SIZE * side * side, channels * temporal * patch * patch)
+                batch["image_grid_thw"] = torch.tensor([[1, side, side]] * BATCH_SIZE)
             batch["pixel_values"] = torch.randn(*shape, generator=generator)
         elif name == "input_features":
             bins = _find(config, "num_mel_bins", "feature_size", "input_feat_per_channel", default=16)
