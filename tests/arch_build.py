@@ -242,7 +242,7 @@ def _hidden_sizes(defaults: dict[str, Any]) -> set[int]:
     return found
 
 
-def tiny_kwargs(cls: type, defaults: dict[str, Any], tokens: _Tokens, half: bool = False,
+def tiny_kwargs(cls: type, defaults: dict[str, Any], tokens: _Tokens,
                 widths: set[int] | None = None) -> dict[str, Any]:
     """Keyword arguments that make ``cls`` (whose defaults are ``defaults``) tiny; recursive into sub-configs.
 
@@ -283,9 +283,7 @@ def tiny_kwargs(cls: type, defaults: dict[str, Any], tokens: _Tokens, half: bool
         elif name in _HALF_LAYER_COUNTS and isinstance(value, int):
             kwargs[name] = BLOCKS // 2
         elif _LAYER_COUNT.match(name) and isinstance(value, int) and value > 0:
-            kwargs[name] = BLOCKS // 2 if (half or is_encoder_decoder) and "decoder" not in name else BLOCKS
-            if is_encoder_decoder:
-                kwargs[name] = BLOCKS // 2
+            kwargs[name] = BLOCKS // 2 if is_encoder_decoder else BLOCKS
         elif any(marker in lowered for marker in _DROPOUT_MARKERS) and isinstance(value, float):
             kwargs[name] = 0.0
         elif (lowered.endswith("_token_id") or lowered.endswith("_token_index")) and isinstance(value, int):
