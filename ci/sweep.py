@@ -70,6 +70,7 @@ def run_release(release: str, args: argparse.Namespace) -> dict:
             "HF_CKPT_SWEEP_KNOWN": "strict" if strict else "off",
             "HF_CKPT_SWEEP_REPORT": str(out / "sweep.json"),
             "PYTHONDONTWRITEBYTECODE": "1",
+            "PYTHONUNBUFFERED": "1",  # progress reaches the log as it happens
             "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // max(1, args.jobs))),
         }
         command = [str(path / "bin" / "python"), "-m", "pytest", "-p", "no:cacheprovider", "-q",
