@@ -2,7 +2,12 @@
 """Write docs/compatibility.md from what the release matrix and the architecture sweep measured.
 
     python ci/matrix.py                 # writes build/matrix/matrix.json
-    python ci/compat_report.py          # reads it, writes docs/compatibility.md
+    python ci/sweep.py                  # writes build/sweep/sweep.json (every model type)
+    python ci/compat_report.py          # reads both, writes docs/compatibility.md
+    python ci/compat_report.py --check  # CI: fails unless the committed page is what this run gives
+
+``--check`` compares the committed page with the one this run's JSON renders, ignoring only the lines marked
+``<!-- measured -->`` (runtimes), and fails if the run was not green: the page cannot drift from what CI checks.
 
 Several inputs can be given (``--input a.json b.json``); a release found in more than one comes from the last.
 Everything on the page comes from the JSON: the upstream capabilities were detected in each release's own
@@ -18,10 +23,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_INPUT = ROOT / "build" / "matrix" / "matrix.json"
+DEFAULT_SWEEP = ROOT / "build" / "sweep" / "sweep.json"
 DEFAULT_OUTPUT = ROOT / "docs" / "compatibility.md"
+MEASURED = "<!-- measured -->"
+MODALITIES = ("text decoder", "encoder", "encoder-decoder", "vision", "audio/speech", "multimodal", "MoE",
+              "state-space/hybrid")
 
 PINNED_APART = ("torch", "huggingface_hub", "tokenizers", "peft")
-VARIANTS = ("enable-every1", "enable-every2", "mixin-every1", "mixin-every2")
+VARIANTS = ("enable-every1", "enable-every2", "patched-every1", "patched-every2")
 TASK_TITLES = {"causal-lm": "Causal LM", "masked-lm": "Masked LM", "seq2seq": "Encoder-decoder (seq2seq)"}
 
 
@@ -59,14 +68,98 @@ def hf_ckpt_adds(capabilities: dict[str, bool]) -> list[str]:
 
 
 def _counts(release: dict) -> str:
+    """The default suite's verdict on a release (not its test counts: those change with every new test)."""
     failed = release["failed"] + release["errors"]
-    text = f"{release['passed']} passed, {failed} failed"
-    for key in ("xfailed", "skipped"):
-        if release.get(key):
-            text += f", {release[key]} {key}"
     if release.get("problem"):
-        text += f" ({release['problem']})"
-    return text
+        return f"not run ({release['problem']})"
+    if failed:
+        return f"**{failed} failed**"
+    if release.get("exit_status") not in (0, None):
+        return f"**pytest exited with status {release['exit_status']}**"
+    return "green"
+
+
+def _outcome(record: dict) -> str:
+    passed = all(record.get(variant) == "passed" for variant in VARIANTS)
+    if record.get("known_failure"):
+        return "xpass" if passed else "xfail"
+    return "passed" if passed else "failed"
+
+
+def _first_failure(record: dict) -> str:
+    for variant in VARIANTS:
+        if record.get(variant, "not run") != "passed":
+            return f"{variant}: {record.get(variant, 'not run')}"
+    return ""
+
+
+def render_full_sweep(sweep: dict | None) -> list[str]:
+    """The section on every model type: denominator, passing count, table by modality, failures with reasons."""
+    if not sweep or not sweep.get("releases"):
+        return []
+    runs = [r for r in sweep["releases"] if (r.get("sweep") or {}).get("model_types")]
+    if not runs:
+        return []
+    names = [r["release"] for r in runs]
+    lines = [
+        "## Every model type",
+        "",
+        "`ci/sweep.py` builds the base model class of **every model type that supports checkpointing** on each "
+        "release (every class in the auto mappings declaring `supports_gradient_checkpointing = True`, deduplicated "
+        "by model type) tiny and generically from its config class's own fields (`tests/arch_build.py`), with "
+        "inputs generated from its `main_input_name` and `forward` signature, and runs the same 4 cases. On the "
+        "newest release the sweep is asserted: every model type passes or is a reviewed strict expected failure "
+        "(below), so an upstream fix turns it red until the entry is removed. On the older releases the same "
+        "enumeration is measured and reported here; what is asserted there is the default suite's stratified "
+        "sample (one or two model types per modality).",
+        "",
+        "| transformers | model types that support checkpointing | passed | known failures (xfail) | failed | mode |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for run in runs:
+        records = run["sweep"]["model_types"]
+        counts = {name: 0 for name in ("passed", "failed", "xfail", "xpass")}
+        for record in records.values():
+            counts[_outcome(record)] += 1
+        total = len(records)
+        share = f" ({100 * counts['passed'] / total:.0f}%)" if total else ""
+        failed = counts["failed"] + counts["xpass"]
+        mode = "asserted" if run.get("strict") else "measured"
+        lines.append(f"| {run['release']} | {total} | {counts['passed']}{share} | {counts['xfail']} | {failed} | {mode} |")
+    timing = ", ".join(f"{r['release']} {r['seconds']:.0f} s" for r in runs)
+    lines += ["", f"Sweep runtime in the run this page comes from: {timing}. {MEASURED}", ""]
+    lines += ["### By modality", "", "Passed / model types, per release.", "",
+              "| modality | " + " | ".join(names) + " |", "| --- | " + " | ".join("---" for _ in names) + " |"]
+    for modality in MODALITIES:
+        cells = []
+        for run in runs:
+            records = [r for r in run["sweep"]["model_types"].values() if r.get("modality") == modality]
+            passed = sum(_outcome(r) == "passed" for r in records)
+            cells.append(f"{passed} / {len(records)}" if records else "—")
+        lines.append(f"| {modality} | " + " | ".join(cells) + " |")
+    newest = runs[-1]
+    records = newest["sweep"]["model_types"]
+    known = {m: r for m, r in records.items() if r.get("known_failure")}
+    lines += ["", f"### Known failures on {newest['release']}", "",
+              "Each is a strict expected failure in `tests/arch_known_failures.py`, with its reviewed reason.", ""]
+    by_reason: dict[str, list[str]] = {}
+    for model_type, record in sorted(known.items()):
+        by_reason.setdefault(record["known_failure"], []).append(model_type)
+    for reason, model_types in sorted(by_reason.items(), key=lambda item: (-len(item[1]), item[0])):
+        lines.append(f"- {', '.join(f'`{m}`' for m in model_types)}: {reason}")
+    unexpected = [(run["release"], m, r) for run in runs for m, r in sorted(run["sweep"]["model_types"].items())
+                  if _outcome(r) in ("failed", "xpass")]
+    for run in runs:
+        failing = [m for m, r in sorted(run["sweep"]["model_types"].items()) if _outcome(r) in ("failed", "xpass")]
+        if not failing:
+            continue
+        title = "Failures" if run.get("strict") else "Not passing (measured, not asserted)"
+        lines += ["", f"### {title} on {run['release']}", ""]
+        if run.get("strict"):
+            lines += [f"- `{m}`: {_first_failure(r)}" for rel, m, r in unexpected if rel == run["release"]]
+        else:
+            lines.append(", ".join(f"`{m}`" for m in failing))
+    return lines + [""]
 
 
 def _cell(result: dict | None) -> str:
@@ -121,7 +214,7 @@ def _notes(swept: list[dict]) -> list[str]:
     return lines
 
 
-def render(releases: list[dict]) -> str:
+def render(releases: list[dict], sweep_data: dict | None = None) -> str:
     swept = [r for r in releases if r.get("sweep")]
     lines = [
         "# Compatibility",
@@ -130,10 +223,15 @@ def render(releases: list[dict]) -> str:
         "",
         "hf_ckpt is tested on every transformers release below, each in its own environment (torch "
         + ", ".join(sorted({r["sweep"]["torch"] for r in swept})) + ", CPU, fp32). "
-        "The whole test suite runs on each; the architecture sweep (`tests/test_architectures.py`) trains a tiny "
-        "model of every common architecture the release provides for one step, with and without checkpointing, "
-        "and checks that the gradients agree (max abs difference <= 1e-5) and that exactly the selected blocks "
-        "were recomputed, measured by counting block runs.",
+        "The whole test suite runs on each; the architecture sweep (`tests/test_architectures.py`) trains tiny "
+        "models for one step, with and without checkpointing, and checks that the gradients agree (max abs "
+        "difference <= 1e-5) and that exactly the selected blocks were recomputed (measured by counting block "
+        "runs; every tower of a multimodal model, blocks in global order), for full checkpointing and "
+        "`every_n_layers=2`, through `hf_ckpt.enable` and through the patched `gradient_checkpointing_enable` "
+        "(`hf_ckpt.patch_transformers()`): 4 cases per model. The default suite sweeps the task heads of the "
+        "common text architectures and a stratified sample of the generic sweep; `ci/sweep.py` sweeps every "
+        "model type (below). This page is written by `ci/compat_report.py` from the CI run's JSON and CI checks "
+        "it with `--check`.",
         "",
         "## Releases",
         "",
@@ -166,21 +264,23 @@ def render(releases: list[dict]) -> str:
         "",
         "## Test results",
         "",
-        "| transformers | test suite | architectures swept | sweep runtime |",
+        "| transformers | default suite | common architectures (task heads) | sample of every modality |",
         "| --- | --- | --- | --- |",
     ]
     for release in releases:
         sweep = release.get("sweep") or {}
         architectures = sweep.get("architectures", {})
         clean = sum(_cell(result) in ("✓", "xfail") for result in architectures.values())
-        runtime = f"{sweep['sweep_seconds']:.0f} s" if "sweep_seconds" in sweep else "—"
         swept_text = f"{clean} of {len(architectures)} as expected" if architectures else "—"
-        lines.append(f"| {release['release']} | {_counts(release)} | {swept_text} | {runtime} |")
+        sample = sweep.get("model_types", {})
+        sample_text = (f"{sum(_outcome(r) == 'passed' for r in sample.values())} of {len(sample)} passed"
+                       if sample else "—")
+        lines.append(f"| {release['release']} | {_counts(release)} | {swept_text} | {sample_text} |")
 
-    lines += ["", "## Architectures", ""]
+    lines += ["", *render_full_sweep(sweep_data), "## Common architectures, task heads", ""]
     lines += [
         "✓: gradient parity and the exact recomputed blocks, for full checkpointing and `every_n_layers=2`, through "
-        "`hf_ckpt.enable` and through `GradientCheckpointingMixin` (4 cases). ✗ k/4: only k of the 4 cases passed. "
+        "`hf_ckpt.enable` and through the patched `gradient_checkpointing_enable` (4 cases). ✗ k/4: only k of the 4 cases passed. "
         "xfail: a reviewed known failure (reason below), asserted to still fail. —: the release does not provide "
         "the architecture (reason below).",
         "",
@@ -208,15 +308,47 @@ def render(releases: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--input", nargs="+", type=Path, default=[DEFAULT_INPUT], help="matrix JSON file(s)")
-    parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT, help="the page to write")
+    parser.add_argument("--sweep", type=Path, default=None,
+                        help=f"ci/sweep.py's JSON (default {DEFAULT_SWEEP.relative_to(ROOT)} if it exists)")
+    parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT, help="the page to write (or --check)")
+    parser.add_argument("--check", action="store_true",
+                        help="write nothing; fail unless the run was green and --output is what it renders")
     args = parser.parse_args(argv)
     releases = load(args.input)
     if not any(r.get("sweep") for r in releases):
         print("no architecture sweep results in the input: run ci/matrix.py (with tests/test_architectures.py)")
         return 1
-    args.output.write_text(render(releases))
-    print(f"wrote {args.output} ({len(releases)} releases)")
-    return 0
+    sweep_path = args.sweep or (DEFAULT_SWEEP if DEFAULT_SWEEP.is_file() else None)
+    sweep_data = json.loads(sweep_path.read_text()) if sweep_path else None
+    page = render(releases, sweep_data)
+    if not args.check:
+        args.output.write_text(page)
+        print(f"wrote {args.output} ({len(releases)} releases)")
+        return 0
+    return check(page, args.output, releases, sweep_data)
+
+
+def _stable(text: str) -> list[str]:
+    return [line for line in text.splitlines() if MEASURED not in line]
+
+
+def check(page: str, path: Path, releases: list[dict], sweep_data: dict | None) -> int:
+    """0 if the run was green and ``path`` holds ``page`` (up to measured lines); else 1, saying why."""
+    import difflib
+
+    problems = [f"transformers {r['release']}: {_counts(r)}" for r in releases if _counts(r) != "green"]
+    problems += [f"sweep {r['release']}: not ok" for r in (sweep_data or {}).get("releases", []) if not r.get("ok")]
+    committed = path.read_text() if path.is_file() else ""
+    diff = list(difflib.unified_diff(_stable(committed), _stable(page), str(path), "this run", lineterm="", n=1))
+    if diff:
+        problems.append(f"{path} is not what this run gives: regenerate it with `python ci/compat_report.py`")
+    for problem in problems:
+        print(problem)
+    if diff:
+        print("\n".join(diff[:80]))
+    if not problems:
+        print(f"{path} is what this run gives")
+    return 1 if problems else 0
 
 
 if __name__ == "__main__":

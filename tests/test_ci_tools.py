@@ -26,6 +26,8 @@ def _load(name: str):
 
 matrix = _load("matrix")
 compat_report = _load("compat_report")
+sys.path.insert(0, str(CI))  # ci/sweep.py imports ci/matrix.py
+sweep = _load("sweep")
 
 JUNIT = """<?xml version="1.0" encoding="utf-8"?>
 <testsuites><testsuite name="pytest">
@@ -118,7 +120,7 @@ def test_the_compatibility_page_shows_what_was_measured(tmp_path: Path) -> None:
          "activation_checkpointing_names": False},
         {"llama": {"task": "causal-lm", "class": "LlamaForCausalLM", "known_failure": None, **passed},
          "t5": {"task": "seq2seq", "class": "T5ForConditionalGeneration", "known_failure": None,
-                **passed, "mixin-every2": "failed: AssertionError: measured recompute [0, 1, 2, 3]"}},
+                **passed, "patched-every2": "failed: AssertionError: measured recompute [0, 1, 2, 3]"}},
     )
     new = _sweep(
         {"gradient_checkpointing_layer": True, "every_n_layers": True, "offload": True,
@@ -139,8 +141,82 @@ def test_the_compatibility_page_shows_what_was_measured(tmp_path: Path) -> None:
     assert "| 5.24.0 | yes | yes | yes | yes |" in text
     assert "| `llama` | `LlamaForCausalLM` | ✓ | xfail |" in text  # releases in version order
     assert "| `t5` | `T5ForConditionalGeneration` | ✗ 3/4 | — |" in text
-    assert "- `t5` (4.45.2; mixin-every2): failed: AssertionError: measured recompute [0, 1, 2, 3]" in text
+    assert "- `t5` (4.45.2; patched-every2): failed: AssertionError: measured recompute [0, 1, 2, 3]" in text
     assert "- `llama` (5.24.0): why" in text  # the known failure's reason
     assert "- `gemma3_text` (4.45.2, 5.24.0): not registered for causal-lm in this release" in text
-    assert "| 4.45.2 | 8 passed, 1 failed | 1 of 2 as expected | 12 s |" in text
+    assert "| 4.45.2 | **1 failed** | 1 of 2 as expected | — |" in text
+    assert "| 5.24.0 | green | 1 of 1 as expected | — |" in text
     assert "| 4.45.2 | 2.13.0 | 0.36.2 | — | 0.13.2 |" in text  # the pins that differ between releases
+
+
+def _full_sweep() -> dict:
+    """ci/sweep.py's JSON for two releases: the newest asserted, the older measured."""
+    passed = dict.fromkeys(compat_report.VARIANTS, "passed")
+    newest = {"llama": {"class": "LlamaModel", "modality": "text decoder", "known_failure": None, **passed},
+              "vit": {"class": "ViTModel", "modality": "vision", "known_failure": None, **passed},
+              "timm_x": {"class": "TimmX", "modality": "vision", "known_failure": "needs the optional dependency timm",
+                         "enable-every1": "failed: ImportError: timm"}}
+    older = {"llama": {"class": "LlamaModel", "modality": "text decoder", "known_failure": None, **passed},
+             "vit": {"class": "ViTModel", "modality": "vision", "known_failure": None,
+                     **passed, "enable-every2": "failed: AssertionError: measured recompute [0]"}}
+    return {"releases": [
+        sweep.summarise("4.45.2", {"model_types": older, "supporting_model_types": 2}, False, 1, 30.0),
+        sweep.summarise("5.24.0", {"model_types": newest, "supporting_model_types": 3}, True, 0, 60.0),
+    ]}
+
+
+def test_the_sweep_asserts_the_newest_release_and_measures_the_others() -> None:
+    data = _full_sweep()
+    older, newest = data["releases"]
+    assert newest["counts"] == {"passed": 2, "failed": 0, "xfail": 1, "xpass": 0} and newest["ok"]
+    assert older["counts"] == {"passed": 1, "failed": 1, "xfail": 0, "xpass": 0} and older["ok"]  # measured only
+    assert sweep.line(newest) == "sweep 5.24.0: 2 of 3 model types passed, 1 known failures (asserted, 60 s)"
+    stale = sweep.summarise("5.24.0", {"model_types": {"x": {"known_failure": "why",
+                                                                **dict.fromkeys(sweep.VARIANTS, "passed")}}},
+                            True, 0, 1.0)
+    assert stale["counts"]["xpass"] == 1 and not stale["ok"]  # a known failure that passes fails the sweep
+    unexpected = sweep.summarise("5.24.0", {"model_types": {"x": {"known_failure": None}}}, True, 1, 1.0)
+    assert not unexpected["ok"]
+
+
+def _matrix_json(tmp_path: Path) -> Path:
+    passed = dict.fromkeys(compat_report.VARIANTS, "passed")
+    new = _sweep({"gradient_checkpointing_layer": True, "every_n_layers": True, "offload": True,
+                  "activation_checkpointing_names": True},
+                 {"llama": {"task": "causal-lm", "class": "LlamaForCausalLM", "known_failure": None, **passed}})
+    release = {"failed": 0, "errors": 0, "xfailed": 0, "skipped": 0, "problem": None, "exit_status": 0}
+    source = tmp_path / "matrix.json"
+    source.write_text(json.dumps({"releases": [{**release, "release": "5.24.0", "passed": 9, "sweep": new}]}))
+    return source
+
+
+def test_the_page_reports_every_model_type_by_modality(tmp_path: Path) -> None:
+    source, full = _matrix_json(tmp_path), tmp_path / "sweep.json"
+    full.write_text(json.dumps(_full_sweep()))
+    page = tmp_path / "compatibility.md"
+    assert compat_report.main(["--input", str(source), "--sweep", str(full), "--output", str(page)]) == 0
+    text = page.read_text()
+    assert "| 5.24.0 | 3 | 2 (67%) | 1 | 0 | asserted |" in text  # denominator, passed, xfail, failed
+    assert "| 4.45.2 | 2 | 1 (50%) | 0 | 1 | measured |" in text
+    assert "| vision | 0 / 1 | 1 / 2 |" in text and "| text decoder | 1 / 1 | 1 / 1 |" in text
+    assert "- `timm_x`: needs the optional dependency timm" in text
+    assert "### Not passing (measured, not asserted) on 4.45.2" in text
+
+
+def test_check_fails_when_the_page_is_not_what_the_run_gives(tmp_path: Path, capsys) -> None:
+    source, full = _matrix_json(tmp_path), tmp_path / "sweep.json"
+    full.write_text(json.dumps(_full_sweep()))
+    page = tmp_path / "compatibility.md"
+    arguments = ["--input", str(source), "--sweep", str(full), "--output", str(page)]
+    assert compat_report.main(arguments) == 0
+    assert compat_report.main([*arguments, "--check"]) == 0  # as generated
+    page.write_text(page.read_text().replace("60 s", "75 s"))  # a runtime: measured, not compared
+    assert compat_report.main([*arguments, "--check"]) == 0
+    page.write_text(page.read_text().replace("2 (67%)", "3 (100%)"))
+    assert compat_report.main([*arguments, "--check"]) == 1
+    assert "is not what this run gives" in capsys.readouterr().out
+    compat_report.main(arguments)
+    failing = json.loads(source.read_text())
+    failing["releases"][0]["failed"] = 1
+    source.write_text(json.dumps(failing))
+    assert compat_report.main([*arguments, "--check"]) == 1  # a red run never checks out

@@ -1,0 +1,532 @@
+"""Every model type of the installed transformers that supports checkpointing, built tiny from its own config.
+
+The full architecture sweep (``tests/test_architectures.py`` with ``HF_CKPT_SWEEP=full``, run by ``ci/sweep.py``)
+asks this module three things:
+
+* :func:`model_types` — every model type registered in the auto mappings (``transformers.models.auto``) whose
+  model class declares ``supports_gradient_checkpointing = True``, with the class the sweep trains: the **base
+  model class** (``MODEL_MAPPING``: the class every task head of that type wraps, and the one that holds every
+  block and tower checkpointing acts on). A type registered only with task heads is swept with its first head
+  (in the order of :data:`_HEAD_MAPPINGS`). Heads add no block, so one class per model type is the unit; the
+  common task heads (causal LM, masked LM, seq2seq with their labels) are swept by the default sample
+  (``arch_zoo.COMMON``). Found by capability; nothing here reads a version string.
+* :func:`build` — a tiny fp32 instance: the config class's own defaults with every size-like field shrunk
+  (layers to :data:`BLOCKS`, encoder/decoder layers to half of it each, hidden 32, 4 heads, vocab 128, images
+  32x32 in 8x8 patches, 16 mel bins), recursively through the sub-configs of composite (multimodal) configs,
+  every dropout 0, every special token id moved inside the small vocabulary.
+* :func:`inputs` — a batch generated from the model's ``main_input_name`` and ``forward`` signature
+  (``input_ids``/``attention_mask``, ``pixel_values``, ``input_features``, ``input_values``,
+  ``decoder_input_ids`` for encoder-decoders, image tokens for vision-language models), and :func:`loss`, a scalar
+  from every floating tensor of the output (base models have no labels).
+
+``OVERRIDES`` holds the few per-type settings the generic rule cannot guess, each with its reason.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import inspect
+import re
+from typing import Any
+
+import torch
+
+BLOCKS = 4  # per model; encoder-decoder configs get BLOCKS // 2 of each (global order: encoder, then decoder)
+BATCH_SIZE = 2
+SEQUENCE_LENGTH = 8
+VOCAB_SIZE = 128
+IMAGE_SIZE = 32
+PATCH_SIZE = 8
+AUDIO_SAMPLES = 1600  # raw waveform: survives the 320x downsampling of wav2vec2-style feature encoders
+MAX_PARAMETERS = 5_000_000
+
+#: Task-head mappings tried, in order, for a model type with no base class in ``MODEL_MAPPING``.
+_HEAD_MAPPINGS = (
+    "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES",
+    "MODEL_FOR_MASKED_LM_MAPPING_NAMES",
+    "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES",
+    "MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES",
+    "MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES",
+    "MODEL_FOR_CTC_MAPPING_NAMES",
+    "MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES",
+    "MODEL_FOR_AUDIO_CLASSIFICATION_MAPPING_NAMES",
+    "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES",
+    "MODEL_FOR_TEXT_TO_WAVEFORM_MAPPING_NAMES",
+)
+
+#: Generic tiny sizes by the names configs use for them.
+_SIZES: dict[str, int] = {
+    **dict.fromkeys(["hidden_size", "d_model", "n_embd", "embed_dim", "dim", "n_embed", "word_embed_proj_dim",
+                     "projection_dim", "text_embed_dim", "vision_embed_dim", "embedding_dim"], 32),
+    **dict.fromkeys(["num_attention_heads", "n_head", "num_heads", "n_heads", "encoder_attention_heads",
+                     "decoder_attention_heads", "num_decoder_heads", "encoder_num_attention_heads",
+                     "decoder_num_attention_heads"], 4),
+    **dict.fromkeys(["num_key_value_heads", "n_kv_heads", "num_kv_heads", "multi_query_group_num"], 2),
+    **dict.fromkeys(["head_dim", "d_kv", "kv_channels", "attention_head_size", "attention_head_dim"], 8),
+    **dict.fromkeys(["intermediate_size", "n_inner", "d_ff", "ffn_dim", "ffn_hidden_size", "encoder_ffn_dim",
+                     "decoder_ffn_dim", "decoder_intermediate_size", "encoder_intermediate_size",
+                     "mlp_dim", "hidden_dim"], 64),
+    **dict.fromkeys(["max_position_embeddings", "n_positions", "n_ctx", "max_seq_len", "max_sequence_length",
+                     "max_target_positions", "max_text_positions"], 64),
+    **dict.fromkeys(["num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts"], 4),
+    **dict.fromkeys(["num_experts_per_tok", "moe_topk", "top_k_experts", "moe_top_k", "num_selected_experts"], 2),
+    **dict.fromkeys(["moe_intermediate_size", "shared_expert_intermediate_size", "expert_intermediate_size"], 32),
+    **dict.fromkeys(["vocab_size", "text_vocab_size"], VOCAB_SIZE),
+    **dict.fromkeys(["image_size", "img_size"], IMAGE_SIZE),
+    **dict.fromkeys(["patch_size"], PATCH_SIZE),
+    **dict.fromkeys(["num_mel_bins"], 16),
+    **dict.fromkeys(["max_source_positions"], 16),  # Whisper-style encoders take 2 * this many frames
+    **dict.fromkeys(["num_conv_pos_embeddings"], 16),
+    **dict.fromkeys(["num_conv_pos_embedding_groups"], 2),
+    "rotary_dim": 4,
+    "embedding_size": 32,
+    # multi-head latent attention (DeepSeek V2/V3 style)
+    **dict.fromkeys(["kv_lora_rank", "q_lora_rank"], 16),
+    **dict.fromkeys(["qk_nope_head_dim", "v_head_dim"], 8),
+    "qk_rope_head_dim": 4,
+    "num_frames": 2,  # video models: frames per clip
+    "mm_tokens_per_image": 4,  # Gemma 3: pooled image tokens, at most the 16 patches of a tiny image
+}
+#: Names of fields that may hold a width equal to some config's hidden size (projector outputs, adapters).
+_WIDTH = re.compile(r"(size|dim|hidden|channels|width)")
+#: Layer counts: encoder/decoder halves first (they sum to BLOCKS), then the single-stack names.
+_HALF_LAYER_COUNTS = ("encoder_layers", "decoder_layers", "num_encoder_layers", "num_decoder_layers")
+_LAYER_COUNT = re.compile(r"^(num_hidden_layers|n_layers?|num_layers|num_blocks|.*_num_hidden_layers|num_.*_hidden_layers"
+                          r"|num_(text|vision|audio|encoder|decoder)_layers|(text|vision|audio)_layers)$")
+_DROPOUT_MARKERS = ("dropout", "pdrop", "drop_rate", "drop_prob", "layerdrop", "drop_path",
+                    "mask_time_prob", "mask_feature_prob")  # SpecAugment masking: random, and needs long inputs
+_FIXED_TOKENS = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2, "decoder_start_token_id": 0,
+                 "sep_token_id": 2, "cls_token_id": 1, "mask_token_id": 3}
+#: Input ids are drawn from [FIRST_ID, VOCAB_SIZE - RESERVED_IDS); special token ids above that range.
+FIRST_ID = 4
+RESERVED_IDS = 24
+
+#: Per-type config settings on top of the generic rule, each with why the rule cannot work.
+OVERRIDES: dict[str, dict[str, Any]] = {
+    # The local/global attention pattern is a list of (pattern, repeats) that must add up to the layer count.
+    "gpt_neo": {"attention_types": [[["global", "local"], BLOCKS // 2]]},
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelType:
+    """One model type of the installed release and the class the sweep trains."""
+
+    model_type: str
+    class_name: str
+    mapping: str  # the auto mapping the class came from
+
+    def model_class(self) -> type:
+        import transformers
+
+        return getattr(transformers, self.class_name)
+
+
+def _class(class_name: str) -> type | None:
+    import transformers
+
+    try:
+        model_class = getattr(transformers, class_name)
+        # A missing optional dependency gives a placeholder that raises on any attribute access.
+        model_class.supports_gradient_checkpointing  # noqa: B018
+        return model_class
+    except BaseException:  # noqa: BLE001 (placeholders raise ImportError, some modules raise at import)
+        return None
+
+
+def _mapping(name: str) -> dict[str, str]:
+    from transformers.models.auto import modeling_auto
+
+    found = {}
+    for model_type, class_name in dict(getattr(modeling_auto, name, {})).items():
+        if isinstance(class_name, (tuple, list)):
+            class_name = class_name[0]
+        if isinstance(class_name, str):
+            found[model_type] = class_name
+    return found
+
+
+@functools.lru_cache(maxsize=1)
+def registered() -> dict[str, list[tuple[str, str]]]:
+    """Every model type in any auto model mapping, with its (mapping, class name) pairs."""
+    from transformers.models.auto import modeling_auto
+
+    found: dict[str, list[tuple[str, str]]] = {}
+    for name in sorted(dir(modeling_auto)):
+        if name.startswith("MODEL_") and name.endswith("_MAPPING_NAMES"):
+            for model_type, class_name in _mapping(name).items():
+                found.setdefault(model_type, []).append((name, class_name))
+    return found
+
+
+@functools.lru_cache(maxsize=None)
+def model_types(only: tuple[str, ...] | None = None) -> list[ModelType]:
+    """Every registered model type (of ``only``, if given) with a class declaring
+    ``supports_gradient_checkpointing = True``, and the class the sweep trains (the base model class, else the
+    first head of :data:`_HEAD_MAPPINGS`). Importing every class takes a while: ``only`` imports just those."""
+    found = []
+    for model_type, entries in sorted(registered().items()):
+        if only is not None and model_type not in only:
+            continue
+        supporting = {(m, c) for m, c in entries if getattr(_class(c), "supports_gradient_checkpointing", False)}
+        if not supporting:
+            continue
+        by_mapping = dict(supporting)
+        for mapping in ("MODEL_MAPPING_NAMES", *_HEAD_MAPPINGS):
+            if mapping in by_mapping:
+                found.append(ModelType(model_type, by_mapping[mapping], mapping))
+                break
+        else:
+            mapping, class_name = sorted(supporting)[0]
+            found.append(ModelType(model_type, class_name, mapping))
+    return found
+
+
+# ------------------------------------------------------------------------------------------------------ configs
+
+
+def config_class(model_type: str) -> type:
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    return CONFIG_MAPPING[model_type]
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _sub_config_class(parent: type, key: str, value: dict) -> type | None:
+    declared = getattr(parent, "sub_configs", {}).get(key)
+    if isinstance(declared, type) and declared.__name__ != "AutoConfig":
+        return declared
+    with contextlib.suppress(KeyError):
+        return config_class(value["model_type"])
+    return None
+
+
+def _shrink_list(name: str, value: list, layers: int | None) -> list | None:
+    if layers and len(value) == layers and value:
+        return value[:BLOCKS]  # per-layer lists (layer_types, attention patterns)
+    if all(isinstance(v, int) and not isinstance(v, bool) for v in value) and value:
+        if name in ("depths", "num_layers", "encoder_layers", "block_repeats"):
+            return [1] * len(value)
+        if name in ("hidden_sizes", "embed_dims", "dims", "channels", "conv_dim", "neck_hidden_sizes"):
+            return [16 * min(2**i, 4) if name != "conv_dim" else 16 for i in range(len(value))]
+        if name in ("num_heads", "num_attention_heads", "attention_heads"):
+            return [2] * len(value)
+    return None
+
+
+class _Tokens:
+    """Special token ids inside the tiny vocabulary: fixed ones for pad/bos/eos, the top ids for the others."""
+
+    def __init__(self) -> None:
+        self.assigned: dict[str, int] = {}
+
+    def __call__(self, name: str) -> int:
+        if name in _FIXED_TOKENS:
+            return _FIXED_TOKENS[name]
+        if name not in self.assigned:
+            self.assigned[name] = VOCAB_SIZE - 1 - len(self.assigned)
+        return self.assigned[name]
+
+
+def _hidden_sizes(defaults: dict[str, Any]) -> set[int]:
+    """The default hidden sizes anywhere in a config tree (``defaults`` and its sub-config dicts)."""
+    found = {defaults[k] for k in ("hidden_size", "d_model", "n_embd") if isinstance(defaults.get(k), int)}
+    for value in defaults.values():
+        if isinstance(value, dict) and "model_type" in value:
+            found |= _hidden_sizes(value)
+    return found
+
+
+def tiny_kwargs(cls: type, defaults: dict[str, Any], tokens: _Tokens,
+                widths: set[int] | None = None) -> dict[str, Any]:
+    """Keyword arguments that make ``cls`` (whose defaults are ``defaults``) tiny; recursive into sub-configs.
+
+    Besides the named sizes, any size-like field (``*size*``, ``*dim*``, ...) whose default equals one of the
+    tree's default hidden sizes is a width that must follow the hidden size (a projector's output, an adapter's
+    input), and becomes the tiny hidden size too.
+    """
+    widths = _hidden_sizes(defaults) if widths is None else widths
+    layers = next((defaults[k] for k in ("num_hidden_layers", "num_layers", "n_layer") if _is_number(defaults.get(k))),
+                  None)
+    is_encoder_decoder = any(k in defaults for k in _HALF_LAYER_COUNTS) or defaults.get("is_encoder_decoder")
+    kwargs: dict[str, Any] = {}
+    for name, value in defaults.items():
+        lowered = name.lower()
+        if isinstance(value, dict) and "model_type" in value:
+            sub = _sub_config_class(cls, name, value)
+            if sub is not None:
+                kwargs[name] = {**value, **tiny_kwargs(sub, value, tokens, widths=widths)}
+            continue
+        if isinstance(value, dict) and value and all(str(k).isdigit() for k in value):
+            kwargs[name] = {k: v for k, v in value.items() if int(k) < BLOCKS}  # per-layer settings
+            continue
+        if isinstance(value, dict) and isinstance(value.get("mrope_section"), list):
+            # multimodal rotary sections (t, h, w) must sum to half the tiny head size
+            kwargs[name] = {**value, "mrope_section": [2, 1, 1]}
+            continue
+        if isinstance(value, list):
+            shrunk = _shrink_list(name, value, layers)
+            if shrunk is not None:
+                kwargs[name] = shrunk
+            continue
+        if not (_is_number(value) or value is None):
+            continue
+        if name in _SIZES and (value is None or isinstance(value, int)):
+            if value is None and name not in ("head_dim",):
+                continue
+            kwargs[name] = _SIZES[name]
+        elif name in _HALF_LAYER_COUNTS and isinstance(value, int):
+            kwargs[name] = BLOCKS // 2
+        elif _LAYER_COUNT.match(name) and isinstance(value, int) and value > 0:
+            kwargs[name] = BLOCKS // 2 if is_encoder_decoder else BLOCKS
+        elif any(marker in lowered for marker in _DROPOUT_MARKERS) and isinstance(value, float):
+            kwargs[name] = 0.0
+        elif (lowered.endswith("_token_id") or lowered.endswith("_token_index")) and isinstance(value, int):
+            kwargs[name] = tokens(name)
+        elif isinstance(value, int) and value in widths and value > 32 and _WIDTH.search(lowered):
+            kwargs[name] = _SIZES["hidden_size"]
+    for name in ("torch_dtype", "dtype"):
+        if name in defaults:
+            kwargs[name] = "float32"
+    if "qk_rope_head_dim" in defaults and "head_dim" in defaults:
+        kwargs["head_dim"] = _SIZES["qk_rope_head_dim"]  # multi-head latent attention: head_dim is the rope part
+    if "pad_token_id" in defaults or "vocab_size" in defaults:
+        kwargs["pad_token_id"] = 0
+    if defaults.get("is_encoder_decoder"):
+        kwargs["decoder_start_token_id"] = 0
+    return kwargs
+
+
+def tiny_config(model_type: str):
+    cls = config_class(model_type)
+    defaults = cls().to_dict()
+    kwargs = {**tiny_kwargs(cls, defaults, _Tokens()), **OVERRIDES.get(model_type, {})}
+    return cls(**kwargs)
+
+
+class NotTiny(Exception):
+    """The generic rule does not make this model type tiny."""
+
+
+def build(entry: ModelType, seed: int = 0) -> torch.nn.Module:
+    """A tiny fp32 instance of ``entry``'s class in training mode; the same ``seed`` gives the same weights."""
+    config = tiny_config(entry.model_type)
+    model_class = entry.model_class()
+    with torch.device("meta"):  # sizes first, without allocating: a missed size would build a full-size model
+        parameters = sum(p.numel() for p in model_class(config).parameters())
+    if parameters > MAX_PARAMETERS:
+        raise NotTiny(f"{entry.model_type} still has {parameters} parameters with the tiny config")
+    torch.manual_seed(seed)
+    model = model_class(config).float().train()
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            if not torch.isfinite(parameter).all():  # never written by the model's own init (torch.empty)
+                parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.02)
+    return model
+
+
+# ------------------------------------------------------------------------------------------------------- inputs
+
+
+def _find(config: Any, *names: str, default: Any = None) -> Any:
+    """The first of ``names`` set on ``config`` or, breadth-first, on its sub-configs."""
+    queue = [config]
+    while queue:
+        current = queue.pop(0)
+        for name in names:
+            value = getattr(current, name, None)
+            if value is not None and not isinstance(value, bool):
+                return value
+        for value in vars(current).values():
+            if hasattr(value, "to_dict") and hasattr(value, "model_type"):
+                queue.append(value)
+    return default
+
+
+def _ids(generator: torch.Generator, length: int = SEQUENCE_LENGTH) -> torch.Tensor:
+    return torch.randint(FIRST_ID, VOCAB_SIZE - RESERVED_IDS, (BATCH_SIZE, length), generator=generator)
+
+
+def _image_token_id(config: Any) -> int | None:
+    return _find(config, "image_token_id", "image_token_index")
+
+
+_FEATURES = re.compile(r"tokens: (\d+), features:? (\d+)")
+
+
+def inputs(model: torch.nn.Module, seed: int = 0) -> dict[str, Any]:
+    """A batch for ``model`` from its ``main_input_name`` and ``forward`` signature.
+
+    A model with a vision sub-config that takes ``pixel_values`` next to ``input_ids`` gets both. Where it also has
+    an image token (vision-language models), the number of image tokens per sequence is what the model's own
+    check asks for: the first forward (no gradients) with no image token raises "... tokens: 0, features: N",
+    and the batch then carries N / batch-size image tokens per sequence.
+    """
+    parameters = inspect.signature(model.forward).parameters
+    pixels = "pixel_values" in parameters and _find(model.config, "vision_config") is not None
+    batch = _inputs(model, seed, pixels=pixels)
+    if not (pixels and "input_ids" in batch and _image_token_id(model.config) is not None):
+        return batch
+    candidates: list[int] | None = None
+    while True:
+        try:
+            with torch.no_grad():
+                model(**batch)
+            return batch
+        except (ValueError, RuntimeError) as error:
+            found = _FEATURES.search(str(error))
+            if not (found or "image tokens" in str(error)) or candidates == []:
+                raise
+            if candidates is None and found:  # "features": a token count or tokens x hidden size, over the batch
+                features = int(found.group(2))
+                hidden = _find(model.config, "hidden_size", default=1)
+                candidates = [c for c in (features // BATCH_SIZE, features // BATCH_SIZE // hidden, features) if c]
+            elif candidates is None:  # older releases: one token per image, expanded by the model, or one per patch
+                patches = (IMAGE_SIZE // PATCH_SIZE) ** 2
+                candidates = [1, patches, patches + 1]
+            batch = _inputs(model, seed, pixels=True, image_tokens=candidates.pop(0))
+
+
+def _inputs(model: torch.nn.Module, seed: int, pixels: bool = False, image_tokens: int = 0) -> dict[str, Any]:
+    config = model.config
+    parameters = inspect.signature(model.forward).parameters
+    generator = torch.Generator().manual_seed(seed)
+    batch: dict[str, Any] = {}
+    main = getattr(model, "main_input_name", "input_ids")
+    wanted = [main] + (["input_ids"] if "input_ids" in parameters and main != "input_ids" else [])
+    if pixels and main != "pixel_values":
+        wanted.append("pixel_values")
+    for name in wanted:
+        if name == "input_ids":
+            ids = _ids(generator)
+            token = _image_token_id(config)
+            if image_tokens and token is not None:
+                ids = torch.cat([torch.full((BATCH_SIZE, image_tokens), token), ids], dim=1)
+            batch["input_ids"] = ids
+            if "mm_token_type_ids" in parameters and image_tokens:  # 1 marks an image token (GLM-4V, Qwen-VL)
+                batch["mm_token_type_ids"] = (ids == token).long()
+            if "attention_mask" in parameters:
+                batch["attention_mask"] = torch.ones_like(ids)
+        elif name == "pixel_values":
+            channels = _find(config, "num_channels", "in_channels", "in_chans", default=3)
+            size = _find(config, "image_size", "img_size", default=IMAGE_SIZE)
+            size = size if isinstance(size, int) else IMAGE_SIZE
+            frames = _find(config, "num_frames")
+            shape = (BATCH_SIZE, channels, size, size) if not frames else (BATCH_SIZE, frames, channels, size, size)
+            if "image_grid_thw" in parameters:  # Qwen2-VL style: flattened patches and a (t, h, w) grid per image
+                patch = _find(config, "patch_size", default=PATCH_SIZE)
+                temporal = _find(config, "temporal_patch_size", default=1)
+                side = size // patch
+                shape = (BATCH_SIZE * side * side, channels * temporal * patch * patch)
+                batch["image_grid_thw"] = torch.tensor([[1, side, side]] * BATCH_SIZE)
+            batch["pixel_values"] = torch.randn(*shape, generator=generator)
+        elif name == "input_features":
+            bins = _find(config, "num_mel_bins", "feature_size", "input_feat_per_channel", default=16)
+            frames = 2 * (_find(config, "max_source_positions", default=16) or 16)
+            batch["input_features"] = torch.randn(BATCH_SIZE, bins, frames, generator=generator)
+        elif name == "input_values":
+            batch["input_values"] = torch.randn(BATCH_SIZE, AUDIO_SAMPLES, generator=generator)
+        elif name == "inputs_embeds":
+            batch["inputs_embeds"] = torch.randn(BATCH_SIZE, SEQUENCE_LENGTH, config.hidden_size, generator=generator)
+    if getattr(config, "is_encoder_decoder", False) and "decoder_input_ids" in parameters:
+        batch["decoder_input_ids"] = _ids(generator)
+    for name, value in (("use_cache", False), ("return_dict", True)):
+        if name in parameters:
+            batch[name] = value
+    return batch
+
+
+def _tensors(output: Any):
+    if isinstance(output, torch.Tensor):
+        yield output
+    elif isinstance(output, dict):
+        for value in output.values():
+            yield from _tensors(value)
+    elif isinstance(output, (tuple, list)):
+        for value in output:
+            yield from _tensors(value)
+
+
+def loss(output: Any) -> torch.Tensor:
+    """A scalar from every floating tensor of ``output`` that carries a gradient (base models have no loss)."""
+    parts = [t.float().pow(2).mean() for t in _tensors(output) if t.is_floating_point() and t.requires_grad]
+    if not parts:
+        raise NotTiny("the output has no tensor that carries a gradient")
+    return torch.stack(parts).sum()
+
+
+def live_blocks(model: torch.nn.Module, grads: dict[str, torch.Tensor]) -> list[int]:
+    """Blocks some parameter of which got a gradient: the only ones a backward can recompute (a vision tower's
+    last block is often unused: Llava reads the second-to-last hidden state)."""
+    from hf_ckpt.blocks import find_blocks
+
+    names = {id(p): n for n, p in model.named_parameters()}
+    return [b.index for b in find_blocks(model) if any(names.get(id(p)) in grads for p in b.module.parameters())]
+
+
+def gradients(model: torch.nn.Module, batch: dict[str, Any], seed: int = 0) -> dict[str, torch.Tensor]:
+    """One training step's gradients (RNG seeded, so any dropout draws the same masks in every run)."""
+    model.zero_grad(set_to_none=True)
+    torch.manual_seed(seed)
+    loss(model(**batch)).backward()
+    return {name: p.grad.detach().clone() for name, p in model.named_parameters() if p.grad is not None}
+
+
+# ---------------------------------------------------------------------------------------------------- modality
+
+MODALITIES = ("text decoder", "encoder", "encoder-decoder", "vision", "audio/speech", "multimodal", "MoE",
+              "state-space/hybrid")
+_STATE_SPACE = ("state_size", "ssm_state_size", "mamba_d_state", "d_state", "mamba_n_heads", "attn_layer_period",
+                "block_types", "lru_width", "conv_L_cache")
+_EXPERTS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts", "num_experts_per_tok")
+_MAPPING_MODALITY = {
+    "multimodal": ("IMAGE_TEXT_TO_TEXT", "MULTIMODAL_LM", "VISION_2_SEQ", "VISUAL_QUESTION_ANSWERING",
+                   "ZERO_SHOT_IMAGE_CLASSIFICATION", "DOCUMENT_QUESTION_ANSWERING"),
+    "audio/speech": ("SPEECH_SEQ_2_SEQ", "CTC", "AUDIO_", "TEXT_TO_WAVEFORM", "TEXT_TO_SPECTROGRAM", "RNNT", "TDT"),
+    "vision": ("IMAGE_CLASSIFICATION", "IMAGE_MAPPING", "BACKBONE", "OBJECT_DETECTION", "SEMANTIC_SEGMENTATION",
+               "DEPTH_ESTIMATION", "MASKED_IMAGE_MODELING", "VIDEO_CLASSIFICATION", "MASK_GENERATION", "KEYPOINT",
+               "POSE_ESTIMATION", "IMAGE_SEGMENTATION", "UNIVERSAL_SEGMENTATION", "IMAGE_TO_IMAGE"),
+}
+
+
+def modality(entry: ModelType) -> str:
+    """The row of the compatibility table ``entry`` belongs to, from its auto mappings and its config's fields.
+
+    First match wins: multimodal (a text model with a vision or audio tower), audio/speech, vision,
+    state-space/hybrid, MoE, encoder-decoder, text decoder (a causal-LM head), encoder.
+    """
+    mappings = [m for m, _ in registered().get(entry.model_type, [])]
+    try:
+        defaults = config_class(entry.model_type)().to_dict()
+    except Exception:  # noqa: BLE001 (a config that cannot even be built with its defaults)
+        defaults = {}
+    towers = {k for k, v in defaults.items() if isinstance(v, dict) and "model_type" in v}
+    text = any(k.startswith("text") for k in towers) or "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES" in mappings
+    other = any(k.startswith(("vision", "audio", "speech", "image")) for k in towers)
+    if (text and other) or any(key in m for m in mappings for key in _MAPPING_MODALITY["multimodal"]):
+        return "multimodal"
+    if "MODEL_FOR_MASKED_LM_MAPPING_NAMES" in mappings and "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES" in mappings:
+        text = False  # BERT-style encoders also register a causal-LM head
+    main = getattr(_class(entry.class_name), "main_input_name", "input_ids")
+    if main in ("input_features", "input_values", "audio_values"):
+        return "audio/speech"
+    if main in ("pixel_values", "pixel_values_videos"):
+        return "vision"
+    for name in ("audio/speech", "vision"):
+        if any(key in m for m in mappings for key in _MAPPING_MODALITY[name]):
+            return name
+    if entry.model_type and any(k in defaults for k in _STATE_SPACE):
+        return "state-space/hybrid"
+    if any(isinstance(defaults.get(k), int) and defaults[k] > 1 for k in _EXPERTS):
+        return "MoE"
+    if defaults.get("is_encoder_decoder") or "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES" in mappings:
+        return "encoder-decoder"
+    if text and "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES" in mappings:
+        return "text decoder"
+    return "encoder"

@@ -1,0 +1,78 @@
+"""One case of the architecture sweep: gradient parity and the exact recomputed blocks, for one model and one way
+of enabling checkpointing. Shared by ``test_architectures.py`` (generic sweep) and ``ci/sweep.py``."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any, Callable
+
+import torch
+
+import hf_ckpt
+from hf_ckpt.blocks import find_blocks
+from hf_ckpt.counting import BlockRunCounter
+
+TOLERANCE = 1e-5
+ENTRY_POINTS = ("enable", "patched")
+EVERY_N_LAYERS = (1, 2)
+MINIMUM_BLOCKS = 2
+
+
+class Reference:
+    """Weights, batch and gradients of a model trained one step without checkpointing."""
+
+    def __init__(self, build: Callable[[], torch.nn.Module], batch: Callable[[torch.nn.Module], dict],
+                 gradients: Callable[[torch.nn.Module, dict], dict],
+                 live: Callable[[torch.nn.Module, dict], list[int]] | None = None) -> None:
+        self.build, self.gradients = build, gradients
+        model = build()
+        self.batch = batch(model)
+        with BlockRunCounter(model) as runs:
+            self.grads = gradients(model, self.batch)
+        assert runs.recomputed() == [], "blocks ran twice without checkpointing"
+        assert self.grads, "no parameter got a gradient"
+        assert all(torch.isfinite(g).all() for g in self.grads.values()), "non-finite gradients without checkpointing"
+        self.state = {name: tensor.clone() for name, tensor in model.state_dict().items()}
+        self.blocks = len(find_blocks(model))
+        self.live = live(model, self.grads) if live else list(range(self.blocks))
+
+    def fresh(self) -> torch.nn.Module:
+        model = self.build()
+        model.load_state_dict(self.state)
+        return model
+
+
+def enable(model: torch.nn.Module, entry: str, every_n: int) -> None:
+    """Turn checkpointing on through ``hf_ckpt.enable`` or through the patched upstream method."""
+    if entry == "enable":
+        hf_ckpt.enable(model, every_n_layers=every_n)
+        return
+    hf_ckpt.patch_transformers()
+    try:
+        # The current name where the release has it (>= 5.23 renamed the method and deprecated the old one).
+        method = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            method({"every_n_layers": every_n, "use_reentrant": False})  # as the Trainer passes them
+    finally:
+        hf_ckpt.unpatch_transformers()
+
+
+def check(reference: Reference, entry: str, every_n: int) -> dict[str, Any]:
+    """Enable, train one step, and assert parity and the exact recomputed blocks; returns what was measured."""
+    assert reference.blocks >= MINIMUM_BLOCKS, f"only {reference.blocks} block(s) found"
+    model = reference.fresh()
+    enable(model, entry, every_n)
+    expected = list(range(0, reference.blocks, every_n))
+    with BlockRunCounter(model) as runs:
+        grads = reference.gradients(model, reference.batch)
+    # A block whose output no gradient flows through is never recomputed (non-reentrant checkpointing recomputes
+    # on demand), so the measured set is the selection restricted to the blocks the reference trained.
+    measured = [i for i in expected if i in reference.live]
+    assert runs.recomputed() == measured, f"measured recompute {runs.recomputed()}, expected {measured}"
+    assert hf_ckpt.checkpointed_layers(model) == expected, f"checkpointed_layers {hf_ckpt.checkpointed_layers(model)}"
+    assert sorted(grads) == sorted(reference.grads), "a different set of parameters got gradients"
+    worst = max(((grads[n] - reference.grads[n]).abs().max().item() for n in reference.grads
+                 if reference.grads[n].numel()), default=0.0)
+    assert worst <= TOLERANCE, f"max abs gradient difference {worst:.3g}"
+    return {"blocks": reference.blocks, "recomputed": expected, "max_diff": worst}
