@@ -22,7 +22,6 @@ import argparse
 import concurrent.futures
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
