@@ -142,6 +142,7 @@ def test_help_text_matches_the_registered_strategies_and_workload_defaults():
         ["bench", "--help"],
         ["plan", "--help"],
         ["verify", "--help"],
+        ["estimate", "--help"],
         ["bench", "--batch", "0"],
         ["plan", "--budget", "2.0"],
     ],

@@ -9,6 +9,7 @@ the model exactly as it was.
 from __future__ import annotations
 
 import inspect
+import re
 import types
 
 import pytest
@@ -18,6 +19,7 @@ from transformers import PretrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutput
 
 import hf_ckpt
+from hf_ckpt import HfCkptWarning
 from hf_ckpt._compat import gradient_checkpointing_layer_class
 from hf_ckpt.cli import main
 from hf_ckpt.verification import InplaceInput, parameter_groups
@@ -226,7 +228,11 @@ def test_monkeypatched_layer_forward_is_reported():
     hf_ckpt.enable(model)
     layer = model.model.layers[1]
     layer.forward = types.MethodType(inspect.unwrap(type(layer).forward), layer)
-    report = hf_ckpt.verify(model, batch_for(model))
+    if _checkpoints_inside_forward():  # the first step's probe measures it too
+        with pytest.warns(HfCkptWarning, match=re.escape("Blocks [1] are selected but were not recomputed")):
+            report = hf_ckpt.verify(model, batch_for(model))
+    else:
+        report = hf_ckpt.verify(model, batch_for(model))
     assert report.expected_recomputed == [0, 1, 2, 3]
     assert report.gradients_ok  # running a block directly is correct, just not checkpointed
     if _checkpoints_inside_forward():

@@ -23,7 +23,7 @@ DEFAULT_REPEAT = 25
 DEFAULT_WARMUP = 1
 #: The built-in strategy spellings, for ``--help`` without importing torch (a test keeps this equal to
 #: ``hf_ckpt.measure.available_strategies()``).
-STRATEGY_SYNTAX = "none, full, every_n:N, offload, upstream:full|upstream:every_n:N, selective[:POLICY], plan:F"
+STRATEGY_SYNTAX = "none, full, every_n:N, offload, upstream:full|upstream:every_n:N, selective[:POLICY], plan:F, oplevel:F, compile:F"
 
 
 def default_strategies() -> str:
