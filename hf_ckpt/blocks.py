@@ -111,12 +111,3 @@ def find_blocks(model: nn.Module) -> list[Block]:
         if owner is not None and not _is_inside(name, [b.name for b in blocks]):
             blocks.append(Block(index=len(blocks), name=name, module=module, owner=owner))
     return blocks
-
-
-def is_block_checkpointed(block: Block) -> bool:
-    """Whether ``block`` will be recomputed in backward, as the model's flags say."""
-    if not getattr(block.owner, "gradient_checkpointing", False):
-        return False
-    if block.layer_flag:
-        return True
-    return getattr(block.module, SELECTED_ATTRIBUTE, True)

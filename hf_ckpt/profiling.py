@@ -40,21 +40,12 @@ def loss_of_sample(output: Any, loss_fn: LossFn | None) -> torch.Tensor:
 
 def retained_per_block(model: nn.Module, blocks: list[Block], inputs: Mapping[str, Any], loss_fn: LossFn | None):
     """(base bytes, bytes per block) alive when forward returns, labelled by the block that created them."""
-    from .measure.memory import StorageTracker
+    from .measure.memory import StorageTracker, block_labels
 
-    current: list[int | None] = [None]
-    handles = []
-    for block in blocks:
-        handles.append(block.module.register_forward_pre_hook(lambda m, a, i=block.index: current.__setitem__(0, i)))
-        handles.append(block.module.register_forward_hook(lambda m, a, o: current.__setitem__(0, None)))
-    try:
-        with StorageTracker(label=lambda: current[0]) as tracker:
-            loss = loss_of_sample(model(**inputs), loss_fn)
-            by_block = tracker.live_bytes_by_label(str(model_device(model)))
-            loss.backward()
-    finally:
-        for handle in handles:
-            handle.remove()
+    with block_labels(blocks) as label, StorageTracker(label=label) as tracker:
+        loss = loss_of_sample(model(**inputs), loss_fn)
+        by_block = tracker.live_bytes_by_label(str(model_device(model)))
+        loss.backward()
     return by_block.get(None, 0), tuple(by_block.get(block.index, 0) for block in blocks)
 
 

@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import sys
 import types
-from importlib import import_module
 from typing import TYPE_CHECKING, Any
+
+from .._lazy import lazy_exports
 
 _EXPORTS = {
     "DEFAULT_STRATEGIES": "._estimate",
@@ -39,16 +40,7 @@ if TYPE_CHECKING:  # for type checkers and the API docs: the same names, importe
     from ._result import MemoryEstimate
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(import_module(_EXPORTS[name], __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 
 class _CallableModule(types.ModuleType):

@@ -203,25 +203,16 @@ def _quiet() -> Iterator[None]:
 
 def _memory_step(model: nn.Module, blocks: list[Block], inputs: Mapping[str, Any], mode: Any, device: str):
     """(base bytes, bytes per block, transient peak) of one fake step, labelled by block."""
-    from ..measure.memory import StorageTracker
+    from ..measure.memory import StorageTracker, block_labels
 
-    current: list[int | None] = [None]
-    handles = []
-    for block in blocks:
-        handles.append(block.module.register_forward_pre_hook(lambda m, a, i=block.index: current.__setitem__(0, i)))
-        handles.append(block.module.register_forward_hook(lambda m, a, o: current.__setitem__(0, None)))
-    try:
-        with mode, _AssumedChecks(), attention_for(device), StorageTracker(label=lambda: current[0]) as tracker:
-            loss = _loss(model(**inputs))
-            by_block = tracker.live_bytes_by_label("meta")
-            retained = sum(by_block.values())
-            tracker.reset_peak()
-            loss.backward()
-            peak = tracker.peak_bytes().get("meta", 0)
-            del loss
-    finally:
-        for handle in handles:
-            handle.remove()
+    with block_labels(blocks) as label, mode, _AssumedChecks(), attention_for(device), StorageTracker(label=label) as tracker:
+        loss = _loss(model(**inputs))
+        by_block = tracker.live_bytes_by_label("meta")
+        retained = sum(by_block.values())
+        tracker.reset_peak()
+        loss.backward()
+        peak = tracker.peak_bytes().get("meta", 0)
+        del loss
     return by_block.get(None, 0), tuple(by_block.get(block.index, 0) for block in blocks), max(0, peak - retained)
 
 

@@ -22,10 +22,11 @@ without passing through the dispatcher (``torch.tensor(data)``, ``torch.from_num
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import weakref
 from collections import Counter
-from typing import Any, Callable, Hashable
+from typing import Any, Callable, Hashable, Iterator, Sequence
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -144,3 +145,19 @@ class StorageTracker(TorchDispatchMode):
         """Start a new peak from the bytes alive now."""
         with self._lock:
             self._peak = Counter(self._live)
+
+
+@contextlib.contextmanager
+def block_labels(blocks: Sequence[Any]) -> Iterator[Callable[[], int | None]]:
+    """A ``label`` function for :class:`StorageTracker`: the index of the block running now, or None outside the
+    blocks (hooks on each block's forward, removed on exit). ``blocks`` are :class:`~hf_ckpt.blocks.Block` s."""
+    current: list[int | None] = [None]
+    handles = []
+    for block in blocks:
+        handles.append(block.module.register_forward_pre_hook(lambda m, a, i=block.index: current.__setitem__(0, i)))
+        handles.append(block.module.register_forward_hook(lambda m, a, o: current.__setitem__(0, None)))
+    try:
+        yield lambda: current[0]
+    finally:
+        for handle in handles:
+            handle.remove()

@@ -22,8 +22,9 @@ Example::
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from .._lazy import lazy_exports
 
 #: Public name -> the module that defines it. Loaded on first use (PEP 562): plans and the checkpoint functions
 #: need :class:`OpPolicy`, while the op-level planner builds on the core that uses them.
@@ -47,13 +48,4 @@ if TYPE_CHECKING:  # for type checkers and the API docs: the same names, importe
     from ._solver import FrontierPoint, frontier
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(import_module(_EXPORTS[name], __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
