@@ -64,13 +64,20 @@ def check(reference: Reference, entry: str, every_n: int) -> dict[str, Any]:
     model = reference.fresh()
     enable(model, entry, every_n)
     expected = list(range(0, reference.blocks, every_n))
-    with BlockRunCounter(model) as runs:
-        grads = reference.gradients(model, reference.batch)
-    # A block whose output no gradient flows through is never recomputed (non-reentrant checkpointing recomputes
-    # on demand), so the measured set is the selection restricted to the blocks the reference trained.
-    measured = [i for i in expected if i in reference.live]
-    assert runs.recomputed() == measured, f"measured recompute {runs.recomputed()}, expected {measured}"
     assert hf_ckpt.checkpointed_layers(model) == expected, f"checkpointed_layers {hf_ckpt.checkpointed_layers(model)}"
+    # A block whose output no gradient flows through is never recomputed (non-reentrant checkpointing recomputes
+    # on demand), so the measured set is the selection restricted to the blocks the reference trained. hf_ckpt's
+    # own first-step probe measures the same: it must warn exactly when that differs from the selection.
+    measured = [i for i in expected if i in reference.live]
+    with warnings.catch_warnings(record=True) as caught, BlockRunCounter(model) as runs:
+        warnings.simplefilter("always", hf_ckpt.HfCkptWarning)
+        grads = reference.gradients(model, reference.batch)
+    probe = [str(w.message) for w in caught if "Measured in the first training step" in str(w.message)]
+    assert len(probe) == (measured != expected), f"probe warnings {probe}"
+    others = [str(w.message) for w in caught if issubclass(w.category, hf_ckpt.HfCkptWarning) and str(w.message) not in probe]
+    assert others == [], f"unexpected hf_ckpt warnings {others}"
+    assert runs.recomputed() == measured, f"measured recompute {runs.recomputed()}, expected {measured}"
+    assert hf_ckpt.checkpointed_layers(model) == measured, "checkpointed_layers must report what the probe measured"
     assert sorted(grads) == sorted(reference.grads), "a different set of parameters got gradients"
     worst = max(((grads[n] - reference.grads[n]).abs().max().item() for n in reference.grads
                  if reference.grads[n].numel()), default=0.0)

@@ -111,6 +111,8 @@ def _models(model_or_config: Any, torch_dtype: torch.dtype, peft_config: Any):
         full = build_on_meta(cls, config, torch_dtype)
     else:
         full = copy.deepcopy(full).to(dtype=torch_dtype).train()
+        if hasattr(full, "tie_weights"):  # a model built on meta may not have tied its embeddings yet
+            full.tie_weights()
     full = _with_peft(full, peft_config)
     reduced = _with_peft(build_on_meta(cls, reduced_config(config), torch_dtype), peft_config)
     return config, cls, full, reduced

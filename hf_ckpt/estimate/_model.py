@@ -124,10 +124,12 @@ def reduced_config(config: Any) -> Any:
 def build_on_meta(model_type: type, config: Any, dtype: torch.dtype) -> nn.Module:
     """``model_type(config)`` on the meta device, in ``dtype``, in training mode: no memory is allocated."""
     with torch.device("meta"):
-        if hasattr(model_type, "_from_config"):
-            model = model_type._from_config(config, dtype=dtype)
+        if hasattr(model_type, "_from_config"):  # dtype is set below: its keyword differs across releases
+            model = model_type._from_config(config)
         else:  # pragma: no cover - not a PreTrainedModel
             model = model_type(config)
+        if hasattr(model, "tie_weights"):  # some releases leave tied embeddings untied on the meta device
+            model.tie_weights()
     return model.to(dtype=dtype).train()
 
 

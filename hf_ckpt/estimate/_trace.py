@@ -115,7 +115,8 @@ def _untraced_dispatch() -> Iterator[None]:
 
     patched = [
         module for name, module in list(sys.modules.items())
-        if name.startswith("transformers") and getattr(module, "is_tracing", None) is original
+        # vars(), not getattr(): transformers' lazy modules import on attribute access (torchvision and more)
+        if name.startswith("transformers") and module is not None and vars(module).get("is_tracing") is original
     ]
     for module in patched:
         module.is_tracing = is_tracing

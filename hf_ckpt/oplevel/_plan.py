@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import math
+import inspect
 from typing import Any, Mapping, Sequence
 
 import torch
@@ -54,7 +55,10 @@ def profile_ops(model: nn.Module, sample_inputs: Mapping[str, Any], *, loss_fn: 
     with left_as_found(model):
         remove(model)
         torch.manual_seed(0)
-        captured = capture_inputs(model, firsts, lambda: loss_of_sample(model(**sample_inputs), loss_fn))
+        inputs = dict(sample_inputs)
+        if "use_cache" in inspect.signature(target.forward).parameters:
+            inputs.setdefault("use_cache", False)  # a cache captured with the inputs would grow on each rerun
+        captured = capture_inputs(model, firsts, lambda: loss_of_sample(model(**inputs), loss_fn))
         for block, group in zip(firsts, groups):
             if block.index not in captured:
                 continue  # the block never ran on this batch (a decoder without decoder inputs)
