@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from ._warnings import warn_once
-from .blocks import Block
+from .blocks import Block, unwrapped
 from .counting import BlockRunCounter, in_backward
 
 
@@ -70,7 +70,8 @@ class RecomputeProbe:
         """
         for block in self.counter.blocks:
             register(block.module, "register_forward_pre_hook", self._on_block_input)
-            watched = [m for m in block.module.modules() if m is not block.module] or [block.module]
+            inner = unwrapped(block.module)  # below FSDP units and checkpoint wrappers, which a recompute skips
+            watched = [m for m in inner.modules() if m is not inner] or [inner]
             for module in watched:
                 register(module, "register_forward_pre_hook", functools.partial(self._count, block.index))
 

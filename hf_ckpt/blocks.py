@@ -54,7 +54,7 @@ def _is_inside(name: str, prefixes: list[str]) -> bool:
     return any(name.startswith(prefix + ".") for prefix in prefixes)
 
 
-def _unwrapped(module: nn.Module) -> nn.Module:
+def unwrapped(module: nn.Module) -> nn.Module:
     """The module inside FSDP1 units and checkpoint wrappers (``module`` itself when it wraps nothing).
 
     Such wrappers forward attribute reads to the module they wrap, so without this a wrapper around a
@@ -93,7 +93,7 @@ def find_blocks(model: nn.Module) -> list[Block]:
     for name, module in modules:
         if not hasattr(module, "gradient_checkpointing") or is_gradient_checkpointing_layer(module):
             continue
-        if _unwrapped(module) is not module:
+        if unwrapped(module) is not module:
             continue  # a wrapper, not a stack: its flag is the wrapped module's
         if _is_inside(name, sorted(outermost_layers)):
             continue
@@ -101,7 +101,7 @@ def find_blocks(model: nn.Module) -> list[Block]:
         if block_list is None:
             continue
         for block in block_list:
-            inner = _unwrapped(block)
+            inner = unwrapped(block)
             if id(inner) not in owner_of and not is_gradient_checkpointing_layer(inner):
                 owner_of[id(block)] = module
 

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .blocks import Block, find_blocks
+from .blocks import Block, find_blocks, unwrapped
 
 
 def in_backward() -> bool:
@@ -68,7 +68,8 @@ class BlockRunCounter:
 
     def __enter__(self) -> "BlockRunCounter":
         for block in self.blocks:
-            watched = [m for m in block.module.modules() if m is not block.module] or [block.module]
+            inner = unwrapped(block.module)  # below FSDP units and checkpoint wrappers, which a recompute skips
+            watched = [m for m in inner.modules() if m is not inner] or [inner]
             hook = self._hook(block.index)
             self._handles.extend(m.register_forward_pre_hook(hook) for m in watched)
         return self
