@@ -146,8 +146,10 @@ def test_json_has_the_documented_keys(tmp_path):
     data = json.loads(path.read_text())
     for key in ("parameters_bytes", "gradients_bytes", "optimizer_bytes"):
         assert isinstance(data[key], int)
+    unusable = set(data["unusable"])  # a strategy that cannot be traced is reported with its reason, never dropped
+    assert unusable <= {"selective"}  # only transformers 4.57's Llama: selective does not replay on fake tensors
     for key in ("activation_bytes", "peak_bytes", "flops_ratio"):
-        assert set(data[key]) == {"none", "full", "every_n:2", "selective"}
+        assert set(data[key]) | unusable == {"none", "full", "every_n:2", "selective"}
     assert data["flops_ratio"]["none"] == 1.0
     assert data["attention"]["modelled"] is True  # device="cuda" by default: kernels modelled, said so
 

@@ -346,6 +346,11 @@ def trace(
             except SelectiveRecomputeError as error:
                 unusable[next(s for s in pattern if s != "none")] = str(error)
                 continue
+            except RuntimeError as error:  # selective recompute that cannot replay on fake tensors (4.57's Llama)
+                if "selective" not in pattern:
+                    raise
+                unusable["selective"] = f"selective recompute could not be traced on this model: {error}"
+                continue
             if len(set(pattern)) == 1:
                 base[pattern[0]], transient[pattern[0]] = outside, above
             for j in range(count):
