@@ -173,6 +173,7 @@ def add_probe(state: CheckpointState, target: nn.Module, binding: Binding) -> No
         target, binding.blocks, binding.selected, binding.config.describe(), functools.partial(_record_measurement, state)
     )
     probe.watch(functools.partial(_add_to_group, state.hooks, "probe"))
+    state.undo.append(probe.cancel)  # a setting taken back mid-step must not report on a step it did not see
 
 
 def _add_to_group(hooks: Hooks, group: str, module: nn.Module, register: str, function: Any) -> None:

@@ -100,6 +100,11 @@ class RecomputeProbe:
             self._queued = True
             torch.autograd.Variable._execution_engine.queue_callback(self._finish)
 
+    def cancel(self) -> None:
+        """Stop for good: the setting it measures was taken back (TRL disables and re-enables checkpointing
+        between a forward and its backward). A callback already queued then reports nothing."""
+        self.done = True
+
     # -- the verdict -------------------------------------------------------------------------------------------
 
     def _finish(self) -> None:

@@ -229,3 +229,21 @@ def test_reentrant_and_non_reentrant_steps_are_both_measured(use_reentrant):
         warnings.simplefilter("error", HfCkptWarning)
         train_step(model, batch_for(model))
     assert model.__dict__["_hf_ckpt_state"].measured == (0, 2)
+
+
+def test_a_setting_taken_back_between_forward_and_backward_reports_nothing():
+    """TRL's DPO disables and re-enables checkpointing between the policy forward and its backward."""
+    model = tiny_llama()
+    batch = batch_for(model)
+    hf_ckpt.enable(model, every_n_layers=2)
+    model.train()
+    loss = model(**batch).loss
+    hf_ckpt.disable(model)
+    hf_ckpt.enable(model, every_n_layers=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", HfCkptWarning)
+        loss.backward()  # the first probe was cancelled; the second did not see this forward
+    state = model.__dict__["_hf_ckpt_state"]
+    assert state.measured is None
+    train_step(model, batch)
+    assert state.measured == (0, 2)
