@@ -107,6 +107,22 @@ RESERVED_IDS = 24
 OVERRIDES: dict[str, dict[str, Any]] = {
     # The local/global attention pattern is a list of (pattern, repeats) that must add up to the layer count.
     "gpt_neo": {"attention_types": [[["global", "local"], BLOCKS // 2]]},
+    # Chunked local attention: the context must fit the tiny position table.
+    "granite_speech5_encoder": {"context_size": 16, "num_key_value_heads": 4},
+    # Mamba heads must split mamba_expand * hidden_size (64) into heads of mamba_d_head.
+    "granitemoehybrid": {"mamba_n_heads": 4, "mamba_d_head": 16, "mamba_d_state": 16},
+    # The rotary part of the tiny latent attention is 4 wide: its (t, h, w) sections must sum to 2.
+    "hy_v4_vl": {"text_config": {"rope_parameters": {"rope_theta": 10000.0, "rope_type": "default",
+                                                     "mrope_section": [1, 1, 0]}}},
+    "hy_v4_vl_text": {"rope_parameters": {"rope_theta": 10000.0, "rope_type": "default", "mrope_section": [1, 1, 0]}},
+    # hidden_size * expand must equal num_heads * head_dim (4 * 8), and n_groups divide num_heads.
+    "mamba2": {"expand": 1, "n_groups": 1, "state_size": 16},
+    # The config has no num_key_value_heads field, but the decoder's attention reads it.
+    "moonshine_streaming": {"num_key_value_heads": 4},
+    # Every 6th layer is global: the first 4 layers of the default pattern would have none.
+    "neomme": {"layer_types": ["sliding_attention", "full_attention"] * (BLOCKS // 2)},
+    # num_key_value_heads defaults to None, which the attention divides by.
+    "nemotron": {"num_key_value_heads": 2},
 }
 
 
@@ -302,10 +318,20 @@ def tiny_kwargs(cls: type, defaults: dict[str, Any], tokens: _Tokens,
     return kwargs
 
 
+def _merged(kwargs: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    """``kwargs`` with ``override`` on top; a sub-config's dict is merged key by key, not replaced."""
+    merged = dict(kwargs)
+    for name, value in override.items():
+        if isinstance(value, dict) and isinstance(merged.get(name), dict) and "model_type" in merged[name]:
+            value = _merged(merged[name], value)
+        merged[name] = value
+    return merged
+
+
 def tiny_config(model_type: str):
     cls = config_class(model_type)
     defaults = cls().to_dict()
-    kwargs = {**tiny_kwargs(cls, defaults, _Tokens()), **OVERRIDES.get(model_type, {})}
+    kwargs = _merged(tiny_kwargs(cls, defaults, _Tokens()), OVERRIDES.get(model_type, {}))
     return cls(**kwargs)
 
 
@@ -436,10 +462,30 @@ def _inputs(model: torch.nn.Module, seed: int, pixels: bool = False, image_token
             batch["inputs_embeds"] = torch.randn(BATCH_SIZE, SEQUENCE_LENGTH, config.hidden_size, generator=generator)
     if getattr(config, "is_encoder_decoder", False) and "decoder_input_ids" in parameters:
         batch["decoder_input_ids"] = _ids(generator)
+    rule = INPUT_RULES.get(getattr(config, "model_type", ""))
+    if rule is not None:
+        batch.update(rule(model, batch, generator))
     for name, value in (("use_cache", False), ("return_dict", True)):
         if name in parameters:
             batch[name] = value
     return batch
+
+
+def _frames_first(model: torch.nn.Module, batch: dict, generator: torch.Generator, stack: int = 1) -> dict:
+    """Features as ``(batch, frames, num_mel_bins * stack)``: conformer encoders read time first (Whisper-style
+    encoders read ``(batch, num_mel_bins, frames)``, the generic layout); ``stack`` frames stacked per row."""
+    bins = _find(model.config, "num_mel_bins", "feature_size", default=16)
+    frames = 2 * (_find(model.config, "max_source_positions", default=16) or 16)
+    return {"input_features": torch.randn(BATCH_SIZE, frames, bins * stack, generator=generator)}
+
+
+#: Per-type input rules on top of the generic batch, each with why the generic rule cannot know; a rule gets the
+#: model, the generic batch and the seeded generator and returns the entries to set.
+INPUT_RULES: dict[str, Any] = {
+    # The feature extractor stacks 4 frames per row: the input projection reads num_mel_bins * 4 features.
+    "granite_speech5_encoder": functools.partial(_frames_first, stack=4),
+    **dict.fromkeys(["lasr_ctc", "lasr_encoder", "parakeet_ctc", "parakeet_encoder"], _frames_first),
+}
 
 
 def _tensors(output: Any):
