@@ -115,14 +115,43 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "hy_v4_vl": {"text_config": {"rope_parameters": {"rope_theta": 10000.0, "rope_type": "default",
                                                      "mrope_section": [1, 1, 0]}}},
     "hy_v4_vl_text": {"rope_parameters": {"rope_theta": 10000.0, "rope_type": "default", "mrope_section": [1, 1, 0]}},
+    # The merger projects to the text model's width, a field of its own.
+    "inkling2_vision": {"text_hidden_size": 32},
+    # The VQ image tokenizer's widths and codebook have names of their own.
+    "janus": {"vq_config": {"base_channels": 16, "latent_channels": 16, "num_embeddings": 64,
+                            "image_token_embed_dim": 32},
+              "vision_config": {"num_image_tokens": (IMAGE_SIZE // PATCH_SIZE) ** 2}},
+    # The linear-attention (KDA) heads and the routed experts per token have names of their own.
+    "kimi_linear": {"linear_head_dim": 8, "linear_num_heads": 4, "num_experts_per_token": 2},
+    # The vision adapter and projector widths and the dense MLP size have names of their own.
+    "llama4": {"vision_config": {"vision_output_dim": 32, "projector_input_dim": 32, "projector_output_dim": 32},
+               "text_config": {"intermediate_size_mlp": 64}},
+    # The experts' width and the identity ("zero") experts have names of their own.
+    "longcat_flash": {"expert_ffn_hidden_size": 32, "zero_expert_num": 2},
+    # The entity vocabulary and embedding width have names of their own.
+    "luke": {"entity_vocab_size": 64, "entity_emb_size": 16},
     # hidden_size * expand must equal num_heads * head_dim (4 * 8), and n_groups divide num_heads.
     "mamba2": {"expand": 1, "n_groups": 1, "state_size": 16},
     # The config has no num_key_value_heads field, but the decoder's attention reads it.
     "moonshine_streaming": {"num_key_value_heads": 4},
-    # Every 6th layer is global: the first 4 layers of the default pattern would have none.
-    "neomme": {"layer_types": ["sliding_attention", "full_attention"] * (BLOCKS // 2)},
+    # The experts' width has a name of its own.
+    "muse_spark_text": {"moe_hidden_size": 32},
     # num_key_value_heads defaults to None, which the attention divides by.
     "nemotron": {"num_key_value_heads": 2},
+    # The transducer's prediction network (an LSTM) has a width of its own.
+    "nemotron3_5_asr": {"decoder_hidden_size": 32},
+    # The transducer's prediction network (an LSTM) has a width of its own.
+    "nemotron_asr_streaming": {"decoder_hidden_size": 32},
+    # Every 6th layer is global: the first 4 layers of the default pattern would have none.
+    # (with a quarter of the tiny head rotated, 2 dims, too few for its two M-RoPE axes: rotate half).
+    "neomme": {"layer_types": ["sliding_attention", "full_attention"] * (BLOCKS // 2),
+               "rope_parameters": {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                                   "full_attention": {"rope_type": "default", "rope_theta": 1000000.0,
+                                                      "partial_rotary_factor": 0.5}}},
+    # The transducer's prediction network (an LSTM) has a width of its own.
+    "parakeet_rnnt": {"decoder_hidden_size": 32},
+    # The transducer's prediction network (an LSTM) has a width of its own.
+    "parakeet_tdt": {"decoder_hidden_size": 32},
 }
 
 
@@ -309,6 +338,8 @@ def tiny_kwargs(cls: type, defaults: dict[str, Any], tokens: _Tokens,
     for name in ("torch_dtype", "dtype"):
         if name in defaults:
             kwargs[name] = "float32"
+    if "kv_lora_rank" in defaults and "num_key_value_heads" in kwargs:
+        kwargs["num_key_value_heads"] = kwargs.get("num_attention_heads", _SIZES["num_attention_heads"])  # MLA: one K/V per head
     if "qk_rope_head_dim" in defaults and "head_dim" in defaults:
         kwargs["head_dim"] = _SIZES["qk_rope_head_dim"]  # multi-head latent attention: head_dim is the rope part
     if "pad_token_id" in defaults or "vocab_size" in defaults:
@@ -484,7 +515,10 @@ def _frames_first(model: torch.nn.Module, batch: dict, generator: torch.Generato
 INPUT_RULES: dict[str, Any] = {
     # The feature extractor stacks 4 frames per row: the input projection reads num_mel_bins * 4 features.
     "granite_speech5_encoder": functools.partial(_frames_first, stack=4),
-    **dict.fromkeys(["lasr_ctc", "lasr_encoder", "parakeet_ctc", "parakeet_encoder"], _frames_first),
+    **dict.fromkeys(["lasr_ctc", "lasr_encoder", "nemotron3_5_asr", "nemotron3_5_transcribe_asr_audio", "nemotron3_5_transcribe_audio",
+                     "nemotron3_diarization", "nemotron3_diarization_audio", "nemotron_asr_streaming",
+                     "nemotron_asr_streaming_encoder", "parakeet_ctc", "parakeet_encoder", "parakeet_rnnt", "parakeet_tdt"],
+                    _frames_first),
 }
 
 
