@@ -117,14 +117,16 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "hy_v4_vl_text": {"rope_parameters": {"rope_theta": 10000.0, "rope_type": "default", "mrope_section": [1, 1, 0]}},
     # The merger projects to the text model's width, a field of its own.
     "inkling2_vision": {"text_hidden_size": 32},
-    # The VQ image tokenizer's widths and codebook have names of their own.
-    "janus": {"vq_config": {"base_channels": 16, "latent_channels": 16, "num_embeddings": 64,
+    # The VQ image tokenizer's widths (multiples of its 32 norm groups) and codebook have names of their own.
+    "janus": {"vq_config": {"base_channels": 32, "latent_channels": 32, "num_embeddings": 64,
                             "image_token_embed_dim": 32},
               "vision_config": {"num_image_tokens": (IMAGE_SIZE // PATCH_SIZE) ** 2}},
     # The linear-attention (KDA) heads and the routed experts per token have names of their own.
     "kimi_linear": {"linear_head_dim": 8, "linear_num_heads": 4, "num_experts_per_token": 2},
-    # The vision adapter and projector widths and the dense MLP size have names of their own.
-    "llama4": {"vision_config": {"vision_output_dim": 32, "projector_input_dim": 32, "projector_output_dim": 32},
+    # The vision adapter and projector widths and the dense MLP size have names of their own; the vision MLP
+    # reads the pixel-shuffled features (4 x hidden wide) as intermediate_size.
+    "llama4": {"vision_config": {"vision_output_dim": 32, "projector_input_dim": 32, "projector_output_dim": 32,
+                                 "intermediate_size": 128},
                "text_config": {"intermediate_size_mlp": 64}},
     # The experts' width and the identity ("zero") experts have names of their own.
     "longcat_flash": {"expert_ffn_hidden_size": 32, "zero_expert_num": 2},
@@ -132,6 +134,12 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "luke": {"entity_vocab_size": 64, "entity_emb_size": 16},
     # hidden_size * expand must equal num_heads * head_dim (4 * 8), and n_groups divide num_heads.
     "mamba2": {"expand": 1, "n_groups": 1, "state_size": 16},
+    # The rotary share (rope / (nope + rope) head dims) of the tiny sizes, 4 / 12, floors to 3 rotated dims: an
+    # even 4 + 4 split rotates exactly half.
+    "mistral4": {"qk_nope_head_dim": 4, "rope_parameters": {
+        "rope_type": "yarn", "rope_theta": 10000.0, "factor": 1.0, "original_max_position_embeddings": 64,
+        "beta_fast": 32.0, "beta_slow": 1.0, "mscale_all_dim": 1.0, "mscale": 1.0, "llama_4_scaling_beta": 0.1,
+        "partial_rotary_factor": 0.5}},
     # The config has no num_key_value_heads field, but the decoder's attention reads it.
     "moonshine_streaming": {"num_key_value_heads": 4},
     # The experts' width has a name of its own.
