@@ -72,6 +72,7 @@ _SIZES: dict[str, int] = {
                      "max_target_positions", "max_text_positions"], 64),
     **dict.fromkeys(["num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts"], 4),
     **dict.fromkeys(["num_experts_per_tok", "moe_topk", "top_k_experts", "moe_top_k", "num_selected_experts"], 2),
+    **dict.fromkeys(["n_group", "topk_group"], 1),  # grouped expert routing: the 4 tiny experts form one group
     **dict.fromkeys(["moe_intermediate_size", "shared_expert_intermediate_size", "expert_intermediate_size"], 32),
     **dict.fromkeys(["vocab_size", "text_vocab_size"], VOCAB_SIZE),
     **dict.fromkeys(["image_size", "img_size"], IMAGE_SIZE),
@@ -464,6 +465,8 @@ def _inputs(model: torch.nn.Module, seed: int, pixels: bool = False, image_token
     generator = torch.Generator().manual_seed(seed)
     batch: dict[str, Any] = {}
     main = getattr(model, "main_input_name", "input_ids")
+    if main not in parameters and "pixel_values" in parameters:  # a vision tower that kept the default name
+        main = "pixel_values"
     wanted = [main] + (["input_ids"] if "input_ids" in parameters and main != "input_ids" else [])
     if pixels and main != "pixel_values":
         wanted.append("pixel_values")
@@ -484,12 +487,13 @@ def _inputs(model: torch.nn.Module, seed: int, pixels: bool = False, image_token
             size = size if isinstance(size, int) else IMAGE_SIZE
             frames = _find(config, "num_frames")
             shape = (BATCH_SIZE, channels, size, size) if not frames else (BATCH_SIZE, frames, channels, size, size)
-            if "image_grid_thw" in parameters:  # Qwen2-VL style: flattened patches and a (t, h, w) grid per image
+            grid = next((g for g in ("image_grid_thw", "grid_thw") if g in parameters), None)
+            if grid:  # Qwen2-VL style: flattened patches and a (t, h, w) grid per image (its vision tower: grid_thw)
                 patch = _find(config, "patch_size", default=PATCH_SIZE)
-                temporal = _find(config, "temporal_patch_size", default=1)
+                temporal = _find(config, "temporal_patch_size", "patch_temporal", default=1)
                 side = size // patch
                 shape = (BATCH_SIZE * side * side, channels * temporal * patch * patch)
-                batch["image_grid_thw"] = torch.tensor([[1, side, side]] * BATCH_SIZE)
+                batch[grid] = torch.tensor([[1, side, side]] * BATCH_SIZE)
             batch["pixel_values"] = torch.randn(*shape, generator=generator)
         elif name == "input_features":
             bins = _find(config, "num_mel_bins", "feature_size", "input_feat_per_channel", default=16)
@@ -518,6 +522,12 @@ def _frames_first(model: torch.nn.Module, batch: dict, generator: torch.Generato
     return {"input_features": torch.randn(BATCH_SIZE, frames, bins * stack, generator=generator)}
 
 
+def _patches_as_images(model: torch.nn.Module, batch: dict, generator: torch.Generator) -> dict:
+    """The flattened patches as one small ``(channels, patch, patch)`` image each (a Conv2d patch embedding)."""
+    patch = _find(model.config, "patch_size", default=PATCH_SIZE)
+    return {"pixel_values": batch["pixel_values"].reshape(-1, 3, patch, patch)}
+
+
 #: Per-type input rules on top of the generic batch, each with why the generic rule cannot know; a rule gets the
 #: model, the generic batch and the seeded generator and returns the entries to set.
 INPUT_RULES: dict[str, Any] = {
@@ -527,6 +537,7 @@ INPUT_RULES: dict[str, Any] = {
                      "nemotron3_diarization", "nemotron3_diarization_audio", "nemotron_asr_streaming",
                      "nemotron_asr_streaming_encoder", "parakeet_ctc", "parakeet_encoder", "parakeet_rnnt", "parakeet_tdt"],
                     _frames_first),
+    **dict.fromkeys(["kimi_k25", "kimi_k25_vision"], _patches_as_images),
 }
 
 
