@@ -135,6 +135,8 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "luke": {"entity_vocab_size": 64, "entity_emb_size": 16},
     # hidden_size * expand must equal num_heads * head_dim (4 * 8), and n_groups divide num_heads.
     "mamba2": {"expand": 1, "n_groups": 1, "state_size": 16},
+    # layer_types has no default (None), and the decoder layers index it: conv and attention layers alternate.
+    "lfm2_moe": {"layer_types": ["conv", "full_attention"] * (BLOCKS // 2)},
     # The rotary share (rope / (nope + rope) head dims) of the tiny sizes, 4 / 12, floors to 3 rotated dims: an
     # even 4 + 4 split rotates exactly half.
     "mistral4": {"qk_nope_head_dim": 4, "rope_parameters": {
@@ -495,6 +497,8 @@ def _inputs(model: torch.nn.Module, seed: int, pixels: bool = False, image_token
                 shape = (BATCH_SIZE * side * side, channels * temporal * patch * patch)
                 batch[grid] = torch.tensor([[1, side, side]] * BATCH_SIZE)
             batch["pixel_values"] = torch.randn(*shape, generator=generator)
+            if "image_sizes" in parameters and not grid:  # Pixtral-style patch mergers read each image's size
+                batch["image_sizes"] = torch.tensor([[size, size]] * BATCH_SIZE)
         elif name == "input_features":
             bins = _find(config, "num_mel_bins", "feature_size", "input_feat_per_channel", default=16)
             frames = 2 * (_find(config, "max_source_positions", default=16) or 16)
@@ -528,6 +532,11 @@ def _patches_as_images(model: torch.nn.Module, batch: dict, generator: torch.Gen
     return {"pixel_values": batch["pixel_values"].reshape(-1, 3, patch, patch)}
 
 
+def _one_image_per_sequence(model: torch.nn.Module, batch: dict, generator: torch.Generator) -> dict:
+    """Images as ``(batch, images, channels, height, width)``: models that take several images per sequence."""
+    return {"pixel_values": batch["pixel_values"].unsqueeze(1)}
+
+
 #: Per-type input rules on top of the generic batch, each with why the generic rule cannot know; a rule gets the
 #: model, the generic batch and the seeded generator and returns the entries to set.
 INPUT_RULES: dict[str, Any] = {
@@ -538,6 +547,7 @@ INPUT_RULES: dict[str, Any] = {
                      "nemotron_asr_streaming_encoder", "parakeet_ctc", "parakeet_encoder", "parakeet_rnnt", "parakeet_tdt"],
                     _frames_first),
     **dict.fromkeys(["kimi_k25", "kimi_k25_vision"], _patches_as_images),
+    **dict.fromkeys(["idefics", "idefics2", "idefics3", "modernvbert"], _one_image_per_sequence),
 }
 
 
