@@ -112,10 +112,18 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "granite_speech5_encoder": {"context_size": 16, "num_key_value_heads": 4},
     # Mamba heads must split mamba_expand * hidden_size (64) into heads of mamba_d_head.
     "granitemoehybrid": {"mamba_n_heads": 4, "mamba_d_head": 16, "mamba_d_state": 16},
+    # The default rope has no multimodal sections, which the rotary embedding requires (real checkpoints set them):
+    # sequence, width, height and image axes over the 4 rotary pairs of the tiny head.
+    "hunyuan_vl": {"text_config": {"rope_parameters": {"rope_theta": 10000.0, "rope_type": "default",
+                                                       "mrope_section": [1, 1, 1, 1]}}},
+    "hunyuan_vl_text": {"rope_parameters": {"rope_theta": 10000.0, "rope_type": "default", "mrope_section": [1, 1, 1, 1]}},
     # The rotary part of the tiny latent attention is 4 wide: its (t, h, w) sections must sum to 2.
     "hy_v4_vl": {"text_config": {"rope_parameters": {"rope_theta": 10000.0, "rope_type": "default",
                                                      "mrope_section": [1, 1, 0]}}},
     "hy_v4_vl_text": {"rope_parameters": {"rope_theta": 10000.0, "rope_type": "default", "mrope_section": [1, 1, 0]}},
+    # The default config freezes the vision and text layers (no parameter gradients, though the gradient still
+    # flows through the text layers to the trainable cross-attention between them): train every block.
+    "idefics": {"freeze_text_layers": False, "freeze_vision_layers": False},
     # The merger projects to the text model's width, a field of its own.
     "inkling2_vision": {"text_hidden_size": 32},
     # The VQ image tokenizer's widths (multiples of its 32 norm groups) and codebook have names of their own.
@@ -533,8 +541,12 @@ def _patches_as_images(model: torch.nn.Module, batch: dict, generator: torch.Gen
 
 
 def _one_image_per_sequence(model: torch.nn.Module, batch: dict, generator: torch.Generator) -> dict:
-    """Images as ``(batch, images, channels, height, width)``: models that take several images per sequence."""
-    return {"pixel_values": batch["pixel_values"].unsqueeze(1)}
+    """Images as ``(batch, images, channels, height, width)``: models that take several images per sequence
+    (IDEFICS also takes which image each token attends to: ``image_attention_mask``)."""
+    found = {"pixel_values": batch["pixel_values"].unsqueeze(1)}
+    if "image_attention_mask" in inspect.signature(model.forward).parameters:
+        found["image_attention_mask"] = torch.ones(*batch["input_ids"].shape, 1, dtype=torch.long)
+    return found
 
 
 #: Per-type input rules on top of the generic batch, each with why the generic rule cannot know; a rule gets the
