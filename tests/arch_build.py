@@ -126,12 +126,21 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "idefics": {"freeze_text_layers": False, "freeze_vision_layers": False},
     # The merger projects to the text model's width, a field of its own.
     "inkling2_vision": {"text_hidden_size": 32},
+    # The image placeholder token has no default id (real checkpoints add it to the tokenizer); the Q-Former's
+    # query tokens (the image's tokens in the text) must fit the tiny sequence.
+    "instructblip": {"image_token_index": VOCAB_SIZE - 1, "num_query_tokens": 4},
     # The VQ image tokenizer's widths (multiples of its 32 norm groups) and codebook have names of their own.
     "janus": {"vq_config": {"base_channels": 32, "latent_channels": 32, "num_embeddings": 64,
                             "image_token_embed_dim": 32},
               "vision_config": {"num_image_tokens": (IMAGE_SIZE // PATCH_SIZE) ** 2}},
     # The linear-attention (KDA) heads and the routed experts per token have names of their own.
     "kimi_linear": {"linear_head_dim": 8, "linear_num_heads": 4, "num_experts_per_token": 2},
+    # The number of latent image queries must fit the tiny sequence.
+    "kosmos-2": {"latent_query_num": 4, "text_config": {"layers": BLOCKS}},  # (text layers: a name of their own)
+    # layer_types has no default (None), and the decoder layers index it: conv and attention layers alternate.
+    "lfm2_moe": {"layer_types": ["conv", "full_attention"] * (BLOCKS // 2)},
+    # Six layout embeddings (4 box sides, height, width) of hidden_size // 6 each make up the hidden size.
+    "lilt": {"hidden_size": 48},
     # The vision adapter and projector widths and the dense MLP size have names of their own; the vision MLP
     # reads the pixel-shuffled features (4 x hidden wide) as intermediate_size.
     "llama4": {"vision_config": {"vision_output_dim": 32, "projector_input_dim": 32, "projector_output_dim": 32,
@@ -143,8 +152,6 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "luke": {"entity_vocab_size": 64, "entity_emb_size": 16},
     # hidden_size * expand must equal num_heads * head_dim (4 * 8), and n_groups divide num_heads.
     "mamba2": {"expand": 1, "n_groups": 1, "state_size": 16},
-    # layer_types has no default (None), and the decoder layers index it: conv and attention layers alternate.
-    "lfm2_moe": {"layer_types": ["conv", "full_attention"] * (BLOCKS // 2)},
     # The rotary share (rope / (nope + rope) head dims) of the tiny sizes, 4 / 12, floors to 3 rotated dims: an
     # even 4 + 4 split rotates exactly half.
     "mistral4": {"qk_nope_head_dim": 4, "rope_parameters": {
@@ -167,6 +174,9 @@ OVERRIDES: dict[str, dict[str, Any]] = {
                "rope_parameters": {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
                                    "full_attention": {"rope_type": "default", "rope_theta": 1000000.0,
                                                       "partial_rotary_factor": 0.5}}},
+    # No multimodal rotary sections in the default rope: the model falls back to [16, 24, 24] (a 128-wide head).
+    "paddleocr_vl": {"text_config": {"rope_parameters": {"rope_theta": 500000.0, "rope_type": "default",
+                                                         "mrope_section": [2, 1, 1]}}},
     # The transducer's prediction network (an LSTM) has a width of its own.
     "parakeet_rnnt": {"decoder_hidden_size": 32},
     # The transducer's prediction network (an LSTM) has a width of its own.
@@ -515,6 +525,9 @@ def _inputs(model: torch.nn.Module, seed: int, pixels: bool = False, image_token
             batch["input_values"] = torch.randn(BATCH_SIZE, AUDIO_SAMPLES, generator=generator)
         elif name == "inputs_embeds":
             batch["inputs_embeds"] = torch.randn(BATCH_SIZE, SEQUENCE_LENGTH, config.hidden_size, generator=generator)
+    if "qformer_input_ids" in parameters:  # InstructBLIP: the instruction, read by the Q-Former too
+        batch["qformer_input_ids"] = _ids(generator)
+        batch["qformer_attention_mask"] = torch.ones_like(batch["qformer_input_ids"])
     if getattr(config, "is_encoder_decoder", False) and "decoder_input_ids" in parameters:
         batch["decoder_input_ids"] = _ids(generator)
     rule = INPUT_RULES.get(getattr(config, "model_type", ""))
@@ -549,17 +562,36 @@ def _one_image_per_sequence(model: torch.nn.Module, batch: dict, generator: torc
     return found
 
 
+def _kosmos2(model: torch.nn.Module, batch: dict, generator: torch.Generator) -> dict:
+    """KOSMOS-2 places its latent image queries at the positions ``image_embeds_position_mask`` marks."""
+    mask = torch.zeros_like(batch["input_ids"])
+    mask[:, 1:1 + model.config.latent_query_num] = 1
+    return {"image_embeds_position_mask": mask}
+
+
+def _siglip2_patches(model: torch.nn.Module, batch: dict, generator: torch.Generator) -> dict:
+    """A SigLIP2 (NaFlex) tower: ``(batch, patches, channels * patch * patch)`` with each image's patch grid."""
+    patch = _find(model.config, "patch_size", default=PATCH_SIZE)
+    side = IMAGE_SIZE // patch
+    return {"pixel_values": torch.randn(BATCH_SIZE, side * side, 3 * patch * patch, generator=generator),
+            "spatial_shapes": torch.tensor([[side, side]] * BATCH_SIZE),
+            "pixel_attention_mask": torch.ones(BATCH_SIZE, side * side, dtype=torch.long)}
+
+
 #: Per-type input rules on top of the generic batch, each with why the generic rule cannot know; a rule gets the
 #: model, the generic batch and the seeded generator and returns the entries to set.
 INPUT_RULES: dict[str, Any] = {
     # The feature extractor stacks 4 frames per row: the input projection reads num_mel_bins * 4 features.
     "granite_speech5_encoder": functools.partial(_frames_first, stack=4),
+    **dict.fromkeys(["idefics", "idefics2", "idefics3", "modernvbert"], _one_image_per_sequence),
+    **dict.fromkeys(["kimi_k25", "kimi_k25_vision"], _patches_as_images),
+    "kosmos-2": _kosmos2,
     **dict.fromkeys(["lasr_ctc", "lasr_encoder", "nemotron3_5_asr", "nemotron3_5_transcribe_asr_audio", "nemotron3_5_transcribe_audio",
                      "nemotron3_diarization", "nemotron3_diarization_audio", "nemotron_asr_streaming",
                      "nemotron_asr_streaming_encoder", "parakeet_ctc", "parakeet_encoder", "parakeet_rnnt", "parakeet_tdt"],
                     _frames_first),
-    **dict.fromkeys(["kimi_k25", "kimi_k25_vision"], _patches_as_images),
-    **dict.fromkeys(["idefics", "idefics2", "idefics3", "modernvbert"], _one_image_per_sequence),
+    "lfm2_vl": _siglip2_patches,
+    "paddleocr_vl": _patches_as_images,
 }
 
 
