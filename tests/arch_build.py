@@ -106,6 +106,9 @@ RESERVED_IDS = 24
 
 #: Per-type config settings on top of the generic rule, each with why the rule cannot work.
 OVERRIDES: dict[str, dict[str, Any]] = {
+    # "anyres" tiles images by grid pinpoints in pixels: one pinpoint, the tiny image size (one tile per image).
+    **dict.fromkeys(["llava_next", "llava_next_video", "llava_onevision"],
+                    {"image_grid_pinpoints": [[IMAGE_SIZE, IMAGE_SIZE]]}),
     # The local/global attention pattern is a list of (pattern, repeats) that must add up to the layer count.
     "gpt_neo": {"attention_types": [[["global", "local"], BLOCKS // 2]]},
     # Chunked local attention: the context must fit the tiny position table.
@@ -150,6 +153,8 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "longcat_flash": {"expert_ffn_hidden_size": 32, "zero_expert_num": 2},
     # The entity vocabulary and embedding width have names of their own.
     "luke": {"entity_vocab_size": 64, "entity_emb_size": 16},
+    # Windowed attention: the patch grid (32 / 8 = 4 patches a side) must split into num_windows square windows.
+    "lw_detr_vit": {"num_windows": 4, "num_windows_side": 2},
     # hidden_size * expand must equal num_heads * head_dim (4 * 8), and n_groups divide num_heads.
     "mamba2": {"expand": 1, "n_groups": 1, "state_size": 16},
     # The rotary share (rope / (nope + rope) head dims) of the tiny sizes, 4 / 12, floors to 3 rotated dims: an
@@ -158,6 +163,8 @@ OVERRIDES: dict[str, dict[str, Any]] = {
         "rope_type": "yarn", "rope_theta": 10000.0, "factor": 1.0, "original_max_position_embeddings": 64,
         "beta_fast": 32.0, "beta_slow": 1.0, "mscale_all_dim": 1.0, "mscale": 1.0, "llama_4_scaling_beta": 0.1,
         "partial_rotary_factor": 0.5}},
+    # The adapter reads vision layers by index (the default ones exist in the 25-layer tower only).
+    "molmo2": {"adapter_config": {"vision_feature_layer": [BLOCKS - 1, BLOCKS - 2]}},
     # The config has no num_key_value_heads field, but the decoder's attention reads it.
     "moonshine_streaming": {"num_key_value_heads": 4},
     # The experts' width has a name of its own.
@@ -578,6 +585,13 @@ def _siglip2_patches(model: torch.nn.Module, batch: dict, generator: torch.Gener
             "pixel_attention_mask": torch.ones(BATCH_SIZE, side * side, dtype=torch.long)}
 
 
+def _anyres_tiles(model: torch.nn.Module, batch: dict, generator: torch.Generator) -> dict:
+    """LLaVA-NeXt "anyres": each image as its base view and one tile (the single tiny grid pinpoint, see
+    ``OVERRIDES``), ``(batch, 2, channels, size, size)``, with its size."""
+    return {"pixel_values": torch.randn(BATCH_SIZE, 2, 3, IMAGE_SIZE, IMAGE_SIZE, generator=generator),
+            "image_sizes": torch.tensor([[IMAGE_SIZE, IMAGE_SIZE]] * BATCH_SIZE)}
+
+
 #: Per-type input rules on top of the generic batch, each with why the generic rule cannot know; a rule gets the
 #: model, the generic batch and the seeded generator and returns the entries to set.
 INPUT_RULES: dict[str, Any] = {
@@ -591,6 +605,7 @@ INPUT_RULES: dict[str, Any] = {
                      "nemotron_asr_streaming_encoder", "parakeet_ctc", "parakeet_encoder", "parakeet_rnnt", "parakeet_tdt"],
                     _frames_first),
     "lfm2_vl": _siglip2_patches,
+    **dict.fromkeys(["llava_next", "llava_next_video", "llava_onevision"], _anyres_tiles),
     "paddleocr_vl": _patches_as_images,
 }
 
