@@ -104,6 +104,9 @@ _FIXED_TOKENS = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2, "decod
 FIRST_ID = 4
 RESERVED_IDS = 24
 
+_MIMI = {"upsample_groups": 32, "num_filters": 4, "codebook_dim": 32, "codebook_size": 32,
+         "vector_quantization_hidden_dimension": 32}
+
 #: Per-type config settings on top of the generic rule, each with why the rule cannot work.
 OVERRIDES: dict[str, dict[str, Any]] = {
     # "anyres" tiles images by grid pinpoints in pixels: one pinpoint, the tiny image size (one tile per image).
@@ -115,6 +118,8 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "granite_speech5_encoder": {"context_size": 16, "num_key_value_heads": 4},
     # Mamba heads must split mamba_expand * hidden_size (64) into heads of mamba_d_head.
     "granitemoehybrid": {"mamba_n_heads": 4, "mamba_d_head": 16, "mamba_d_state": 16},
+    # Hiera's sizes are (height, width) pairs: the tiny image, the patch grid 8 x 8 = one 8 x 8 mask unit.
+    "hiera": {"image_size": [IMAGE_SIZE, IMAGE_SIZE]},
     # The default rope has no multimodal sections, which the rotary embedding requires (real checkpoints set them):
     # sequence, width, height and image axes over the 4 rotary pairs of the tiny head.
     "hunyuan_vl": {"text_config": {"rope_parameters": {"rope_theta": 10000.0, "rope_type": "default",
@@ -140,6 +145,8 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "kimi_linear": {"linear_head_dim": 8, "linear_num_heads": 4, "num_experts_per_token": 2},
     # The number of latent image queries must fit the tiny sequence.
     "kosmos-2": {"latent_query_num": 4, "text_config": {"layers": BLOCKS}},  # (text layers: a name of their own)
+    # The speech model reads the text token plus one token per codebook at each step; its codec is Mimi.
+    "kyutai_speech_to_text": {"num_codebooks": 4, "codebook_vocab_size": 32, "codec_config": _MIMI},
     # layer_types has no default (None), and the decoder layers index it: conv and attention layers alternate.
     "lfm2_moe": {"layer_types": ["conv", "full_attention"] * (BLOCKS // 2)},
     # Six layout embeddings (4 box sides, height, width) of hidden_size // 6 each make up the hidden size.
@@ -157,12 +164,17 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "lw_detr_vit": {"num_windows": 4, "num_windows_side": 2},
     # hidden_size * expand must equal num_heads * head_dim (4 * 8), and n_groups divide num_heads.
     "mamba2": {"expand": 1, "n_groups": 1, "state_size": 16},
+    # The Mimi codec: the upsampling is a grouped (depthwise) transposed convolution, one group per hidden channel;
+    # its convolution widths (num_filters doubled per stage) and codebooks have names of their own.
+    **dict.fromkeys(["mimi", "mimi_decoder", "mimi_encoder"], _MIMI),
     # The rotary share (rope / (nope + rope) head dims) of the tiny sizes, 4 / 12, floors to 3 rotated dims: an
     # even 4 + 4 split rotates exactly half.
     "mistral4": {"qk_nope_head_dim": 4, "rope_parameters": {
         "rope_type": "yarn", "rope_theta": 10000.0, "factor": 1.0, "original_max_position_embeddings": 64,
         "beta_fast": 32.0, "beta_slow": 1.0, "mscale_all_dim": 1.0, "mscale": 1.0, "llama_4_scaling_beta": 0.1,
         "partial_rotary_factor": 0.5}},
+    # MobileViTv2 unfolds 2 x 2 patches of its last 1/32 feature map: the default patch size, a 64-pixel image.
+    "mobilevitv2": {"patch_size": 2, "image_size": 64},
     # The adapter reads vision layers by index (the default ones exist in the 25-layer tower only).
     "molmo2": {"adapter_config": {"vision_feature_layer": [BLOCKS - 1, BLOCKS - 2]}},
     # The config has no num_key_value_heads field, but the decoder's attention reads it.
@@ -592,6 +604,19 @@ def _anyres_tiles(model: torch.nn.Module, batch: dict, generator: torch.Generato
             "image_sizes": torch.tensor([[IMAGE_SIZE, IMAGE_SIZE]] * BATCH_SIZE)}
 
 
+def _text_and_codebooks(model: torch.nn.Module, batch: dict, generator: torch.Generator) -> dict:
+    """Kyutai STT: each step is a text token and one token per audio codebook, ``(batch, length, 1 + codebooks)``."""
+    config = model.config
+    audio = torch.randint(FIRST_ID, config.codebook_vocab_size, (BATCH_SIZE, SEQUENCE_LENGTH, config.num_codebooks),
+                          generator=generator)
+    return {"input_ids": torch.cat([batch["input_ids"].unsqueeze(-1), audio], dim=-1)}
+
+
+def _mono_waveform(model: torch.nn.Module, batch: dict, generator: torch.Generator) -> dict:
+    """The waveform as ``(batch, 1, samples)``: one audio channel."""
+    return {"input_values": batch["input_values"].unsqueeze(1)}
+
+
 #: Per-type input rules on top of the generic batch, each with why the generic rule cannot know; a rule gets the
 #: model, the generic batch and the seeded generator and returns the entries to set.
 INPUT_RULES: dict[str, Any] = {
@@ -600,12 +625,17 @@ INPUT_RULES: dict[str, Any] = {
     **dict.fromkeys(["idefics", "idefics2", "idefics3", "modernvbert"], _one_image_per_sequence),
     **dict.fromkeys(["kimi_k25", "kimi_k25_vision"], _patches_as_images),
     "kosmos-2": _kosmos2,
+    "kyutai_speech_to_text": _text_and_codebooks,
     **dict.fromkeys(["lasr_ctc", "lasr_encoder", "nemotron3_5_asr", "nemotron3_5_transcribe_asr_audio", "nemotron3_5_transcribe_audio",
                      "nemotron3_diarization", "nemotron3_diarization_audio", "nemotron_asr_streaming",
                      "nemotron_asr_streaming_encoder", "parakeet_ctc", "parakeet_encoder", "parakeet_rnnt", "parakeet_tdt"],
                     _frames_first),
     "lfm2_vl": _siglip2_patches,
     **dict.fromkeys(["llava_next", "llava_next_video", "llava_onevision"], _anyres_tiles),
+    **dict.fromkeys(["mimi", "mimi_encoder", "omniasr_audio", "omniasr_ctc"], _mono_waveform),
+    # The Mimi decoder alone decodes continuous latents, (batch, hidden_size, frames).
+    "mimi_decoder": lambda model, batch, generator: {
+        "latents": torch.randn(BATCH_SIZE, model.config.hidden_size, 4, generator=generator)},
     "paddleocr_vl": _patches_as_images,
 }
 
