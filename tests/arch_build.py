@@ -41,6 +41,7 @@ IMAGE_SIZE = 32
 PATCH_SIZE = 8
 AUDIO_SAMPLES = 1600  # raw waveform: survives the 320x downsampling of wav2vec2-style feature encoders
 MAX_PARAMETERS = 5_000_000
+_HORIZON = 4  # time series: steps predicted (the context is twice as long)
 
 #: Task-head mappings tried, in order, for a model type with no base class in ``MODEL_MAPPING``.
 _HEAD_MAPPINGS = (
@@ -386,6 +387,9 @@ def tiny_kwargs(cls: type, defaults: dict[str, Any], tokens: _Tokens,
     for name in ("torch_dtype", "dtype"):
         if name in defaults:
             kwargs[name] = "float32"
+    if "lags_sequence" in defaults and defaults.get("prediction_length") is None:  # probabilistic time series
+        kwargs.update(prediction_length=_HORIZON, context_length=2 * _HORIZON, lags_sequence=[1, 2, 3],
+                      num_time_features=1)
     if "kv_lora_rank" in defaults and "num_key_value_heads" in kwargs:
         kwargs["num_key_value_heads"] = kwargs.get("num_attention_heads", _SIZES["num_attention_heads"])  # MLA: one K/V per head
     if "qk_rope_head_dim" in defaults and "head_dim" in defaults:
@@ -542,6 +546,15 @@ def _inputs(model: torch.nn.Module, seed: int, pixels: bool = False, image_token
             batch["input_features"] = torch.randn(BATCH_SIZE, bins, frames, generator=generator)
         elif name == "input_values":
             batch["input_values"] = torch.randn(BATCH_SIZE, AUDIO_SAMPLES, generator=generator)
+        elif name == "past_values":  # time series: the context plus the largest lag, and the horizon to predict
+            past = config.context_length + max(config.lags_sequence)
+            features = config.num_time_features
+            batch["past_values"] = torch.randn(BATCH_SIZE, past, generator=generator)
+            batch["past_time_features"] = torch.randn(BATCH_SIZE, past, features, generator=generator)
+            batch["past_observed_mask"] = torch.ones(BATCH_SIZE, past)
+            batch["future_values"] = torch.randn(BATCH_SIZE, config.prediction_length, generator=generator)
+            batch["future_time_features"] = torch.randn(BATCH_SIZE, config.prediction_length, features,
+                                                        generator=generator)
         elif name == "inputs_embeds":
             batch["inputs_embeds"] = torch.randn(BATCH_SIZE, SEQUENCE_LENGTH, config.hidden_size, generator=generator)
     if "qformer_input_ids" in parameters:  # InstructBLIP: the instruction, read by the Q-Former too
