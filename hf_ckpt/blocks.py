@@ -72,8 +72,10 @@ def unwrapped(module: nn.Module) -> nn.Module:
 
 def _stack_block_list(stack: nn.Module) -> nn.ModuleList | None:
     """The ``ModuleList`` of repeated blocks a stack iterates over: its largest direct ``ModuleList`` child,
-    else the largest one below it."""
+    else the largest one below it; none where a direct one holds layer-flag blocks."""
     direct = [child for child in stack.children() if isinstance(child, nn.ModuleList) and len(child) > 0]
+    if any(is_gradient_checkpointing_layer(unwrapped(block)) for child in direct for block in child):
+        return None  # its blocks flag themselves; another list (MusicGen's per-codebook embeddings) is no stack
     candidates = direct or [m for m in stack.modules() if isinstance(m, nn.ModuleList) and len(m) > 0]
     return max(candidates, key=len, default=None)
 
