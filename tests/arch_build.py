@@ -426,12 +426,16 @@ def build(entry: ModelType, seed: int = 0) -> torch.nn.Module:
     """A tiny fp32 instance of ``entry``'s class in training mode; the same ``seed`` gives the same weights."""
     config = tiny_config(entry.model_type)
     model_class = entry.model_class()
+    wanted = getattr(model_class, "config_class", None)
+    if isinstance(wanted, type) and not isinstance(config, wanted):  # a base class built from one part of its
+        config = next((v for v in vars(config).values() if isinstance(v, wanted)), config)  # type's composite config
     with torch.device("meta"):  # sizes first, without allocating: a missed size would build a full-size model
         parameters = sum(p.numel() for p in model_class(config).parameters())
     if parameters > MAX_PARAMETERS:
         raise NotTiny(f"{entry.model_type} still has {parameters} parameters with the tiny config")
     torch.manual_seed(seed)
     model = model_class(config).float().train()
+    model._sweep_model_type = entry.model_type  # the key of INPUT_RULES (a sub-config has a type of its own)
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for parameter in model.parameters():
@@ -562,7 +566,7 @@ def _inputs(model: torch.nn.Module, seed: int, pixels: bool = False, image_token
         batch["qformer_attention_mask"] = torch.ones_like(batch["qformer_input_ids"])
     if getattr(config, "is_encoder_decoder", False) and "decoder_input_ids" in parameters:
         batch["decoder_input_ids"] = _ids(generator)
-    rule = INPUT_RULES.get(getattr(config, "model_type", ""))
+    rule = INPUT_RULES.get(getattr(model, "_sweep_model_type", getattr(config, "model_type", "")))
     if rule is not None:
         batch.update(rule(model, batch, generator))
     for name, value in (("use_cache", False), ("return_dict", True)):
@@ -625,6 +629,13 @@ def _text_and_codebooks(model: torch.nn.Module, batch: dict, generator: torch.Ge
     return {"input_ids": torch.cat([batch["input_ids"].unsqueeze(-1), audio], dim=-1)}
 
 
+def _codebook_rows(model: torch.nn.Module, batch: dict, generator: torch.Generator) -> dict:
+    """MusicGen's decoder: one row of audio codes per codebook, ``(batch * codebooks, length)``."""
+    rows = BATCH_SIZE * model.config.num_codebooks
+    return {"input_ids": torch.randint(FIRST_ID, VOCAB_SIZE - RESERVED_IDS, (rows, SEQUENCE_LENGTH), generator=generator),
+            "attention_mask": torch.ones(BATCH_SIZE, SEQUENCE_LENGTH, dtype=torch.long)}
+
+
 def _mono_waveform(model: torch.nn.Module, batch: dict, generator: torch.Generator) -> dict:
     """The waveform as ``(batch, 1, samples)``: one audio channel."""
     return {"input_values": batch["input_values"].unsqueeze(1)}
@@ -649,6 +660,7 @@ INPUT_RULES: dict[str, Any] = {
     # The Mimi decoder alone decodes continuous latents, (batch, hidden_size, frames).
     "mimi_decoder": lambda model, batch, generator: {
         "latents": torch.randn(BATCH_SIZE, model.config.hidden_size, 4, generator=generator)},
+    **dict.fromkeys(["musicgen", "musicgen_melody"], _codebook_rows),
     "paddleocr_vl": _patches_as_images,
 }
 
