@@ -130,6 +130,9 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "hy_v4_vl": {"text_config": {"rope_parameters": {"rope_theta": 10000.0, "rope_type": "default",
                                                      "mrope_section": [1, 1, 0]}}},
     "hy_v4_vl_text": {"rope_parameters": {"rope_theta": 10000.0, "rope_type": "default", "mrope_section": [1, 1, 0]}},
+    # A recurrent model: its low- and high-level stacks run H_cycles * (L_cycles + 1) times a step; one cycle of each
+    # runs every block once (the loop itself is what the counter would see twice), stacks of 2 make the 4 layers.
+    "hrm_text": {"H_cycles": 1, "L_cycles": 1, "L_bp_cycles": [1], "num_layers_per_stack": BLOCKS // 2},
     # The default config freezes the vision and text layers (no parameter gradients, though the gradient still
     # flows through the text layers to the trainable cross-attention between them): train every block.
     "idefics": {"freeze_text_layers": False, "freeze_vision_layers": False},
