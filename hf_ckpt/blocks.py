@@ -110,6 +110,8 @@ def find_blocks(model: nn.Module) -> list[Block]:
     blocks: list[Block] = []
     for name, module in modules:
         owner = owner_of.get(id(module))
+        if owner is not None and owner is not module and any(_is_inside(layer, [name]) for layer in outermost_layers):
+            continue  # a stack's element holding layer-flag blocks (GroupViT's stages): those are the blocks
         if owner is not None and not _is_inside(name, [b.name for b in blocks]):
             blocks.append(Block(index=len(blocks), name=name, module=module, owner=owner))
     return blocks
