@@ -141,6 +141,7 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     # The image placeholder token has no default id (real checkpoints add it to the tokenizer); the Q-Former's
     # query tokens (the image's tokens in the text) must fit the tiny sequence.
     "instructblip": {"image_token_index": VOCAB_SIZE - 1, "num_query_tokens": 4},
+    "instructblipvideo": {"video_token_index": VOCAB_SIZE - 1, "num_query_tokens": 4},
     # The VQ image tokenizer's widths (multiples of its 32 norm groups) and codebook have names of their own.
     "janus": {"vq_config": {"base_channels": 32, "latent_channels": 32, "num_embeddings": 64,
                             "image_token_embed_dim": 32},
@@ -639,6 +640,16 @@ def _codebook_rows(model: torch.nn.Module, batch: dict, generator: torch.Generat
             "attention_mask": torch.ones(BATCH_SIZE, SEQUENCE_LENGTH, dtype=torch.long)}
 
 
+def _video_query_tokens(model: torch.nn.Module, batch: dict, generator: torch.Generator) -> dict:
+    """InstructBLIP-Video: a one-frame clip ``(batch, frames, channels, size, size)`` whose Q-Former queries fill
+    ``num_query_tokens`` video tokens at the start of each sequence."""
+    config = model.config
+    ids = torch.cat([torch.full((BATCH_SIZE, config.num_query_tokens), config.video_token_index), batch["input_ids"]],
+                    dim=1)
+    return {"pixel_values": batch["pixel_values"].unsqueeze(1), "input_ids": ids,
+            "attention_mask": torch.ones_like(ids)}
+
+
 def _mono_waveform(model: torch.nn.Module, batch: dict, generator: torch.Generator) -> dict:
     """The waveform as ``(batch, 1, samples)``: one audio channel."""
     return {"input_values": batch["input_values"].unsqueeze(1)}
@@ -650,6 +661,7 @@ INPUT_RULES: dict[str, Any] = {
     # The feature extractor stacks 4 frames per row: the input projection reads num_mel_bins * 4 features.
     "granite_speech5_encoder": functools.partial(_frames_first, stack=4),
     **dict.fromkeys(["idefics", "idefics2", "idefics3", "modernvbert"], _one_image_per_sequence),
+    "instructblipvideo": _video_query_tokens,
     **dict.fromkeys(["kimi_k25", "kimi_k25_vision"], _patches_as_images),
     "kosmos-2": _kosmos2,
     "kyutai_speech_to_text": _text_and_codebooks,
