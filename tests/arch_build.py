@@ -121,6 +121,9 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "granitemoehybrid": {"mamba_n_heads": 4, "mamba_d_head": 16, "mamba_d_state": 16},
     # Hiera's sizes are (height, width) pairs: the tiny image, the patch grid 8 x 8 = one 8 x 8 mask unit.
     "hiera": {"image_size": [IMAGE_SIZE, IMAGE_SIZE]},
+    # A recurrent model: its low- and high-level stacks run H_cycles * (L_cycles + 1) times a step; one cycle of each
+    # runs every block once (the loop itself is what the counter would see twice), stacks of 2 make the 4 layers.
+    "hrm_text": {"H_cycles": 1, "L_cycles": 1, "L_bp_cycles": [1], "num_layers_per_stack": BLOCKS // 2},
     # The default rope has no multimodal sections, which the rotary embedding requires (real checkpoints set them):
     # sequence, width, height and image axes over the 4 rotary pairs of the tiny head.
     "hunyuan_vl": {"text_config": {"rope_parameters": {"rope_theta": 10000.0, "rope_type": "default",
@@ -130,9 +133,6 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "hy_v4_vl": {"text_config": {"rope_parameters": {"rope_theta": 10000.0, "rope_type": "default",
                                                      "mrope_section": [1, 1, 0]}}},
     "hy_v4_vl_text": {"rope_parameters": {"rope_theta": 10000.0, "rope_type": "default", "mrope_section": [1, 1, 0]}},
-    # A recurrent model: its low- and high-level stacks run H_cycles * (L_cycles + 1) times a step; one cycle of each
-    # runs every block once (the loop itself is what the counter would see twice), stacks of 2 make the 4 layers.
-    "hrm_text": {"H_cycles": 1, "L_cycles": 1, "L_bp_cycles": [1], "num_layers_per_stack": BLOCKS // 2},
     # The default config freezes the vision and text layers (no parameter gradients, though the gradient still
     # flows through the text layers to the trainable cross-attention between them): train every block.
     "idefics": {"freeze_text_layers": False, "freeze_vision_layers": False},
@@ -192,6 +192,8 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "nemotron3_5_asr": {"decoder_hidden_size": 32},
     # The transducer's prediction network (an LSTM) has a width of its own.
     "nemotron_asr_streaming": {"decoder_hidden_size": 32},
+    # The placeholder token has no default id (real checkpoints add it to the tokenizer).
+    "nemotron_h_omni": {"image_token_id": VOCAB_SIZE - 1},
     # Every 6th layer is global: the first 4 layers of the default pattern would have none.
     # (with a quarter of the tiny head rotated, 2 dims, too few for its two M-RoPE axes: rotate half).
     "neomme": {"layer_types": ["sliding_attention", "full_attention"] * (BLOCKS // 2),
@@ -474,7 +476,7 @@ def _image_token_id(config: Any) -> int | None:
     return _find(config, "image_token_id", "image_token_index")
 
 
-_FEATURES = re.compile(r"tokens: (\d+), features:? (\d+)")
+_FEATURES = re.compile(r"tokens: \d+, features:? (\d+)|Got (\d+) feature vectors for \d+ placeholder tokens")
 
 
 def inputs(model: torch.nn.Module, seed: int = 0) -> dict[str, Any]:
@@ -501,7 +503,7 @@ def inputs(model: torch.nn.Module, seed: int = 0) -> dict[str, Any]:
             if not (found or "image tokens" in str(error)) or candidates == []:
                 raise
             if candidates is None and found:  # "features": a token count or tokens x hidden size, over the batch
-                features = int(found.group(2))
+                features = int(found.group(1) or found.group(2))
                 hidden = _find(model.config, "hidden_size", default=1)
                 candidates = [c for c in (features // BATCH_SIZE, features // BATCH_SIZE // hidden, features) if c]
             elif candidates is None:  # older releases: one token per image, expanded by the model, or one per patch
@@ -538,13 +540,13 @@ def _inputs(model: torch.nn.Module, seed: int, pixels: bool = False, image_token
             size = size if isinstance(size, int) else IMAGE_SIZE
             frames = _find(config, "num_frames")
             shape = (BATCH_SIZE, channels, size, size) if not frames else (BATCH_SIZE, frames, channels, size, size)
-            grid = next((g for g in ("image_grid_thw", "grid_thw") if g in parameters), None)
+            grid = next((g for g in ("image_grid_thw", "grid_thw", "image_grid_hw") if g in parameters), None)
             if grid:  # Qwen2-VL style: flattened patches and a (t, h, w) grid per image (its vision tower: grid_thw)
                 patch = _find(config, "patch_size", default=PATCH_SIZE)
                 temporal = _find(config, "temporal_patch_size", "patch_temporal", default=1)
                 side = size // patch
                 shape = (BATCH_SIZE * side * side, channels * temporal * patch * patch)
-                batch[grid] = torch.tensor([[1, side, side]] * BATCH_SIZE)
+                batch[grid] = torch.tensor([[1, side, side][-len(grid.rsplit("_", 1)[1]):]] * BATCH_SIZE)  # thw or hw
             batch["pixel_values"] = torch.randn(*shape, generator=generator)
             if "image_sizes" in parameters and not grid:  # Pixtral-style patch mergers read each image's size
                 batch["image_sizes"] = torch.tensor([[size, size]] * BATCH_SIZE)
