@@ -172,6 +172,8 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     # The Mimi codec: the upsampling is a grouped (depthwise) transposed convolution, one group per hidden channel;
     # its convolution widths (num_filters doubled per stage) and codebooks have names of their own.
     **dict.fromkeys(["mimi", "mimi_decoder", "mimi_encoder"], _MIMI),
+    # The window-attention merger runs after layer insert_layer_id, which must be one of the tiny layers.
+    **dict.fromkeys(["minicpm_ocr_vision", "minicpmv4_7_vision"], {"insert_layer_id": BLOCKS // 2 - 1}),
     # The rotary share (rope / (nope + rope) head dims) of the tiny sizes, 4 / 12, floors to 3 rotated dims: an
     # even 4 + 4 split rotates exactly half.
     "mistral4": {"qk_nope_head_dim": 4, "rope_parameters": {
@@ -652,6 +654,15 @@ def _video_query_tokens(model: torch.nn.Module, batch: dict, generator: torch.Ge
             "attention_mask": torch.ones_like(ids)}
 
 
+def _packed_patches(model: torch.nn.Module, batch: dict, generator: torch.Generator) -> dict:
+    """MiniCPM-V's vision tower: every image's patches side by side in one ``(1, channels, patch, patches * patch)``
+    strip, with each image's patch grid in ``target_sizes``."""
+    patch = model.config.patch_size
+    side = IMAGE_SIZE // patch
+    return {"pixel_values": torch.randn(1, 3, patch, BATCH_SIZE * side * side * patch, generator=generator),
+            "target_sizes": torch.tensor([[side, side]] * BATCH_SIZE)}
+
+
 def _mono_waveform(model: torch.nn.Module, batch: dict, generator: torch.Generator) -> dict:
     """The waveform as ``(batch, 1, samples)``: one audio channel."""
     return {"input_values": batch["input_values"].unsqueeze(1)}
@@ -677,6 +688,7 @@ INPUT_RULES: dict[str, Any] = {
     # The Mimi decoder alone decodes continuous latents, (batch, hidden_size, frames).
     "mimi_decoder": lambda model, batch, generator: {
         "latents": torch.randn(BATCH_SIZE, model.config.hidden_size, 4, generator=generator)},
+    **dict.fromkeys(["minicpm_ocr_vision", "minicpmv4_7_vision"], _packed_patches),
     **dict.fromkeys(["musicgen", "musicgen_melody"], _codebook_rows),
     "paddleocr_vl": _patches_as_images,
 }
