@@ -180,6 +180,12 @@ OVERRIDES: dict[str, dict[str, Any]] = {
         "rope_type": "yarn", "rope_theta": 10000.0, "factor": 1.0, "original_max_position_embeddings": 64,
         "beta_fast": 32.0, "beta_slow": 1.0, "mscale_all_dim": 1.0, "mscale": 1.0, "llama_4_scaling_beta": 0.1,
         "partial_rotary_factor": 0.5}},
+    # Global vision layers, the vision layers whose outputs are kept and the text layers with cross-attention are
+    # counts and indices of their own; one tile of one aspect ratio per image.
+    "mllama": {"vision_config": {"num_global_layers": BLOCKS // 2, "intermediate_layers_indices": [1, 3],
+                                 "max_num_tiles": 1, "supported_aspect_ratios": [[1, 1]],
+                                 "vision_output_dim": 32 * 3},  # hidden x (kept layers + last)
+               "text_config": {"cross_attention_layers": [1, 3]}},
     # MobileViTv2 unfolds 2 x 2 patches of its last 1/32 feature map: the default patch size, a 64-pixel image.
     "mobilevitv2": {"patch_size": 2, "image_size": 64},
     # The adapter reads vision layers by index (the default ones exist in the 25-layer tower only).
@@ -663,6 +669,16 @@ def _packed_patches(model: torch.nn.Module, batch: dict, generator: torch.Genera
             "target_sizes": torch.tensor([[side, side]] * BATCH_SIZE)}
 
 
+def _mllama_tiles(model: torch.nn.Module, batch: dict, generator: torch.Generator) -> dict:
+    """Mllama: one image of one tile per sequence, ``(batch, images, tiles, channels, size, size)``, its aspect
+    ratio (id 1: the single 1 x 1 ratio, see ``OVERRIDES``) and which tiles each token cross-attends to."""
+    length = batch["input_ids"].shape[1]
+    return {"pixel_values": batch["pixel_values"][:, None, None],
+            "aspect_ratio_ids": torch.ones(BATCH_SIZE, 1, dtype=torch.long),
+            "aspect_ratio_mask": torch.ones(BATCH_SIZE, 1, 1, dtype=torch.long),
+            "cross_attention_mask": torch.ones(BATCH_SIZE, length, 1, 1, dtype=torch.long)}
+
+
 def _mono_waveform(model: torch.nn.Module, batch: dict, generator: torch.Generator) -> dict:
     """The waveform as ``(batch, 1, samples)``: one audio channel."""
     return {"input_values": batch["input_values"].unsqueeze(1)}
@@ -689,6 +705,7 @@ INPUT_RULES: dict[str, Any] = {
     "mimi_decoder": lambda model, batch, generator: {
         "latents": torch.randn(BATCH_SIZE, model.config.hidden_size, 4, generator=generator)},
     **dict.fromkeys(["minicpm_ocr_vision", "minicpmv4_7_vision"], _packed_patches),
+    "mllama": _mllama_tiles,
     **dict.fromkeys(["musicgen", "musicgen_melody"], _codebook_rows),
     "paddleocr_vl": _patches_as_images,
 }
