@@ -192,6 +192,10 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "molmo2": {"adapter_config": {"vision_feature_layer": [BLOCKS - 1, BLOCKS - 2]}},
     # The config has no num_key_value_heads field, but the decoder's attention reads it.
     "moonshine_streaming": {"num_key_value_heads": 4},
+    # The vision adapter's widths have names of their own (its input: 2 x 2 merged vision features).
+    **dict.fromkeys(["muse_glimmer", "muse_spark"], {"out_hidden_size": 4 * 32, "projector_hidden_size": 32}),
+    # The draft block (tokens proposed at once) must fit the tiny sequence.
+    "muse_glimmer_assistant": {"block_size": 4},
     # The experts' width has a name of its own.
     "muse_spark_text": {"moe_hidden_size": 32},
     # num_key_value_heads defaults to None, which the attention divides by.
@@ -679,6 +683,16 @@ def _mllama_tiles(model: torch.nn.Module, batch: dict, generator: torch.Generato
             "cross_attention_mask": torch.ones(BATCH_SIZE, length, 1, 1, dtype=torch.long)}
 
 
+def _draft_block(model: torch.nn.Module, batch: dict, generator: torch.Generator) -> dict:
+    """Muse Glimmer's speculative-decoding assistant: noised embeddings of a block of draft tokens, and the main
+    model's hidden states (of its ``target_layer_ids`` layers, concatenated) for the tokens accepted so far."""
+    config = model.config
+    width = config.hidden_size
+    return {"noise_embeds": torch.randn(BATCH_SIZE, config.block_size, width, generator=generator),
+            "context_hidden_states": torch.randn(BATCH_SIZE, SEQUENCE_LENGTH, width * len(config.target_layer_ids),
+                                                 generator=generator)}
+
+
 def _mono_waveform(model: torch.nn.Module, batch: dict, generator: torch.Generator) -> dict:
     """The waveform as ``(batch, 1, samples)``: one audio channel."""
     return {"input_values": batch["input_values"].unsqueeze(1)}
@@ -706,6 +720,7 @@ INPUT_RULES: dict[str, Any] = {
         "latents": torch.randn(BATCH_SIZE, model.config.hidden_size, 4, generator=generator)},
     **dict.fromkeys(["minicpm_ocr_vision", "minicpmv4_7_vision"], _packed_patches),
     "mllama": _mllama_tiles,
+    "muse_glimmer_assistant": _draft_block,
     **dict.fromkeys(["musicgen", "musicgen_melody"], _codebook_rows),
     "paddleocr_vl": _patches_as_images,
 }
