@@ -108,6 +108,8 @@ RESERVED_IDS = 24
 _MIMI = {"upsample_groups": 32, "num_filters": 4, "codebook_dim": 32, "codebook_size": 32,
          "vector_quantization_hidden_dimension": 32}
 
+_MUSE_AUDIO = {"hidden_sizes": [16, 32, 32, 32], "out_hidden_size": 32}
+
 #: Per-type config settings on top of the generic rule, each with why the rule cannot work.
 OVERRIDES: dict[str, dict[str, Any]] = {
     # "anyres" tiles images by grid pinpoints in pixels: one pinpoint, the tiny image size (one tile per image).
@@ -193,9 +195,13 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     # The config has no num_key_value_heads field, but the decoder's attention reads it.
     "moonshine_streaming": {"num_key_value_heads": 4},
     # The vision adapter's widths have names of their own (its input: 2 x 2 merged vision features).
-    **dict.fromkeys(["muse_glimmer", "muse_spark"], {"out_hidden_size": 4 * 32, "projector_hidden_size": 32}),
+    "muse_glimmer": {"out_hidden_size": 4 * 32, "projector_hidden_size": 32},
     # The draft block (tokens proposed at once) must fit the tiny sequence.
     "muse_glimmer_assistant": {"block_size": 4},
+    "muse_spark": {"out_hidden_size": 4 * 32, "projector_hidden_size": 32, "audio_config": _MUSE_AUDIO,
+                   "text_config": {"moe_hidden_size": 32}},
+    # The audio encoder's stage widths are a list as long as its layer count (so no per-layer list to cut).
+    "muse_spark_audio": _MUSE_AUDIO,
     # The experts' width has a name of its own.
     "muse_spark_text": {"moe_hidden_size": 32},
     # num_key_value_heads defaults to None, which the attention divides by.
@@ -693,6 +699,15 @@ def _draft_block(model: torch.nn.Module, batch: dict, generator: torch.Generator
                                                  generator=generator)}
 
 
+def _whole_audio_frames(model: torch.nn.Module, batch: dict, generator: torch.Generator) -> dict:
+    """Muse Spark's audio encoder: a waveform of two whole frames (the product of its stages' patch sizes)."""
+    config = getattr(model.config, "audio_config", model.config)
+    frame = 1
+    for size in config.patch_sizes:
+        frame *= size
+    return {"input_values": torch.randn(BATCH_SIZE, 2 * frame, generator=generator)}
+
+
 def _mono_waveform(model: torch.nn.Module, batch: dict, generator: torch.Generator) -> dict:
     """The waveform as ``(batch, 1, samples)``: one audio channel."""
     return {"input_values": batch["input_values"].unsqueeze(1)}
@@ -721,6 +736,7 @@ INPUT_RULES: dict[str, Any] = {
     **dict.fromkeys(["minicpm_ocr_vision", "minicpmv4_7_vision"], _packed_patches),
     "mllama": _mllama_tiles,
     "muse_glimmer_assistant": _draft_block,
+    "muse_spark_audio": _whole_audio_frames,
     **dict.fromkeys(["musicgen", "musicgen_melody"], _codebook_rows),
     "paddleocr_vl": _patches_as_images,
 }
