@@ -204,6 +204,11 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "muse_spark_audio": _MUSE_AUDIO,
     # The experts' width has a name of its own.
     "muse_spark_text": {"moe_hidden_size": 32},
+    # Its Nemotron-H text model's depth is the length of layers_block_type (no layer count to shrink); the Mamba
+    # heads must split expand * hidden_size (64); the shared expert's width has a name of its own.
+    "nemo_speechlm": {"text_config": {
+        "layers_block_type": ["linear_attention", "moe", "full_attention", "moe"], "mamba_num_heads": 4,
+        "mamba_head_dim": 16, "n_groups": 1, "ssm_state_size": 16, "moe_shared_expert_intermediate_size": 32}},
     # num_key_value_heads defaults to None, which the attention divides by.
     "nemotron": {"num_key_value_heads": 2},
     # The transducer's prediction network (an LSTM) has a width of its own.
