@@ -713,6 +713,16 @@ def _whole_audio_frames(model: torch.nn.Module, batch: dict, generator: torch.Ge
     return {"input_values": torch.randn(BATCH_SIZE, 2 * frame, generator=generator)}
 
 
+def _speech_prompt(model: torch.nn.Module, batch: dict, generator: torch.Generator) -> dict:
+    """A speech LM's audio prompt: time-first features and, ahead of the text, one audio token per
+    ``subsampling_factor`` frames."""
+    features = _frames_first(model, batch, generator)["input_features"]
+    tokens = features.shape[1] // _find(model.config, "subsampling_factor", default=8)
+    ids = torch.cat([torch.full((BATCH_SIZE, tokens), model.config.audio_token_id), batch["input_ids"]], dim=1)
+    return {"input_features": features, "input_features_mask": torch.ones(features.shape[:2], dtype=torch.long),
+            "input_ids": ids, "attention_mask": torch.ones_like(ids)}
+
+
 def _mono_waveform(model: torch.nn.Module, batch: dict, generator: torch.Generator) -> dict:
     """The waveform as ``(batch, 1, samples)``: one audio channel."""
     return {"input_values": batch["input_values"].unsqueeze(1)}
@@ -743,6 +753,7 @@ INPUT_RULES: dict[str, Any] = {
     "muse_glimmer_assistant": _draft_block,
     "muse_spark_audio": _whole_audio_frames,
     **dict.fromkeys(["musicgen", "musicgen_melody"], _codebook_rows),
+    "nemo_speechlm": _speech_prompt,
     "paddleocr_vl": _patches_as_images,
 }
 
