@@ -223,6 +223,12 @@ OVERRIDES: dict[str, dict[str, Any]] = {
                "rope_parameters": {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
                                    "full_attention": {"rope_type": "default", "rope_theta": 1000000.0,
                                                       "partial_rotary_factor": 0.5}}},
+    # The acoustic encoder doubles encoder_hidden_size at each of its 5 downsampling stages; the quantizer's and
+    # the semantic (w2v-BERT) encoder's widths have names of their own (the quantizer reads both concatenated); its
+    # decoder's rotary attention has no grouped K/V heads.
+    "neucodec": {"encoder_hidden_size": 2, "quantization_dim": 2 * 32, "num_key_value_heads": 4,
+                 "semantic_model_config": {"tdnn_dim": [16, 16, 16, 16, 32], "xvector_output_dim": 16,
+                                           "feature_projection_input_dim": 32}},
     # No multimodal rotary sections in the default rope: the model falls back to [16, 24, 24] (a 128-wide head).
     "paddleocr_vl": {"text_config": {"rope_parameters": {"rope_theta": 500000.0, "rope_type": "default",
                                                          "mrope_section": [2, 1, 1]}}},
@@ -723,6 +729,15 @@ def _speech_prompt(model: torch.nn.Module, batch: dict, generator: torch.Generat
             "input_ids": ids, "attention_mask": torch.ones_like(ids)}
 
 
+def _neucodec(model: torch.nn.Module, batch: dict, generator: torch.Generator) -> dict:
+    """NeuCodec: the mono waveform for its acoustic encoder and, for its semantic (w2v-BERT) encoder, time-first
+    features, as many frames as the acoustic encoder makes of the waveform."""
+    frames = AUDIO_SAMPLES // 320
+    width = model.config.semantic_model_config.feature_projection_input_dim
+    return {"input_values": batch["input_values"].unsqueeze(1),
+            "input_features": torch.randn(BATCH_SIZE, frames, width, generator=generator)}
+
+
 def _mono_waveform(model: torch.nn.Module, batch: dict, generator: torch.Generator) -> dict:
     """The waveform as ``(batch, 1, samples)``: one audio channel."""
     return {"input_values": batch["input_values"].unsqueeze(1)}
@@ -754,6 +769,7 @@ INPUT_RULES: dict[str, Any] = {
     "muse_spark_audio": _whole_audio_frames,
     **dict.fromkeys(["musicgen", "musicgen_melody"], _codebook_rows),
     "nemo_speechlm": _speech_prompt,
+    "neucodec": _neucodec,
     "paddleocr_vl": _patches_as_images,
 }
 
