@@ -236,6 +236,10 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "parakeet_rnnt": {"decoder_hidden_size": 32},
     # The transducer's prediction network (an LSTM) has a width of its own.
     "parakeet_tdt": {"decoder_hidden_size": 32},
+    # Its DAC audio embedder doubles encoder_hidden_size at each downsampling stage; the DAC's decoder and codebook
+    # widths have names of their own.
+    "pe_audio": {"audio_config": {"dac_config": {"encoder_hidden_size": 2, "decoder_hidden_size": 32,
+                                                 "codebook_dim": 8, "n_codebooks": 2}}},
 }
 
 
@@ -738,6 +742,14 @@ def _neucodec(model: torch.nn.Module, batch: dict, generator: torch.Generator) -
             "input_features": torch.randn(BATCH_SIZE, frames, width, generator=generator)}
 
 
+def _paired_audio(model: torch.nn.Module, batch: dict, generator: torch.Generator) -> dict:
+    """PE-Audio (contrastive audio-text): a mono waveform of two frames of its DAC embedder next to the text."""
+    frame = 1
+    for ratio in model.config.audio_config.dac_config.downsampling_ratios:
+        frame *= ratio
+    return {"input_values": torch.randn(BATCH_SIZE, 1, 2 * frame, generator=generator)}
+
+
 def _mono_waveform(model: torch.nn.Module, batch: dict, generator: torch.Generator) -> dict:
     """The waveform as ``(batch, 1, samples)``: one audio channel."""
     return {"input_values": batch["input_values"].unsqueeze(1)}
@@ -771,6 +783,7 @@ INPUT_RULES: dict[str, Any] = {
     "nemo_speechlm": _speech_prompt,
     "neucodec": _neucodec,
     "paddleocr_vl": _patches_as_images,
+    "pe_audio": _paired_audio,
 }
 
 
