@@ -138,8 +138,9 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     # The default config freezes the vision and text layers (no parameter gradients, though the gradient still
     # flows through the text layers to the trainable cross-attention between them): train every block.
     "idefics": {"freeze_text_layers": False, "freeze_vision_layers": False},
-    # The merger projects to the text model's width, a field of its own.
-    "inkling2_vision": {"text_hidden_size": 32},
+    # The merger's widths (its hidden layer, and its output: the text model's width) have names of their own.
+    **dict.fromkeys(["inkling2", "inkling2_loop"], {"vision_config": {"projection_hidden_dim": 32, "text_hidden_size": 32}}),
+    "inkling2_vision": {"projection_hidden_dim": 32, "text_hidden_size": 32},
     # The image placeholder token has no default id (real checkpoints add it to the tokenizer); the Q-Former's
     # query tokens (the image's tokens in the text) must fit the tiny sequence.
     "instructblip": {"image_token_index": VOCAB_SIZE - 1, "num_query_tokens": 4},
@@ -750,6 +751,16 @@ def _paired_audio(model: torch.nn.Module, batch: dict, generator: torch.Generato
     return {"input_values": torch.randn(BATCH_SIZE, 1, 2 * frame, generator=generator)}
 
 
+def _merged_patches(model: torch.nn.Module, batch: dict, generator: torch.Generator) -> dict:
+    """Inkling2: one ``(patch * merge, patch * merge, channels)`` pixel block per language-model image token, and
+    each image's grid counted in those tokens."""
+    config = getattr(model.config, "vision_config", model.config)
+    block = config.patch_size * config.spatial_merge_size
+    side = IMAGE_SIZE // block
+    return {"pixel_values": torch.randn(BATCH_SIZE * side * side, block, block, 3, generator=generator),
+            "image_grid_thw": torch.tensor([[1, side, side]] * BATCH_SIZE)}
+
+
 def _mono_waveform(model: torch.nn.Module, batch: dict, generator: torch.Generator) -> dict:
     """The waveform as ``(batch, 1, samples)``: one audio channel."""
     return {"input_values": batch["input_values"].unsqueeze(1)}
@@ -761,6 +772,7 @@ INPUT_RULES: dict[str, Any] = {
     # The feature extractor stacks 4 frames per row: the input projection reads num_mel_bins * 4 features.
     "granite_speech5_encoder": functools.partial(_frames_first, stack=4),
     **dict.fromkeys(["idefics", "idefics2", "idefics3", "modernvbert"], _one_image_per_sequence),
+    **dict.fromkeys(["inkling2", "inkling2_loop", "inkling2_vision"], _merged_patches),
     "instructblipvideo": _video_query_tokens,
     **dict.fromkeys(["kimi_k25", "kimi_k25_vision"], _patches_as_images),
     "kosmos-2": _kosmos2,
