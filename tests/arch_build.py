@@ -191,8 +191,12 @@ OVERRIDES: dict[str, dict[str, Any]] = {
                "text_config": {"cross_attention_layers": [1, 3]}},
     # MobileViTv2 unfolds 2 x 2 patches of its last 1/32 feature map: the default patch size, a 64-pixel image.
     "mobilevitv2": {"patch_size": 2, "image_size": 64},
-    # The adapter reads vision layers by index (the default ones exist in the 25-layer tower only).
-    "molmo2": {"adapter_config": {"vision_feature_layer": [BLOCKS - 1, BLOCKS - 2]}},
+    # The adapter reads vision layers by index (the default ones exist in the 25-layer tower only) and projects to
+    # the text width (a field of its own); the positional table is one entry per patch of the crop (the tiny image:
+    # 4 x 4 patches); the image token id (image_patch_id) must be inside the tiny vocabulary.
+    "molmo2": {"adapter_config": {"vision_feature_layer": [BLOCKS - 1, BLOCKS - 2], "text_hidden_size": 32},
+               "vision_config": {"num_position_embeddings": (IMAGE_SIZE // PATCH_SIZE) ** 2},
+               "image_patch_id": VOCAB_SIZE - RESERVED_IDS // 2},
     # The config has no num_key_value_heads field, but the decoder's attention reads it.
     "moonshine_streaming": {"num_key_value_heads": 4},
     # The vision adapter's widths have names of their own (its input: 2 x 2 merged vision features).
@@ -761,6 +765,22 @@ def _merged_patches(model: torch.nn.Module, batch: dict, generator: torch.Genera
             "image_grid_thw": torch.tensor([[1, side, side]] * BATCH_SIZE)}
 
 
+def _pooled_crops(model: torch.nn.Module, batch: dict, generator: torch.Generator) -> dict:
+    """Molmo2: one crop per image, ``(crops, patches, patch * patch * channels)``; each image token pools 4 of its
+    crop's patches (``image_token_pooling``), ``image_grids`` counts those tokens (a 2 x 2 grid per image), and
+    ``mm_token_type_ids`` marks them."""
+    config = model.config
+    patch = config.vision_config.patch_size
+    patches = config.vision_config.num_position_embeddings
+    tokens = patches // 4
+    ids = torch.cat([torch.full((BATCH_SIZE, tokens), config.image_patch_id), batch["input_ids"]], dim=1)
+    return {"pixel_values": torch.randn(BATCH_SIZE, patches, patch * patch * 3, generator=generator),
+            "image_token_pooling": torch.arange(BATCH_SIZE * patches).reshape(BATCH_SIZE * tokens, 4),
+            "image_grids": torch.tensor([[2, tokens // 2, 0, 0]] * BATCH_SIZE),
+            "input_ids": ids, "attention_mask": torch.ones_like(ids),
+            "mm_token_type_ids": (ids == config.image_patch_id).long()}
+
+
 def _mono_waveform(model: torch.nn.Module, batch: dict, generator: torch.Generator) -> dict:
     """The waveform as ``(batch, 1, samples)``: one audio channel."""
     return {"input_values": batch["input_values"].unsqueeze(1)}
@@ -789,6 +809,7 @@ INPUT_RULES: dict[str, Any] = {
         "latents": torch.randn(BATCH_SIZE, model.config.hidden_size, 4, generator=generator)},
     **dict.fromkeys(["minicpm_ocr_vision", "minicpmv4_7_vision"], _packed_patches),
     "mllama": _mllama_tiles,
+    "molmo2": _pooled_crops,
     "muse_glimmer_assistant": _draft_block,
     "muse_spark_audio": _whole_audio_frames,
     **dict.fromkeys(["musicgen", "musicgen_melody"], _codebook_rows),
