@@ -781,6 +781,14 @@ def _pooled_crops(model: torch.nn.Module, batch: dict, generator: torch.Generato
             "mm_token_type_ids": (ids == config.image_patch_id).long()}
 
 
+def _space_time_patches(model: torch.nn.Module, batch: dict, generator: torch.Generator) -> dict:
+    """Inkling: ``(patches, temporal_patch_size, patch, patch, channels)`` blocks, one per image (the vision tower
+    folds time and space into depth)."""
+    config = model.config.vision_config
+    shape = (BATCH_SIZE, config.temporal_patch_size, config.patch_size, config.patch_size, config.num_channels)
+    return {"pixel_values": torch.randn(*shape, generator=generator)}
+
+
 def _mono_waveform(model: torch.nn.Module, batch: dict, generator: torch.Generator) -> dict:
     """The waveform as ``(batch, 1, samples)``: one audio channel."""
     return {"input_values": batch["input_values"].unsqueeze(1)}
@@ -793,6 +801,7 @@ INPUT_RULES: dict[str, Any] = {
     "granite_speech5_encoder": functools.partial(_frames_first, stack=4),
     **dict.fromkeys(["idefics", "idefics2", "idefics3", "modernvbert"], _one_image_per_sequence),
     **dict.fromkeys(["inkling2", "inkling2_loop", "inkling2_vision"], _merged_patches),
+    "inkling_mm_model": _space_time_patches,
     "instructblipvideo": _video_query_tokens,
     **dict.fromkeys(["kimi_k25", "kimi_k25_vision"], _patches_as_images),
     "kosmos-2": _kosmos2,
