@@ -112,9 +112,6 @@ _MUSE_AUDIO = {"hidden_sizes": [16, 32, 32, 32], "out_hidden_size": 32}
 
 #: Per-type config settings on top of the generic rule, each with why the rule cannot work.
 OVERRIDES: dict[str, dict[str, Any]] = {
-    # "anyres" tiles images by grid pinpoints in pixels: one pinpoint, the tiny image size (one tile per image).
-    **dict.fromkeys(["llava_next", "llava_next_video", "llava_onevision"],
-                    {"image_grid_pinpoints": [[IMAGE_SIZE, IMAGE_SIZE]]}),
     # The local/global attention pattern is a list of (pattern, repeats) that must add up to the layer count.
     "gpt_neo": {"attention_types": [[["global", "local"], BLOCKS // 2]]},
     # Chunked local attention: the context must fit the tiny position table.
@@ -123,14 +120,16 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "granitemoehybrid": {"mamba_n_heads": 4, "mamba_d_head": 16, "mamba_d_state": 16},
     # Hiera's sizes are (height, width) pairs: the tiny image, the patch grid 8 x 8 = one 8 x 8 mask unit.
     "hiera": {"image_size": [IMAGE_SIZE, IMAGE_SIZE]},
-    # A recurrent model: its low- and high-level stacks run H_cycles * (L_cycles + 1) times a step; one cycle of each
-    # runs every block once (the loop itself is what the counter would see twice), stacks of 2 make the 4 layers.
+    # A recurrent model: by default its low- and high-level stacks run H_cycles * L_cycles and H_cycles times a
+    # step (each block runs several times without checkpointing); one cycle of each runs every block once (two
+    # stacks of 2 make the 4 layers), which is what counting recomputed blocks needs.
     "hrm_text": {"H_cycles": 1, "L_cycles": 1, "L_bp_cycles": [1], "num_layers_per_stack": BLOCKS // 2},
     # The default rope has no multimodal sections, which the rotary embedding requires (real checkpoints set them):
     # sequence, width, height and image axes over the 4 rotary pairs of the tiny head.
     "hunyuan_vl": {"text_config": {"rope_parameters": {"rope_theta": 10000.0, "rope_type": "default",
                                                        "mrope_section": [1, 1, 1, 1]}}},
-    "hunyuan_vl_text": {"rope_parameters": {"rope_theta": 10000.0, "rope_type": "default", "mrope_section": [1, 1, 1, 1]}},
+    "hunyuan_vl_text": {"rope_parameters": {"rope_theta": 10000.0, "rope_type": "default",
+                                            "mrope_section": [1, 1, 1, 1]}},
     # The rotary part of the tiny latent attention is 4 wide: its (t, h, w) sections must sum to 2.
     "hy_v4_vl": {"text_config": {"rope_parameters": {"rope_theta": 10000.0, "rope_type": "default",
                                                      "mrope_section": [1, 1, 0]}}},
@@ -139,7 +138,8 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     # flows through the text layers to the trainable cross-attention between them): train every block.
     "idefics": {"freeze_text_layers": False, "freeze_vision_layers": False},
     # The merger's widths (its hidden layer, and its output: the text model's width) have names of their own.
-    **dict.fromkeys(["inkling2", "inkling2_loop"], {"vision_config": {"projection_hidden_dim": 32, "text_hidden_size": 32}}),
+    **dict.fromkeys(["inkling2", "inkling2_loop"],
+                    {"vision_config": {"projection_hidden_dim": 32, "text_hidden_size": 32}}),
     "inkling2_vision": {"projection_hidden_dim": 32, "text_hidden_size": 32},
     # The image placeholder token has no default id (real checkpoints add it to the tokenizer); the Q-Former's
     # query tokens (the image's tokens in the text) must fit the tiny sequence.
@@ -164,6 +164,9 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "llama4": {"vision_config": {"vision_output_dim": 32, "projector_input_dim": 32, "projector_output_dim": 32,
                                  "intermediate_size": 128},
                "text_config": {"intermediate_size_mlp": 64}},
+    # "anyres" tiles images by grid pinpoints in pixels: one pinpoint, the tiny image size (one tile per image).
+    **dict.fromkeys(["llava_next", "llava_next_video", "llava_onevision"],
+                    {"image_grid_pinpoints": [[IMAGE_SIZE, IMAGE_SIZE]]}),
     # The experts' width and the identity ("zero") experts have names of their own.
     "longcat_flash": {"expert_ffn_hidden_size": 32, "zero_expert_num": 2},
     # The entity vocabulary and embedding width have names of their own.
@@ -203,6 +206,7 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "muse_glimmer": {"out_hidden_size": 4 * 32, "projector_hidden_size": 32},
     # The draft block (tokens proposed at once) must fit the tiny sequence.
     "muse_glimmer_assistant": {"block_size": 4},
+    # As Muse Glimmer, with an audio encoder (see muse_spark_audio) and experts (see muse_spark_text).
     "muse_spark": {"out_hidden_size": 4 * 32, "projector_hidden_size": 32, "audio_config": _MUSE_AUDIO,
                    "text_config": {"moe_hidden_size": 32}},
     # The audio encoder's stage widths are a list as long as its layer count (so no per-layer list to cut).
@@ -216,10 +220,9 @@ OVERRIDES: dict[str, dict[str, Any]] = {
         "mamba_head_dim": 16, "n_groups": 1, "ssm_state_size": 16, "moe_shared_expert_intermediate_size": 32}},
     # num_key_value_heads defaults to None, which the attention divides by.
     "nemotron": {"num_key_value_heads": 2},
-    # The transducer's prediction network (an LSTM) has a width of its own.
-    "nemotron3_5_asr": {"decoder_hidden_size": 32},
-    # The transducer's prediction network (an LSTM) has a width of its own.
-    "nemotron_asr_streaming": {"decoder_hidden_size": 32},
+    # The transducers' prediction network (an LSTM) has a width of its own.
+    **dict.fromkeys(["nemotron3_5_asr", "nemotron_asr_streaming", "parakeet_rnnt", "parakeet_tdt"],
+                    {"decoder_hidden_size": 32}),
     # The placeholder token has no default id (real checkpoints add it to the tokenizer).
     "nemotron_h_omni": {"image_token_id": VOCAB_SIZE - 1},
     # Every 6th layer is global: the first 4 layers of the default pattern would have none.
@@ -237,10 +240,6 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     # No multimodal rotary sections in the default rope: the model falls back to [16, 24, 24] (a 128-wide head).
     "paddleocr_vl": {"text_config": {"rope_parameters": {"rope_theta": 500000.0, "rope_type": "default",
                                                          "mrope_section": [2, 1, 1]}}},
-    # The transducer's prediction network (an LSTM) has a width of its own.
-    "parakeet_rnnt": {"decoder_hidden_size": 32},
-    # The transducer's prediction network (an LSTM) has a width of its own.
-    "parakeet_tdt": {"decoder_hidden_size": 32},
     # Its DAC audio embedder doubles encoder_hidden_size at each downsampling stage; the DAC's decoder and codebook
     # widths have names of their own.
     "pe_audio": {"audio_config": {"dac_config": {"encoder_hidden_size": 2, "decoder_hidden_size": 32,
@@ -435,7 +434,8 @@ def tiny_kwargs(cls: type, defaults: dict[str, Any], tokens: _Tokens,
         kwargs.update(prediction_length=_HORIZON, context_length=2 * _HORIZON, lags_sequence=[1, 2, 3],
                       num_time_features=1)
     if "kv_lora_rank" in defaults and "num_key_value_heads" in kwargs:
-        kwargs["num_key_value_heads"] = kwargs.get("num_attention_heads", _SIZES["num_attention_heads"])  # MLA: one K/V per head
+        # multi-head latent attention expands its latent K/V to one head per query head
+        kwargs["num_key_value_heads"] = kwargs.get("num_attention_heads", _SIZES["num_attention_heads"])
     if "qk_rope_head_dim" in defaults and "head_dim" in defaults:
         kwargs["head_dim"] = _SIZES["qk_rope_head_dim"]  # multi-head latent attention: head_dim is the rope part
     if "pad_token_id" in defaults or "vocab_size" in defaults:
@@ -676,7 +676,8 @@ def _text_and_codebooks(model: torch.nn.Module, batch: dict, generator: torch.Ge
 def _codebook_rows(model: torch.nn.Module, batch: dict, generator: torch.Generator) -> dict:
     """MusicGen's decoder: one row of audio codes per codebook, ``(batch * codebooks, length)``."""
     rows = BATCH_SIZE * model.config.num_codebooks
-    return {"input_ids": torch.randint(FIRST_ID, VOCAB_SIZE - RESERVED_IDS, (rows, SEQUENCE_LENGTH), generator=generator),
+    ids = torch.randint(FIRST_ID, VOCAB_SIZE - RESERVED_IDS, (rows, SEQUENCE_LENGTH), generator=generator)
+    return {"input_ids": ids,
             "attention_mask": torch.ones(BATCH_SIZE, SEQUENCE_LENGTH, dtype=torch.long)}
 
 
@@ -806,10 +807,11 @@ INPUT_RULES: dict[str, Any] = {
     **dict.fromkeys(["kimi_k25", "kimi_k25_vision"], _patches_as_images),
     "kosmos-2": _kosmos2,
     "kyutai_speech_to_text": _text_and_codebooks,
-    **dict.fromkeys(["lasr_ctc", "lasr_encoder", "nemotron3_5_asr", "nemotron3_5_transcribe_asr_audio", "nemotron3_5_transcribe_audio",
-                     "nemotron3_diarization", "nemotron3_diarization_audio", "nemotron_asr_streaming",
-                     "nemotron_asr_streaming_encoder", "parakeet_ctc", "parakeet_encoder", "parakeet_rnnt", "parakeet_tdt"],
-                    _frames_first),
+    # Conformer (FastConformer/NeMo-style) encoders: time-first features.
+    **dict.fromkeys(["lasr_ctc", "lasr_encoder", "nemotron3_5_asr", "nemotron3_5_transcribe_asr_audio",
+                     "nemotron3_5_transcribe_audio", "nemotron3_diarization", "nemotron3_diarization_audio",
+                     "nemotron_asr_streaming", "nemotron_asr_streaming_encoder", "parakeet_ctc", "parakeet_encoder",
+                     "parakeet_rnnt", "parakeet_tdt"], _frames_first),
     "lfm2_vl": _siglip2_patches,
     **dict.fromkeys(["llava_next", "llava_next_video", "llava_onevision"], _anyres_tiles),
     **dict.fromkeys(["mimi", "mimi_encoder", "omniasr_audio", "omniasr_ctc"], _mono_waveform),
