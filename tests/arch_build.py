@@ -586,8 +586,6 @@ def _inputs(model: torch.nn.Module, seed: int, pixels: bool = False, image_token
                 shape = (BATCH_SIZE * side * side, channels * temporal * patch * patch)
                 batch[grid] = torch.tensor([[1, side, side][-len(grid.rsplit("_", 1)[1]):]] * BATCH_SIZE)  # thw or hw
             batch["pixel_values"] = torch.randn(*shape, generator=generator)
-            if "image_sizes" in parameters and not grid:  # Pixtral-style patch mergers read each image's size
-                batch["image_sizes"] = torch.tensor([[size, size]] * BATCH_SIZE)
         elif name == "input_features":
             bins = _find(config, "num_mel_bins", "feature_size", "input_feat_per_channel", default=16)
             frames = 2 * (_find(config, "max_source_positions", default=16) or 16)
@@ -631,6 +629,12 @@ def _patches_as_images(model: torch.nn.Module, batch: dict, generator: torch.Gen
     """The flattened patches as one small ``(channels, patch, patch)`` image each (a Conv2d patch embedding)."""
     patch = _find(model.config, "patch_size", default=PATCH_SIZE)
     return {"pixel_values": batch["pixel_values"].reshape(-1, 3, patch, patch)}
+
+
+def _image_sizes(model: torch.nn.Module, batch: dict, generator: torch.Generator) -> dict:
+    """Each image's size: a Pixtral-style patch merger reads it (LLaVA, whose forward takes it too, reads it only
+    with a Pixtral tower, so the generic batch leaves it out)."""
+    return {"image_sizes": torch.tensor([list(batch["pixel_values"].shape[-2:])] * BATCH_SIZE)}
 
 
 def _one_image_per_sequence(model: torch.nn.Module, batch: dict, generator: torch.Generator) -> dict:
@@ -813,6 +817,7 @@ INPUT_RULES: dict[str, Any] = {
                      "nemotron_asr_streaming", "nemotron_asr_streaming_encoder", "parakeet_ctc", "parakeet_encoder",
                      "parakeet_rnnt", "parakeet_tdt"], _frames_first),
     "lfm2_vl": _siglip2_patches,
+    **dict.fromkeys(["lighton_ocr", "mistral3", "mistral_large4"], _image_sizes),
     **dict.fromkeys(["llava_next", "llava_next_video", "llava_onevision"], _anyres_tiles),
     **dict.fromkeys(["mimi", "mimi_encoder", "omniasr_audio", "omniasr_ctc"], _mono_waveform),
     # The Mimi decoder alone decodes continuous latents, (batch, hidden_size, frames).
