@@ -9,6 +9,10 @@ Two styles of model exist, and hf_ckpt treats both the same way:
   ``self._gradient_checkpointing_func(layer.__call__, ...)``. The blocks are the elements of the stack's
   ``nn.ModuleList``.
 
+Where a stack holds layer-flag blocks, those are its blocks: the other modules it runs directly (MobileViT's
+MobileNet layers beside its transformer layers, MusicGen's per-codebook embedding list, GroupViT's stages around
+their layers) are not, since nothing ever checkpoints them.
+
 Blocks are numbered in module registration order, which is encoder blocks then decoder blocks for
 encoder-decoder models.
 """
