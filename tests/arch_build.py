@@ -59,7 +59,8 @@ _HEAD_MAPPINGS = (
 #: Generic tiny sizes by the names configs use for them.
 _SIZES: dict[str, int] = {
     **dict.fromkeys(["hidden_size", "d_model", "n_embd", "embed_dim", "dim", "n_embed", "word_embed_proj_dim",
-                     "projection_dim", "text_embed_dim", "vision_embed_dim", "embedding_dim"], 32),
+                     "projection_dim", "text_embed_dim", "vision_embed_dim", "embedding_dim",
+                     "out_hidden_size"], 32),  # out_hidden_size: a vision/audio merger's output, the text width
     **dict.fromkeys(["num_attention_heads", "n_head", "num_heads", "n_heads", "encoder_attention_heads",
                      "decoder_attention_heads", "num_decoder_heads", "encoder_num_attention_heads",
                      "decoder_num_attention_heads"], 4),
@@ -293,6 +294,10 @@ def tiny_kwargs(cls: type, defaults: dict[str, Any], tokens: _Tokens,
     for name in ("torch_dtype", "dtype"):
         if name in defaults:
             kwargs[name] = "float32"
+    rope = defaults.get("rope_parameters")
+    if "mrope_section" in getattr(cls, "ignore_keys_at_rope_validation", ()) and isinstance(rope, dict) \
+            and "mrope_section" not in rope:  # the model's fallback sections fit the full-size head only
+        kwargs["rope_parameters"] = {**rope, "mrope_section": [2, 1, 1]}
     if "qk_rope_head_dim" in defaults and "head_dim" in defaults:
         kwargs["head_dim"] = _SIZES["qk_rope_head_dim"]  # multi-head latent attention: head_dim is the rope part
     if "pad_token_id" in defaults or "vocab_size" in defaults:
