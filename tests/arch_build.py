@@ -108,6 +108,11 @@ RESERVED_IDS = 24
 OVERRIDES: dict[str, dict[str, Any]] = {
     # The local/global attention pattern is a list of (pattern, repeats) that must add up to the layer count.
     "gpt_neo": {"attention_types": [[["global", "local"], BLOCKS // 2]]},
+    # The sparse-attention indexer is built on every attention layer but its sizes default to None.
+    "qwen4_exp": {"text_config": {**(_QWEN4_INDEXER := {"indexer_n_heads": 2, "indexer_kv_heads": 1,
+                                                         "indexer_head_dim": 8, "indexer_budget": 4,
+                                                         "indexer_compress_ratio": 2})}},
+    "qwen4_exp_text": _QWEN4_INDEXER,
 }
 
 
@@ -310,7 +315,10 @@ def tiny_kwargs(cls: type, defaults: dict[str, Any], tokens: _Tokens,
 def tiny_config(model_type: str):
     cls = config_class(model_type)
     defaults = cls().to_dict()
-    kwargs = {**tiny_kwargs(cls, defaults, _Tokens()), **OVERRIDES.get(model_type, {})}
+    kwargs = tiny_kwargs(cls, defaults, _Tokens())
+    for name, value in OVERRIDES.get(model_type, {}).items():  # a dict for a sub-config updates its tiny values
+        merge = isinstance(value, dict) and isinstance(kwargs.get(name), dict)
+        kwargs[name] = {**kwargs[name], **value} if merge else value
     return cls(**kwargs)
 
 
@@ -425,11 +433,8 @@ def _inputs(model: torch.nn.Module, seed: int, pixels: bool = False, image_token
             frames = _find(config, "num_frames")
             shape = (BATCH_SIZE, channels, size, size) if not frames else (BATCH_SIZE, frames, channels, size, size)
             if "image_grid_thw" in parameters:  # Qwen2-VL style: flattened patches and a (t, h, w) grid per image
-                patch = _find(config, "patch_size", default=PATCH_SIZE)
-                temporal = _find(config, "temporal_patch_size", default=1)
-                side = size // patch
-                shape = (BATCH_SIZE * side * side, channels * temporal * patch * patch)
-                batch["image_grid_thw"] = torch.tensor([[1, side, side]] * BATCH_SIZE)
+                batch["pixel_values"], batch["image_grid_thw"] = _grid_patches(config, generator)
+                continue
             batch["pixel_values"] = torch.randn(*shape, generator=generator)
         elif name == "input_features":
             bins = _find(config, "num_mel_bins", "feature_size", "input_feat_per_channel", default=16)
@@ -439,12 +444,34 @@ def _inputs(model: torch.nn.Module, seed: int, pixels: bool = False, image_token
             batch["input_values"] = torch.randn(BATCH_SIZE, AUDIO_SAMPLES, generator=generator)
         elif name == "inputs_embeds":
             batch["inputs_embeds"] = torch.randn(BATCH_SIZE, SEQUENCE_LENGTH, config.hidden_size, generator=generator)
+    if _required(parameters, "grid_thw"):  # a Qwen-VL style vision tower alone: flattened patches and their grid
+        batch.pop("pixel_values", None)
+        name = "hidden_states" if _required(parameters, "hidden_states") else "pixel_values"
+        batch[name], batch["grid_thw"] = _grid_patches(config, generator)
+        if _required(parameters, "merge_sizes"):  # VideoLLaMA3: the spatial merge of each image
+            batch["merge_sizes"] = torch.full((BATCH_SIZE,), _find(config, "spatial_merge_size", default=1))
     if getattr(config, "is_encoder_decoder", False) and "decoder_input_ids" in parameters:
         batch["decoder_input_ids"] = _ids(generator)
     for name, value in (("use_cache", False), ("return_dict", True)):
         if name in parameters:
             batch[name] = value
     return batch
+
+
+def _required(parameters: Any, name: str) -> bool:
+    return name in parameters and parameters[name].default is inspect.Parameter.empty
+
+
+def _grid_patches(config: Any, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Qwen2-VL style images: every image's patches flattened to rows, and each image's (t, h, w) patch grid."""
+    channels = _find(config, "num_channels", "in_channels", "in_chans", default=3)
+    size = _find(config, "image_size", "img_size", default=IMAGE_SIZE)
+    size = size if isinstance(size, int) else IMAGE_SIZE
+    patch = _find(config, "patch_size", default=PATCH_SIZE)
+    temporal = _find(config, "temporal_patch_size", default=1)
+    side = size // patch
+    patches = torch.randn(BATCH_SIZE * side * side, channels * temporal * patch * patch, generator=generator)
+    return patches, torch.tensor([[1, side, side]] * BATCH_SIZE)
 
 
 def _tensors(output: Any):
