@@ -81,6 +81,7 @@ _SIZES: dict[str, int] = {
     **dict.fromkeys(["max_source_positions"], 16),  # Whisper-style encoders take 2 * this many frames
     **dict.fromkeys(["num_conv_pos_embeddings"], 16),
     **dict.fromkeys(["num_conv_pos_embedding_groups"], 2),
+    "fusion_hidden_size": 32,  # DPT-style necks: the width of every fusion stage
     "rotary_dim": 4,
     "embedding_size": 32,
     # multi-head latent attention (DeepSeek V2/V3 style)
@@ -104,15 +105,18 @@ _FIXED_TOKENS = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2, "decod
 FIRST_ID = 4
 RESERVED_IDS = 24
 
+_QWEN4_INDEXER = {"indexer_n_heads": 2, "indexer_kv_heads": 1, "indexer_head_dim": 8, "indexer_budget": 4,
+                  "indexer_compress_ratio": 2}
+
 #: Per-type config settings on top of the generic rule, each with why the rule cannot work.
 OVERRIDES: dict[str, dict[str, Any]] = {
     # The local/global attention pattern is a list of (pattern, repeats) that must add up to the layer count.
     "gpt_neo": {"attention_types": [[["global", "local"], BLOCKS // 2]]},
     # The sparse-attention indexer is built on every attention layer but its sizes default to None.
-    "qwen4_exp": {"text_config": {**(_QWEN4_INDEXER := {"indexer_n_heads": 2, "indexer_kv_heads": 1,
-                                                         "indexer_head_dim": 8, "indexer_budget": 4,
-                                                         "indexer_compress_ratio": 2})}},
+    "qwen4_exp": {"text_config": _QWEN4_INDEXER},
     "qwen4_exp_text": _QWEN4_INDEXER,
+    # The metric head reads the neck's fusion output through convolutions of this width.
+    "zoedepth": {"bottleneck_features": 32},
 }
 
 
@@ -299,6 +303,7 @@ def tiny_kwargs(cls: type, defaults: dict[str, Any], tokens: _Tokens,
     for name in ("torch_dtype", "dtype"):
         if name in defaults:
             kwargs[name] = "float32"
+    _follow_depth(defaults, kwargs)
     rope = defaults.get("rope_parameters")
     if "mrope_section" in getattr(cls, "ignore_keys_at_rope_validation", ()) and isinstance(rope, dict) \
             and "mrope_section" not in rope:  # the model's fallback sections fit the full-size head only
@@ -310,6 +315,23 @@ def tiny_kwargs(cls: type, defaults: dict[str, Any], tokens: _Tokens,
     if defaults.get("is_encoder_decoder"):
         kwargs["decoder_start_token_id"] = 0
     return kwargs
+
+
+def _follow_depth(defaults: dict[str, Any], kwargs: dict[str, Any]) -> None:
+    """A ViT-style backbone (one stage per layer) keeps the same number of output stages, the last ones of the
+    shrunk depth, where its ``out_features``/``out_indices`` name stages beyond it (DPT necks read 4 of 12)."""
+    layers = kwargs.get("num_hidden_layers")
+    features, indices = defaults.get("out_features"), defaults.get("out_indices")
+    if not (isinstance(layers, int) and isinstance(features or indices, list) and defaults.get("num_hidden_layers")):
+        return
+    count = len(features or indices)
+    stages = [int(f[len("stage"):]) for f in features or [] if re.fullmatch(r"stage\d+", str(f))]
+    if count > layers or max([*stages, *(indices or [])], default=0) <= layers:
+        return
+    if features:
+        kwargs["out_features"] = [f"stage{layers - count + 1 + i}" for i in range(count)]
+    if indices:
+        kwargs["out_indices"] = [layers - count + 1 + i for i in range(count)]
 
 
 def tiny_config(model_type: str):
