@@ -115,6 +115,12 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     # The sparse-attention indexer is built on every attention layer but its sizes default to None.
     "qwen4_exp": {"text_config": _QWEN4_INDEXER},
     "qwen4_exp_text": _QWEN4_INDEXER,
+    # Swin: the relative position bias is sized by window_size at init, but a stage smaller than the window
+    # clamps the window at forward, so the last stage (image / patch / 8) must stay at least one window wide.
+    "swin": {"image_size": 64, "patch_size": 4, "window_size": 2},
+    # Swin2SR keeps the full resolution (patch 1); 8x8 windows need more than the 4x4 grid of the tiny rule.
+    "swin2sr": {"patch_size": 1, "window_size": 4},
+    "swinv2": {"patch_size": 4, "window_size": 2},  # as Swin: windows no wider than the last stage
     # The metric head reads the neck's fusion output through convolutions of this width.
     "zoedepth": {"bottleneck_features": 32},
 }
@@ -217,16 +223,18 @@ def _sub_config_class(parent: type, key: str, value: dict) -> type | None:
 
 
 def _shrink_list(name: str, value: list, layers: int | None) -> list | None:
-    if layers and len(value) == layers and value:
-        return value[:BLOCKS]  # per-layer lists (layer_types, attention patterns)
+    per_layer = bool(layers and len(value) == layers and value)
+    if per_layer:
+        value = value[:BLOCKS]  # per-layer lists (layer_types, attention patterns)
     if all(isinstance(v, int) and not isinstance(v, bool) for v in value) and value:
+        # per-stage lists, also where the stage count is the layer count (Swin: num_layers = len(depths))
         if name in ("depths", "num_layers", "encoder_layers", "block_repeats"):
             return [1] * len(value)
         if name in ("hidden_sizes", "embed_dims", "dims", "channels", "conv_dim", "neck_hidden_sizes"):
             return [16 * min(2**i, 4) if name != "conv_dim" else 16 for i in range(len(value))]
         if name in ("num_heads", "num_attention_heads", "attention_heads"):
             return [2] * len(value)
-    return None
+    return value if per_layer else None
 
 
 class _Tokens:
@@ -306,7 +314,7 @@ def tiny_kwargs(cls: type, defaults: dict[str, Any], tokens: _Tokens,
     _follow_depth(defaults, kwargs)
     rope = defaults.get("rope_parameters")
     if "mrope_section" in getattr(cls, "ignore_keys_at_rope_validation", ()) and isinstance(rope, dict) \
-            and "mrope_section" not in rope:  # the model's fallback sections fit the full-size head only
+            and "rope_type" in rope and "mrope_section" not in rope:  # the model's fallback sections fit the full-size head only
         kwargs["rope_parameters"] = {**rope, "mrope_section": [2, 1, 1]}
     if "qk_rope_head_dim" in defaults and "head_dim" in defaults:
         kwargs["head_dim"] = _SIZES["qk_rope_head_dim"]  # multi-head latent attention: head_dim is the rope part
