@@ -316,6 +316,8 @@ def tiny_kwargs(cls: type, defaults: dict[str, Any], tokens: _Tokens,
     if "mrope_section" in getattr(cls, "ignore_keys_at_rope_validation", ()) and isinstance(rope, dict) \
             and "rope_type" in rope and "mrope_section" not in rope:  # the model's fallback sections fit the full-size head only
         kwargs["rope_parameters"] = {**rope, "mrope_section": [2, 1, 1]}
+    if "kv_lora_rank" in defaults and defaults.get("num_key_value_heads") == defaults.get("num_attention_heads"):
+        kwargs["num_key_value_heads"] = kwargs["num_attention_heads"]  # MLA: keys/values have one head per query
     if "qk_rope_head_dim" in defaults and "head_dim" in defaults:
         kwargs["head_dim"] = _SIZES["qk_rope_head_dim"]  # multi-head latent attention: head_dim is the rope part
     if "pad_token_id" in defaults or "vocab_size" in defaults:
