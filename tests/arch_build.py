@@ -112,15 +112,28 @@ _QWEN4_INDEXER = {"indexer_n_heads": 2, "indexer_kv_heads": 1, "indexer_head_dim
 OVERRIDES: dict[str, dict[str, Any]] = {
     # The local/global attention pattern is a list of (pattern, repeats) that must add up to the layer count.
     "gpt_neo": {"attention_types": [[["global", "local"], BLOCKS // 2]]},
+    # The DAC feature encoder's widths double per downsampling (64 -> 1024) and its strides multiply to 1920.
+    "pe_audio_encoder": {"dac_config": {"encoder_hidden_size": 4, "downsampling_ratios": [2, 2, 2, 2],
+                                        "decoder_hidden_size": 16, "upsampling_ratios": [2, 2, 2, 2], "hop_length": 16}},
     # The sparse-attention indexer is built on every attention layer but its sizes default to None.
     "qwen4_exp": {"text_config": _QWEN4_INDEXER},
     "qwen4_exp_text": _QWEN4_INDEXER,
+    # The glyph-shape and pronunciation embeddings have their own vocabularies and widths.
+    "roc_bert": {"shape_embed_dim": 32, "shape_vocab_size": VOCAB_SIZE, "pronunciation_vocab_size": VOCAB_SIZE},
     # Swin: the relative position bias is sized by window_size at init, but a stage smaller than the window
     # clamps the window at forward, so the last stage (image / patch / 8) must stay at least one window wide.
     "swin": {"image_size": 64, "patch_size": 4, "window_size": 2},
     # Swin2SR keeps the full resolution (patch 1); 8x8 windows need more than the 4x4 grid of the tiny rule.
     "swin2sr": {"patch_size": 1, "window_size": 4},
     "swinv2": {"patch_size": 4, "window_size": 2},  # as Swin: windows no wider than the last stage
+    # The SAM encoder's output convolutions and windowed/global attention pattern have their own sizes.
+    "unlimited_ocr": {"vision_config": {"sam_config": {"output_channels": 32, "downsample_channels": [32, 32],
+                                                      "window_size": 2, "global_attn_indexes": [1, 3]}}},
+    # The HiFi-GAN vocoder, duration predictor and posterior encoder have their own widths and depths.
+    "vits": {"upsample_initial_channel": 32, "duration_predictor_filter_channels": 32,
+             "posterior_encoder_num_wavenet_layers": 2, "spectrogram_bins": 16},
+    # The predictor has its own width and heads; positions follow the crop size.
+    "vjepa2": {"pred_hidden_size": 32, "pred_num_attention_heads": 4, "crop_size": IMAGE_SIZE},
     # The metric head reads the neck's fusion output through convolutions of this width.
     "zoedepth": {"bottleneck_features": 32},
 }
@@ -344,13 +357,19 @@ def _follow_depth(defaults: dict[str, Any], kwargs: dict[str, Any]) -> None:
         kwargs["out_indices"] = [layers - count + 1 + i for i in range(count)]
 
 
+def _merge(values: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """``values`` updated by ``overrides``; a dict for a sub-config updates that sub-config's values."""
+    merged = dict(values)
+    for name, value in overrides.items():
+        both = isinstance(value, dict) and isinstance(merged.get(name), dict)
+        merged[name] = _merge(merged[name], value) if both else value
+    return merged
+
+
 def tiny_config(model_type: str):
     cls = config_class(model_type)
     defaults = cls().to_dict()
-    kwargs = tiny_kwargs(cls, defaults, _Tokens())
-    for name, value in OVERRIDES.get(model_type, {}).items():  # a dict for a sub-config updates its tiny values
-        merge = isinstance(value, dict) and isinstance(kwargs.get(name), dict)
-        kwargs[name] = {**kwargs[name], **value} if merge else value
+    kwargs = _merge(tiny_kwargs(cls, defaults, _Tokens()), OVERRIDES.get(model_type, {}))
     return cls(**kwargs)
 
 
@@ -474,6 +493,12 @@ def _inputs(model: torch.nn.Module, seed: int, pixels: bool = False, image_token
             batch["input_features"] = torch.randn(BATCH_SIZE, bins, frames, generator=generator)
         elif name == "input_values":
             batch["input_values"] = torch.randn(BATCH_SIZE, AUDIO_SAMPLES, generator=generator)
+        elif name == "pixel_values_videos":  # (batch, frames, channels, height, width)
+            channels = _find(config, "num_channels", "in_channels", "in_chans", default=3)
+            size = _find(config, "image_size", "crop_size", "img_size", default=IMAGE_SIZE)
+            size = size if isinstance(size, int) else IMAGE_SIZE
+            frames = _find(config, "num_frames", default=None) or max(2, _find(config, "tubelet_size", default=2))
+            batch[name] = torch.randn(BATCH_SIZE, frames, channels, size, size, generator=generator)
         elif name == "inputs_embeds":
             batch["inputs_embeds"] = torch.randn(BATCH_SIZE, SEQUENCE_LENGTH, config.hidden_size, generator=generator)
     if _required(parameters, "grid_thw"):  # a Qwen-VL style vision tower alone: flattened patches and their grid
@@ -487,7 +512,20 @@ def _inputs(model: torch.nn.Module, seed: int, pixels: bool = False, image_token
     for name, value in (("use_cache", False), ("return_dict", True)):
         if name in parameters:
             batch[name] = value
+    rule = INPUT_RULES.get(getattr(config, "model_type", ""))
+    if rule is not None:
+        rule(batch, config, generator)
     return batch
+
+
+def _mono(batch: dict[str, Any], config: Any, generator: torch.Generator) -> None:
+    batch["input_values"] = batch["input_values"][:, None]  # a codec encoder: (batch, 1 channel, samples)
+
+
+#: Per-type input rules on top of the generated batch, each with why the generic rule cannot guess it.
+INPUT_RULES: dict[str, Any] = {
+    "pe_audio_encoder": _mono,  # the DAC encoder convolves (batch, channels, samples)
+}
 
 
 def _required(parameters: Any, name: str) -> bool:
