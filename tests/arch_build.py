@@ -115,11 +115,28 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     # The DAC feature encoder's widths double per downsampling (64 -> 1024) and its strides multiply to 1920.
     "pe_audio_encoder": {"dac_config": {"encoder_hidden_size": 4, "downsampling_ratios": [2, 2, 2, 2],
                                         "decoder_hidden_size": 16, "upsampling_ratios": [2, 2, 2, 2], "hop_length": 16}},
+    # The upsampling convolution is grouped: its groups must divide the (tiny) hidden size.
+    "pocket_tts_audio_tokenizer": {"upsample_groups": 32},
+    "pocket_tts_audio_tokenizer_decoder": {"upsample_groups": 32},  # as pocket_tts_audio_tokenizer
     # The sparse-attention indexer is built on every attention layer but its sizes default to None.
     "qwen4_exp": {"text_config": _QWEN4_INDEXER},
     "qwen4_exp_text": _QWEN4_INDEXER,
     # The glyph-shape and pronunciation embeddings have their own vocabularies and widths.
     "roc_bert": {"shape_embed_dim": 32, "shape_vocab_size": VOCAB_SIZE, "pronunciation_vocab_size": VOCAB_SIZE},
+    # The prompt encoder's dense grid is image_size / patch_size of the vision encoder; windows and positions fit it.
+    "qwen3_asr_encoder": {"n_window": 8, "n_window_infer": 16},  # features come in chunks of 2 * n_window frames
+    "sam": {"prompt_encoder_config": {"image_embedding_size": IMAGE_SIZE // PATCH_SIZE},
+            "vision_config": {"window_size": 2, "global_attn_indexes": [1, 3], "num_pos_feats": 16}},
+    "sam_hq": {"prompt_encoder_config": {"image_embedding_size": IMAGE_SIZE // PATCH_SIZE},
+               "vision_config": {"window_size": 2, "global_attn_indexes": [1, 3], "num_pos_feats": 16}},  # as sam
+    # Per-layer key/value heads and the full-attention layers at both ends are sized for 24 layers.
+    "sapiens2": {"num_key_value_heads_per_layer": [4, 2, 2, 4], "num_key_value_attention_heads": 2,
+                 "num_first_full_attention_layers": 1, "num_last_full_attention_layers": 1},
+    # The image and its prompt are stacked (image_size is their joint height x width); decoder taps after the merge.
+    "seggpt": {"image_size": [2 * IMAGE_SIZE, IMAGE_SIZE], "pretrain_image_size": IMAGE_SIZE,
+               "intermediate_hidden_state_indices": [1, 2, 3], "merge_index": 0},
+    # Its layer pattern has sliding-window layers but the window defaults to None.
+    "step3p7": {"text_config": {"sliding_window": 4}},
     # Swin: the relative position bias is sized by window_size at init, but a stage smaller than the window
     # clamps the window at forward, so the last stage (image / patch / 8) must stay at least one window wide.
     "swin": {"image_size": 64, "patch_size": 4, "window_size": 2},
@@ -466,6 +483,11 @@ def _inputs(model: torch.nn.Module, seed: int, pixels: bool = False, image_token
     wanted = [main] + (["input_ids"] if "input_ids" in parameters and main != "input_ids" else [])
     if pixels and main != "pixel_values":
         wanted.append("pixel_values")
+    if main == "inputs" and hasattr(model, "encoder"):  # speech encoder-decoder: the encoder's own input
+        wanted[0] = getattr(model.encoder, "main_input_name", "input_values")
+    # an input the forward requires under a name the generator knows, where main_input_name names another
+    wanted += [n for n in ("pixel_values", "input_features", "input_values") if _required(parameters, n)
+               and n not in wanted]
     for name in wanted:
         if name == "input_ids":
             ids = _ids(generator)
@@ -522,9 +544,66 @@ def _mono(batch: dict[str, Any], config: Any, generator: torch.Generator) -> Non
     batch["input_values"] = batch["input_values"][:, None]  # a codec encoder: (batch, 1 channel, samples)
 
 
+def _frames_first(batch: dict[str, Any], config: Any, generator: torch.Generator) -> None:
+    batch["input_features"] = batch["input_features"].transpose(1, 2).contiguous()  # (batch, frames, features)
+
+
+def _one_image_each(batch: dict[str, Any], config: Any, generator: torch.Generator) -> None:
+    batch["pixel_values"] = batch["pixel_values"][:, None]  # (batch, images per sample, channels, height, width)
+
+
+def _latents(batch: dict[str, Any], config: Any, generator: torch.Generator) -> None:
+    batch["latents"] = torch.randn(BATCH_SIZE, config.hidden_size, 4, generator=generator)  # (batch, width, frames)
+    batch.pop("input_ids", None)
+
+
+def _features_mask(batch: dict[str, Any], config: Any, generator: torch.Generator) -> None:
+    features = batch["input_features"]
+    batch["input_features_mask"] = torch.ones(features.shape[0], features.shape[-1], dtype=torch.long)
+
+
+def _segmentation_prompt(batch: dict[str, Any], config: Any, generator: torch.Generator) -> None:
+    pixels = batch["pixel_values"]  # the image to segment, a prompt image and its mask, all of one size
+    batch["prompt_pixel_values"] = torch.randn(pixels.shape, generator=generator)
+    batch["prompt_masks"] = torch.randn(pixels.shape, generator=generator)
+
+
+def _boxes(batch: dict[str, Any], config: Any, generator: torch.Generator) -> None:
+    corners = torch.rand(*batch["input_ids"].shape, 2, generator=generator) / 2  # normalised x0, y0, x1, y1
+    batch["bbox"] = torch.cat([corners, corners + 0.25], dim=-1)
+
+
+def _speech_hidden_states(batch: dict[str, Any], config: Any, generator: torch.Generator) -> None:
+    # SpeechT5Model without pre-nets: encoder and decoder take hidden states directly
+    batch["input_values"] = torch.randn(BATCH_SIZE, SEQUENCE_LENGTH, config.hidden_size, generator=generator)
+    batch["decoder_input_values"] = torch.randn(BATCH_SIZE, SEQUENCE_LENGTH, config.hidden_size, generator=generator)
+
+
+def _patchified(batch: dict[str, Any], config: Any, generator: torch.Generator) -> None:
+    """Siglip2 (NaFlex): patches flattened per image, their validity mask and each image's patch grid."""
+    vision = getattr(config, "vision_config", config)
+    side = IMAGE_SIZE // vision.patch_size
+    batch["pixel_values"] = torch.randn(BATCH_SIZE, side * side, vision.num_channels * vision.patch_size ** 2,
+                                        generator=generator)
+    batch["pixel_attention_mask"] = torch.ones(BATCH_SIZE, side * side, dtype=torch.long)
+    batch["spatial_shapes"] = torch.tensor([[side, side]] * BATCH_SIZE)
+
+
 #: Per-type input rules on top of the generated batch, each with why the generic rule cannot guess it.
 INPUT_RULES: dict[str, Any] = {
     "pe_audio_encoder": _mono,  # the DAC encoder convolves (batch, channels, samples)
+    "pocket_tts_audio_tokenizer": _mono,  # a codec: (batch, channels, samples)
+    "pocket_tts_audio_tokenizer_decoder": _latents,  # the decoder alone takes the codec's latent frames
+    "pocket_tts_audio_tokenizer_encoder": _mono,
+    "qwen3_asr_encoder": _features_mask,  # the encoder requires the valid-frame mask of its features
+    "seggpt": _segmentation_prompt,  # in-context segmentation: the forward requires a prompt image and mask
+    "siglip2": _patchified,
+    "siglip2_vision_model": _patchified,
+    "smolvlm": _one_image_each,  # images are grouped per sample
+    "speech_to_text": _frames_first,  # the convolutional subsampler reads (batch, frames, features)
+    "speecht5": _speech_hidden_states,
+    "udop": _boxes,  # the text encoder's 2-D relative position bias needs every token's box
+    "ultravbert": _one_image_each,
 }
 
 
