@@ -124,7 +124,6 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     # The glyph-shape and pronunciation embeddings have their own vocabularies and widths.
     "roc_bert": {"shape_embed_dim": 32, "shape_vocab_size": VOCAB_SIZE, "pronunciation_vocab_size": VOCAB_SIZE},
     # The prompt encoder's dense grid is image_size / patch_size of the vision encoder; windows and positions fit it.
-    "qwen3_asr_encoder": {"n_window": 8, "n_window_infer": 16},  # features come in chunks of 2 * n_window frames
     "sam": {"prompt_encoder_config": {"image_embedding_size": IMAGE_SIZE // PATCH_SIZE},
             "vision_config": {"window_size": 2, "global_attn_indexes": [1, 3], "num_pos_feats": 16}},
     "sam_hq": {"prompt_encoder_config": {"image_embedding_size": IMAGE_SIZE // PATCH_SIZE},
@@ -558,8 +557,10 @@ def _latents(batch: dict[str, Any], config: Any, generator: torch.Generator) -> 
 
 
 def _features_mask(batch: dict[str, Any], config: Any, generator: torch.Generator) -> None:
-    features = batch["input_features"]
-    batch["input_features_mask"] = torch.ones(features.shape[0], features.shape[-1], dtype=torch.long)
+    # one chunk of 2 * n_window frames (the encoder's attention window), all valid
+    frames = 2 * config.n_window
+    batch["input_features"] = torch.randn(BATCH_SIZE, config.num_mel_bins, frames, generator=generator)
+    batch["input_features_mask"] = torch.ones(BATCH_SIZE, frames, dtype=torch.long)
 
 
 def _segmentation_prompt(batch: dict[str, Any], config: Any, generator: torch.Generator) -> None:
