@@ -142,14 +142,31 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     # Swin2SR keeps the full resolution (patch 1); 8x8 windows need more than the 4x4 grid of the tiny rule.
     "swin2sr": {"patch_size": 1, "window_size": 4},
     "swinv2": {"patch_size": 4, "window_size": 2},  # as Swin: windows no wider than the last stage
+    # Upstream: the encoder's layers read text_config.dropout_rate, which T5Gemma2TextConfig does not declare.
+    "t5gemma2_encoder": {"text_config": {"dropout_rate": 0.0}},
+    # The visual prompter pads frames to max_img_size and frames a border of visual_prompt_size.
+    "tvp": {"max_img_size": 2 * IMAGE_SIZE, "visual_prompt_size": 4},  # the ResNet grid pools 64 -> 1
     # The SAM encoder's output convolutions and windowed/global attention pattern have their own sizes.
     "unlimited_ocr": {"vision_config": {"sam_config": {"output_channels": 32, "downsample_channels": [32, 32],
                                                       "window_size": 2, "global_attn_indexes": [1, 3]}}},
+    # The projector reads five vision layers (default -2, -5, -8, -11, 6 of 24).
+    "vipllava": {"vision_feature_layers": [-1, -2, -3, -4, -5]},
+    # Upstream: the default fusion_hidden_sizes is a tuple, but the decoder prepends a list to it.
+    # Its fusion upsamples the ViT features (1/16 of the image) to meet the detail features at 1/8: patch 16.
+    "vitmatte": {"fusion_hidden_sizes": [32, 16, 16, 8], "backbone_config": {"patch_size": 16}},
+    # The experts' part features are a slice of the MLP width (256 of 3072); the image size is a list (H, W); one
+    # expert, the default (more need a dataset_index input per sample).
+    "vitpose": {"backbone_config": {"part_features": 8, "image_size": [IMAGE_SIZE, IMAGE_SIZE], "num_experts": 1}},
+    "vitpose_backbone": {"part_features": 8, "image_size": [IMAGE_SIZE, IMAGE_SIZE], "num_experts": 1},  # as vitpose
     # The HiFi-GAN vocoder, duration predictor and posterior encoder have their own widths and depths.
     "vits": {"upsample_initial_channel": 32, "duration_predictor_filter_channels": 32,
              "posterior_encoder_num_wavenet_layers": 2, "spectrogram_bins": 16},
     # The predictor has its own width and heads; positions follow the crop size.
     "vjepa2": {"pred_hidden_size": 32, "pred_num_attention_heads": 4, "crop_size": IMAGE_SIZE},
+    # The shared transformer is tied across hybrid layers: the tiny stack needs two of them.
+    "zamba": {"layers_block_type": ["mamba", "hybrid", "mamba", "hybrid"]},
+    # ZAYA routes each token to one expert only (checked by the config).
+    "zaya": {"num_experts_per_tok": 1},
     # The metric head reads the neck's fusion output through convolutions of this width.
     "zoedepth": {"bottleneck_features": 32},
 }
@@ -506,6 +523,8 @@ def _inputs(model: torch.nn.Module, seed: int, pixels: bool = False, image_token
             shape = (BATCH_SIZE, channels, size, size) if not frames else (BATCH_SIZE, frames, channels, size, size)
             if "image_grid_thw" in parameters:  # Qwen2-VL style: flattened patches and a (t, h, w) grid per image
                 batch["pixel_values"], batch["image_grid_thw"] = _grid_patches(config, generator)
+                if "image_merge_sizes" in parameters:  # VideoLLaMA3: each image's spatial merge
+                    batch["image_merge_sizes"] = torch.full((BATCH_SIZE,), _find(config, "spatial_merge_size", default=1))
                 continue
             batch["pixel_values"] = torch.randn(*shape, generator=generator)
         elif name == "input_features":
@@ -556,6 +575,37 @@ def _latents(batch: dict[str, Any], config: Any, generator: torch.Generator) -> 
     batch.pop("input_ids", None)
 
 
+def _image(batch: dict[str, Any], config: Any, generator: torch.Generator) -> None:
+    batch["pixel_values"] = torch.randn(BATCH_SIZE, 3, IMAGE_SIZE, IMAGE_SIZE, generator=generator)
+
+
+def _one_video(batch: dict[str, Any], config: Any, generator: torch.Generator) -> None:
+    """TVP: one sample of text and video frames (padded to max_img_size). Upstream bug: the column position
+    embeddings are viewed as (batch_size, 1, width, hidden) in ``TvpVisionInputEmbedding``, so a batch of more
+    than one sample raises "shape '[2, 1, 1, 32]' is invalid for input of size 32"."""
+    for name, value in list(batch.items()):
+        if isinstance(value, torch.Tensor):
+            batch[name] = value[:1]
+    size = config.max_img_size
+    batch["pixel_values"] = torch.randn(1, 2, 3, size, size, generator=generator)
+
+
+def _language(batch: dict[str, Any], config: Any, generator: torch.Generator) -> None:
+    batch["lang_ids"] = torch.zeros(BATCH_SIZE, dtype=torch.long)  # the language adapter of every sample
+
+
+def _projected_features(batch: dict[str, Any], config: Any, generator: torch.Generator) -> None:
+    # stacked fbank frames: (batch, frames, feature_projection_input_dim)
+    batch["input_features"] = torch.randn(BATCH_SIZE, 2 * SEQUENCE_LENGTH, config.feature_projection_input_dim,
+                                          generator=generator)
+
+
+def _audio_features(batch: dict[str, Any], config: Any, generator: torch.Generator) -> None:
+    bins = _find(config, "num_mel_bins", default=16)
+    # 8 frames per text token: the encoder downsamples 8x and adds one audio embedding to every token
+    batch["input_features"] = torch.randn(BATCH_SIZE, bins, 8 * SEQUENCE_LENGTH, generator=generator)
+
+
 def _features_mask(batch: dict[str, Any], config: Any, generator: torch.Generator) -> None:
     # one chunk of 2 * n_window frames (the encoder's attention window), all valid
     frames = 2 * config.n_window
@@ -604,7 +654,12 @@ INPUT_RULES: dict[str, Any] = {
     "speech_to_text": _frames_first,  # the convolutional subsampler reads (batch, frames, features)
     "speecht5": _speech_hidden_states,
     "udop": _boxes,  # the text encoder's 2-D relative position bias needs every token's box
+    "tvp": _one_video,  # text + video grounding: the video frames are an optional input
     "ultravbert": _one_image_each,
+    "vilt": _image,  # the image is an optional input of a flat (towerless) config
+    "voxtral_realtime": _audio_features,  # the audio features are an optional input of a text-first model
+    "wav2vec2-bert": _projected_features,
+    "xmod": _language,  # X-MOD routes every sample through the adapter of its language
 }
 
 
