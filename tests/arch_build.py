@@ -118,6 +118,9 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     # The upsampling convolution is grouped: its groups must divide the (tiny) hidden size.
     "pocket_tts_audio_tokenizer": {"upsample_groups": 32},
     "pocket_tts_audio_tokenizer_decoder": {"upsample_groups": 32},  # as pocket_tts_audio_tokenizer
+    # Upstream: get_rope_index reads config.vision_start_token_id, which the thinker config does not declare.
+    "qwen2_5_omni_thinker": {"vision_start_token_id": VOCAB_SIZE - RESERVED_IDS},
+    "qwen3_omni_moe_thinker": {"vision_start_token_id": VOCAB_SIZE - RESERVED_IDS},  # as qwen2_5_omni_thinker
     # The sparse-attention indexer is built on every attention layer but its sizes default to None.
     "qwen4_exp": {"text_config": _QWEN4_INDEXER},
     "qwen4_exp_text": _QWEN4_INDEXER,
@@ -144,6 +147,9 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "swinv2": {"patch_size": 4, "window_size": 2},  # as Swin: windows no wider than the last stage
     # Upstream: the encoder's layers read text_config.dropout_rate, which T5Gemma2TextConfig does not declare.
     "t5gemma2_encoder": {"text_config": {"dropout_rate": 0.0}},
+    # The forecast horizon has no default; short windows, two lags and one time feature.
+    "time_series_transformer": {"prediction_length": 4, "context_length": 4, "lags_sequence": [1, 2],
+                                "num_time_features": 1},
     # The visual prompter pads frames to max_img_size and frames a border of visual_prompt_size.
     "tvp": {"max_img_size": 2 * IMAGE_SIZE, "visual_prompt_size": 4},  # the ResNet grid pools 64 -> 1
     # The SAM encoder's output convolutions and windowed/global attention pattern have their own sizes.
@@ -606,6 +612,19 @@ def _audio_features(batch: dict[str, Any], config: Any, generator: torch.Generat
     batch["input_features"] = torch.randn(BATCH_SIZE, bins, 8 * SEQUENCE_LENGTH, generator=generator)
 
 
+def _time_series(batch: dict[str, Any], config: Any, generator: torch.Generator) -> None:
+    """A forecasting batch: a past window (context plus the largest lag), its time features and observed mask,
+    and the future window the decoder is trained on."""
+    batch.clear()
+    past = config.context_length + max(config.lags_sequence)
+    for prefix, length in (("past", past), ("future", config.prediction_length)):
+        batch[f"{prefix}_values"] = torch.randn(BATCH_SIZE, length, generator=generator)
+        batch[f"{prefix}_time_features"] = torch.randn(BATCH_SIZE, length, config.num_time_features,
+                                                        generator=generator)
+    batch["past_observed_mask"] = torch.ones(BATCH_SIZE, past)
+    batch["use_cache"], batch["return_dict"] = False, True
+
+
 def _features_mask(batch: dict[str, Any], config: Any, generator: torch.Generator) -> None:
     # one chunk of 2 * n_window frames (the encoder's attention window), all valid
     frames = 2 * config.n_window
@@ -654,6 +673,7 @@ INPUT_RULES: dict[str, Any] = {
     "speech_to_text": _frames_first,  # the convolutional subsampler reads (batch, frames, features)
     "speecht5": _speech_hidden_states,
     "udop": _boxes,  # the text encoder's 2-D relative position bias needs every token's box
+    "time_series_transformer": _time_series,
     "tvp": _one_video,  # text + video grounding: the video frames are an optional input
     "ultravbert": _one_image_each,
     "vilt": _image,  # the image is an optional input of a flat (towerless) config
