@@ -114,10 +114,20 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "gpt_neo": {"attention_types": [[["global", "local"], BLOCKS // 2]]},
     # The DAC feature encoder's widths double per downsampling (64 -> 1024) and its strides multiply to 1920.
     "pe_audio_encoder": {"dac_config": {"encoder_hidden_size": 4, "downsampling_ratios": [2, 2, 2, 2],
-                                        "decoder_hidden_size": 16, "upsampling_ratios": [2, 2, 2, 2], "hop_length": 16}},
+                                        "decoder_hidden_size": 16, "upsampling_ratios": [2, 2, 2, 2],
+                                        "hop_length": 16}},
     # The upsampling convolution is grouped: its groups must divide the (tiny) hidden size.
     "pocket_tts_audio_tokenizer": {"upsample_groups": 32},
     "pocket_tts_audio_tokenizer_decoder": {"upsample_groups": 32},  # as pocket_tts_audio_tokenizer
+    # Channels are the block_configs widths times scale (up to 512).
+    "pp_lcnet_v3": {"scale": 0.25},
+    # The CTC head's output is the character set (18385).
+    "pp_ocrv5_mobile_rec": {"head_out_channels": VOCAB_SIZE},
+    # As pp_ocrv5_mobile_rec; the HGNetV2 backbone's stems and stages have their own widths and depths.
+    "pp_ocrv5_server_rec": {"head_out_channels": VOCAB_SIZE, "backbone_config": {
+        "stem_channels": [3, 16, 16], "stage_in_channels": [16, 32, 64, 128], "stage_mid_channels": [16, 16, 32, 32],
+        "stage_out_channels": [32, 64, 128, 128], "stage_num_blocks": [1, 1, 1, 1], "stage_numb_of_layers": [2, 2, 2, 2]}},
+    "pp_ocrv6_small_rec": {"head_out_channels": VOCAB_SIZE},  # as pp_ocrv5_mobile_rec
     # Upstream: get_rope_index reads config.vision_start_token_id, which the thinker config does not declare.
     "qwen2_5_omni_thinker": {"vision_start_token_id": VOCAB_SIZE - RESERVED_IDS},
     "qwen3_omni_moe_thinker": {"vision_start_token_id": VOCAB_SIZE - RESERVED_IDS},  # as qwen2_5_omni_thinker
@@ -365,8 +375,9 @@ def tiny_kwargs(cls: type, defaults: dict[str, Any], tokens: _Tokens,
             kwargs[name] = "float32"
     _follow_depth(defaults, kwargs)
     rope = defaults.get("rope_parameters")
+    # the model's fallback sections fit the full-size head only
     if "mrope_section" in getattr(cls, "ignore_keys_at_rope_validation", ()) and isinstance(rope, dict) \
-            and "rope_type" in rope and "mrope_section" not in rope:  # the model's fallback sections fit the full-size head only
+            and "rope_type" in rope and "mrope_section" not in rope:
         kwargs["rope_parameters"] = {**rope, "mrope_section": [2, 1, 1]}
     if "kv_lora_rank" in defaults and defaults.get("num_key_value_heads") == defaults.get("num_attention_heads"):
         kwargs["num_key_value_heads"] = kwargs["num_attention_heads"]  # MLA: keys/values have one head per query
@@ -530,7 +541,8 @@ def _inputs(model: torch.nn.Module, seed: int, pixels: bool = False, image_token
             if "image_grid_thw" in parameters:  # Qwen2-VL style: flattened patches and a (t, h, w) grid per image
                 batch["pixel_values"], batch["image_grid_thw"] = _grid_patches(config, generator)
                 if "image_merge_sizes" in parameters:  # VideoLLaMA3: each image's spatial merge
-                    batch["image_merge_sizes"] = torch.full((BATCH_SIZE,), _find(config, "spatial_merge_size", default=1))
+                    merge = _find(config, "spatial_merge_size", default=1)
+                    batch["image_merge_sizes"] = torch.full((BATCH_SIZE,), merge)
                 continue
             batch["pixel_values"] = torch.randn(*shape, generator=generator)
         elif name == "input_features":
@@ -625,6 +637,23 @@ def _time_series(batch: dict[str, Any], config: Any, generator: torch.Generator)
     batch["use_cache"], batch["return_dict"] = False, True
 
 
+def _robot_step(batch: dict[str, Any], config: Any, generator: torch.Generator) -> None:
+    """PI0: one camera image per sample behind its image tokens, and the action-expert embeddings (required)."""
+    vision = config.vlm_config.vision_config
+    tokens = (vision.image_size // vision.patch_size) ** 2
+    ids = torch.cat([torch.full((BATCH_SIZE, tokens), config.vlm_config.image_token_id), _ids(generator)], dim=1)
+    batch.update(input_ids=ids, attention_mask=torch.ones_like(ids),
+                 pixel_values=torch.randn(BATCH_SIZE, 1, vision.num_channels, vision.image_size, vision.image_size,
+                                          generator=generator),
+                 pixel_attention_mask=torch.ones(BATCH_SIZE, 1, dtype=torch.bool),
+                 action_embeds=torch.randn(BATCH_SIZE, 4, config.dit_config.hidden_size, generator=generator))
+
+
+def _text_line(batch: dict[str, Any], config: Any, generator: torch.Generator) -> None:
+    # text recognition: a line image 96 pixels high (the model average-pools (3, 2) of a 1/32-high feature map)
+    batch["pixel_values"] = torch.randn(BATCH_SIZE, 3, 96, 2 * IMAGE_SIZE, generator=generator)
+
+
 def _features_mask(batch: dict[str, Any], config: Any, generator: torch.Generator) -> None:
     # one chunk of 2 * n_window frames (the encoder's attention window), all valid
     frames = 2 * config.n_window
@@ -662,9 +691,13 @@ def _patchified(batch: dict[str, Any], config: Any, generator: torch.Generator) 
 #: Per-type input rules on top of the generated batch, each with why the generic rule cannot guess it.
 INPUT_RULES: dict[str, Any] = {
     "pe_audio_encoder": _mono,  # the DAC encoder convolves (batch, channels, samples)
+    "pi0": _robot_step,
     "pocket_tts_audio_tokenizer": _mono,  # a codec: (batch, channels, samples)
     "pocket_tts_audio_tokenizer_decoder": _latents,  # the decoder alone takes the codec's latent frames
     "pocket_tts_audio_tokenizer_encoder": _mono,
+    "pp_ocrv5_mobile_rec": _text_line,
+    "pp_ocrv5_server_rec": _text_line,
+    "pp_ocrv6_small_rec": _text_line,
     "qwen3_asr_encoder": _features_mask,  # the encoder requires the valid-frame mask of its features
     "seggpt": _segmentation_prompt,  # in-context segmentation: the forward requires a prompt image and mask
     "siglip2": _patchified,
