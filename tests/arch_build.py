@@ -28,6 +28,7 @@ import contextlib
 import dataclasses
 import functools
 import inspect
+import math
 import re
 from typing import Any
 
@@ -108,6 +109,13 @@ RESERVED_IDS = 24
 _QWEN4_INDEXER = {"indexer_n_heads": 2, "indexer_kv_heads": 1, "indexer_head_dim": 8, "indexer_budget": 4,
                   "indexer_compress_ratio": 2}
 
+_SEAMLESS = {"speech_encoder_layers": 2, "speech_encoder_attention_heads": 4, "speech_encoder_intermediate_size": 64,
+             "t2u_encoder_layers": 1, "t2u_decoder_layers": 1, "t2u_encoder_ffn_dim": 64, "t2u_decoder_ffn_dim": 64,
+             "t2u_encoder_attention_heads": 4, "t2u_decoder_attention_heads": 4, "t2u_vocab_size": VOCAB_SIZE,
+             "t2u_max_position_embeddings": 64, "t2u_pad_token_id": 0, "unit_hifi_gan_vocab_size": VOCAB_SIZE,
+             "unit_embed_dim": 32, "upsample_initial_channel": 32, "lang_embed_dim": 8, "spkr_embed_dim": 8}
+_VIBEVOICE_TOKENIZER = {"num_filters": 2, "downsampling_ratios": [2, 2, 2, 2, 2, 2]}
+
 #: Per-type config settings on top of the generic rule, each with why the rule cannot work.
 OVERRIDES: dict[str, dict[str, Any]] = {
     # The local/global attention pattern is a list of (pattern, repeats) that must add up to the layer count.
@@ -144,6 +152,9 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     # Per-layer key/value heads and the full-attention layers at both ends are sized for 24 layers.
     "sapiens2": {"num_key_value_heads_per_layer": [4, 2, 2, 4], "num_key_value_attention_heads": 2,
                  "num_first_full_attention_layers": 1, "num_last_full_attention_layers": 1},
+    # The speech encoder, text-to-unit model and HiFi-GAN vocoder have their own sizes; t2u positions reserve pad.
+    "seamless_m4t": _SEAMLESS,
+    "seamless_m4t_v2": _SEAMLESS,  # as seamless_m4t
     # The image and its prompt are stacked (image_size is their joint height x width); decoder taps after the merge.
     "seggpt": {"image_size": [2 * IMAGE_SIZE, IMAGE_SIZE], "pretrain_image_size": IMAGE_SIZE,
                "intermediate_hidden_state_indices": [1, 2, 3], "merge_index": 0},
@@ -165,6 +176,10 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     # The SAM encoder's output convolutions and windowed/global attention pattern have their own sizes.
     "unlimited_ocr": {"vision_config": {"sam_config": {"output_channels": 32, "downsample_channels": [32, 32],
                                                       "window_size": 2, "global_attn_indexes": [1, 3]}}},
+    # The tokenizer encoders double their width per downsampling stage (32 -> 2048), strides multiply to 3200.
+    "vibevoice": {"audio_config": _VIBEVOICE_TOKENIZER, "semantic_model_config": _VIBEVOICE_TOKENIZER},
+    "vibevoice_asr": {"acoustic_tokenizer_encoder_config": _VIBEVOICE_TOKENIZER,
+                      "semantic_tokenizer_encoder_config": _VIBEVOICE_TOKENIZER},  # as vibevoice
     # The projector reads five vision layers (default -2, -5, -8, -11, 6 of 24).
     "vipllava": {"vision_feature_layers": [-1, -2, -3, -4, -5]},
     # Upstream: the default fusion_hidden_sizes is a tuple, but the decoder prepends a list to it.
@@ -179,6 +194,9 @@ OVERRIDES: dict[str, dict[str, Any]] = {
              "posterior_encoder_num_wavenet_layers": 2, "spectrogram_bins": 16},
     # The predictor has its own width and heads; positions follow the crop size.
     "vjepa2": {"pred_hidden_size": 32, "pred_num_attention_heads": 4, "crop_size": IMAGE_SIZE},
+    # The acoustic encoder doubles its width per stride; the quantizer reads both encoders (2 x hidden); no GQA.
+    "xcodec2": {"encoder_hidden_size": 4, "downsampling_ratios": [2, 2, 2, 2, 2], "quantization_dim": 64,
+                "num_key_value_heads": 4},
     # The shared transformer is tied across hybrid layers: the tiny stack needs two of them.
     "zamba": {"layers_block_type": ["mamba", "hybrid", "mamba", "hybrid"]},
     # ZAYA routes each token to one expert only (checked by the config).
@@ -618,6 +636,14 @@ def _projected_features(batch: dict[str, Any], config: Any, generator: torch.Gen
                                           generator=generator)
 
 
+def _codec_with_semantics(batch: dict[str, Any], config: Any, generator: torch.Generator) -> None:
+    # X-Codec2: the waveform for the acoustic encoder and its fbank frames for the semantic (W2V-BERT) encoder
+    batch["input_values"] = torch.randn(BATCH_SIZE, 1, AUDIO_SAMPLES, generator=generator)
+    width = config.semantic_model_config.feature_projection_input_dim
+    frames = AUDIO_SAMPLES // math.prod(config.downsampling_ratios)  # one semantic frame per acoustic frame
+    batch["input_features"] = torch.randn(BATCH_SIZE, frames, width, generator=generator)
+
+
 def _audio_features(batch: dict[str, Any], config: Any, generator: torch.Generator) -> None:
     bins = _find(config, "num_mel_bins", default=16)
     # 8 frames per text token: the encoder downsamples 8x and adds one audio embedding to every token
@@ -712,6 +738,7 @@ INPUT_RULES: dict[str, Any] = {
     "vilt": _image,  # the image is an optional input of a flat (towerless) config
     "voxtral_realtime": _audio_features,  # the audio features are an optional input of a text-first model
     "wav2vec2-bert": _projected_features,
+    "xcodec2": _codec_with_semantics,
     "xmod": _language,  # X-MOD routes every sample through the adapter of its language
 }
 
