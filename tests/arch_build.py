@@ -116,6 +116,12 @@ _SEAMLESS = {"speech_encoder_layers": 2, "speech_encoder_attention_heads": 4, "s
              "unit_embed_dim": 32, "upsample_initial_channel": 32, "lang_embed_dim": 8, "spkr_embed_dim": 8}
 _VIBEVOICE_TOKENIZER = {"num_filters": 2, "downsampling_ratios": [2, 2, 2, 2, 2, 2]}
 
+_UVDOC_BACKBONE = {"resnet_head": [[3, 8], [8, 8]],
+                   "resnet_configs": [[[8, 8, 1, False], [8, 8, 3, False]], [[8, 16, 1, True], [16, 16, 3, False]],
+                                      [[16, 32, 1, True], [32, 32, 3, False]]],
+                   "stage_configs": [[[32, 1]], [[32, 2]], [[32, 5]], [[32, 8], [32, 3]], [[32, 12], [32, 7]],
+                                     [[32, 18], [32, 12]]]}
+
 #: Per-type config settings on top of the generic rule, each with why the rule cannot work.
 OVERRIDES: dict[str, dict[str, Any]] = {
     # The local/global attention pattern is a list of (pattern, repeats) that must add up to the layer count.
@@ -176,6 +182,12 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     # The SAM encoder's output convolutions and windowed/global attention pattern have their own sizes.
     "unlimited_ocr": {"vision_config": {"sam_config": {"output_channels": 32, "downsample_channels": [32, 32],
                                                       "window_size": 2, "global_attn_indexes": [1, 3]}}},
+    # UVDoc concatenates the bridge outputs of every stage (its head reads 6 x their width): all six are outputs.
+    "uvdoc": {"backbone_config": {**_UVDOC_BACKBONE, "out_features": [f"stage{i}" for i in range(1, 7)],
+                                  "out_indices": list(range(1, 7))},
+              "bridge_connector": [32, 32], "out_point_positions2D": [[32, 32], [32, 2]]},
+    # The ResNet stem and stages and the dilated bridge blocks have their own widths (32 to 128).
+    "uvdoc_backbone": _UVDOC_BACKBONE,
     # The tokenizer encoders double their width per downsampling stage (32 -> 2048), strides multiply to 3200.
     "vibevoice": {"audio_config": _VIBEVOICE_TOKENIZER, "semantic_model_config": _VIBEVOICE_TOKENIZER},
     "vibevoice_asr": {"acoustic_tokenizer_encoder_config": _VIBEVOICE_TOKENIZER,
@@ -615,6 +627,11 @@ def _image(batch: dict[str, Any], config: Any, generator: torch.Generator) -> No
     batch["pixel_values"] = torch.randn(BATCH_SIZE, 3, IMAGE_SIZE, IMAGE_SIZE, generator=generator)
 
 
+def _document(batch: dict[str, Any], config: Any, generator: torch.Generator) -> None:
+    # UVDoc: the head's reflect-padded 5x5 convolutions need more than 2x2 features (1/16 of the image)
+    batch["pixel_values"] = torch.randn(BATCH_SIZE, 3, 2 * IMAGE_SIZE, 2 * IMAGE_SIZE, generator=generator)
+
+
 def _one_video(batch: dict[str, Any], config: Any, generator: torch.Generator) -> None:
     """TVP: one sample of text and video frames (padded to max_img_size). Upstream bug: the column position
     embeddings are viewed as (batch_size, 1, width, hidden) in ``TvpVisionInputEmbedding``, so a batch of more
@@ -735,6 +752,7 @@ INPUT_RULES: dict[str, Any] = {
     "time_series_transformer": _time_series,
     "tvp": _one_video,  # text + video grounding: the video frames are an optional input
     "ultravbert": _one_image_each,
+    "uvdoc": _document,
     "vilt": _image,  # the image is an optional input of a flat (towerless) config
     "voxtral_realtime": _audio_features,  # the audio features are an optional input of a text-first model
     "wav2vec2-bert": _projected_features,
