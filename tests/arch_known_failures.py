@@ -204,3 +204,9 @@ KNOWN_FAILURES: dict[str, str] = {
     'qwen3_omni_moe': 'cannot be measured by counting: Qwen3OmniMoeForConditionalGeneration defines no forward (it only generates: thinker, then talker, then code2wav), so there is no training step; its trainable thinker is swept as qwen3_omni_moe_thinker',
     'swiftformer': 'upstream: SwiftFormerEncoder checkpoints its stages only (SwiftFormerStage is the GradientCheckpointingLayer); the SwiftFormerEmbeddings between stages are blocks it never recomputes, and hf_ckpt reports them as not checkpointed',
 }
+
+#: Known failures that apply to one ``every_n_layers`` setting only; the type's other cases must pass. SwiftFormer:
+#: every second block is a stage (checkpointed upstream), the blocks between are the embeddings it never recomputes.
+ONLY_EVERY_N_LAYERS: dict[str, int] = {
+    'swiftformer': 1,
+}
