@@ -140,7 +140,8 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     # As pp_ocrv5_mobile_rec; the HGNetV2 backbone's stems and stages have their own widths and depths.
     "pp_ocrv5_server_rec": {"head_out_channels": VOCAB_SIZE, "backbone_config": {
         "stem_channels": [3, 16, 16], "stage_in_channels": [16, 32, 64, 128], "stage_mid_channels": [16, 16, 32, 32],
-        "stage_out_channels": [32, 64, 128, 128], "stage_num_blocks": [1, 1, 1, 1], "stage_numb_of_layers": [2, 2, 2, 2]}},
+        "stage_out_channels": [32, 64, 128, 128], "stage_num_blocks": [1, 1, 1, 1],
+        "stage_numb_of_layers": [2, 2, 2, 2]}},
     "pp_ocrv6_small_rec": {"head_out_channels": VOCAB_SIZE},  # as pp_ocrv5_mobile_rec
     # Upstream: get_rope_index reads config.vision_start_token_id, which the thinker config does not declare.
     "qwen2_5_omni_thinker": {"vision_start_token_id": VOCAB_SIZE - RESERVED_IDS},
