@@ -19,7 +19,14 @@ asks this module three things:
   ``decoder_input_ids`` for encoder-decoders, image tokens for vision-language models), and :func:`loss`, a scalar
   from every floating tensor of the output (base models have no labels).
 
-``OVERRIDES`` holds the few per-type settings the generic rule cannot guess, each with its reason.
+The generic rule also keeps a ViT-style backbone's ``out_features``/``out_indices`` inside the shrunk depth, adds
+multimodal rotary sections (``mrope_section``) where a config has none, keeps one key/value head per query head for
+multi-head latent attention, and generates the inputs named by a forward's required parameters or by its
+``main_input_name`` (video frames, Qwen-VL style flattened patches with their ``grid_thw``, the encoder's input of a
+speech encoder-decoder).
+
+``OVERRIDES`` holds the per-type config settings the generic rule cannot guess, and ``INPUT_RULES`` the per-type
+input rules (a batch layout only the model's own code defines), each with its reason.
 """
 
 from __future__ import annotations
@@ -30,7 +37,7 @@ import functools
 import inspect
 import math
 import re
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -733,7 +740,7 @@ def _patchified(batch: dict[str, Any], config: Any, generator: torch.Generator) 
 
 
 #: Per-type input rules on top of the generated batch, each with why the generic rule cannot guess it.
-INPUT_RULES: dict[str, Any] = {
+INPUT_RULES: dict[str, Callable[[dict[str, Any], Any, torch.Generator], None]] = {
     "pe_audio_encoder": _mono,  # the DAC encoder convolves (batch, channels, samples)
     "pi0": _robot_step,
     "pocket_tts_audio_tokenizer": _mono,  # a codec: (batch, channels, samples)
