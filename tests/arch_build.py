@@ -19,7 +19,14 @@ asks this module three things:
   ``decoder_input_ids`` for encoder-decoders, image tokens for vision-language models), and :func:`loss`, a scalar
   from every floating tensor of the output (base models have no labels).
 
-``OVERRIDES`` holds the few per-type settings the generic rule cannot guess, each with its reason.
+The generic rule also keeps a ViT-style backbone's ``out_features``/``out_indices`` inside the shrunk depth, adds
+multimodal rotary sections (``mrope_section``) where a config has none, keeps one key/value head per query head for
+multi-head latent attention, and generates the inputs named by a forward's required parameters or by its
+``main_input_name`` (video frames, Qwen-VL style flattened patches with their ``grid_thw``, the encoder's input of a
+speech encoder-decoder).
+
+``OVERRIDES`` holds the per-type config settings the generic rule cannot guess, and ``INPUT_RULES`` the per-type
+input rules (a batch layout only the model's own code defines), each with its reason.
 """
 
 from __future__ import annotations
@@ -28,8 +35,9 @@ import contextlib
 import dataclasses
 import functools
 import inspect
+import math
 import re
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -60,7 +68,8 @@ _HEAD_MAPPINGS = (
 #: Generic tiny sizes by the names configs use for them.
 _SIZES: dict[str, int] = {
     **dict.fromkeys(["hidden_size", "d_model", "n_embd", "embed_dim", "dim", "n_embed", "word_embed_proj_dim",
-                     "projection_dim", "text_embed_dim", "vision_embed_dim", "embedding_dim"], 32),
+                     "projection_dim", "text_embed_dim", "vision_embed_dim", "embedding_dim",
+                     "out_hidden_size"], 32),  # out_hidden_size: a vision/audio merger's output, the text width
     **dict.fromkeys(["num_attention_heads", "n_head", "num_heads", "n_heads", "encoder_attention_heads",
                      "decoder_attention_heads", "num_decoder_heads", "encoder_num_attention_heads",
                      "decoder_num_attention_heads"], 4),
@@ -82,6 +91,7 @@ _SIZES: dict[str, int] = {
     **dict.fromkeys(["max_source_positions"], 16),  # Whisper-style encoders take 2 * this many frames
     **dict.fromkeys(["num_conv_pos_embeddings"], 16),
     **dict.fromkeys(["num_conv_pos_embedding_groups"], 2),
+    "fusion_hidden_size": 32,  # DPT-style necks: the width of every fusion stage
     "rotary_dim": 4,
     "embedding_size": 32,
     # multi-head latent attention (DeepSeek V2/V3 style)
@@ -109,6 +119,22 @@ _MIMI = {"upsample_groups": 32, "num_filters": 4, "codebook_dim": 32, "codebook_
          "vector_quantization_hidden_dimension": 32}
 
 _MUSE_AUDIO = {"hidden_sizes": [16, 32, 32, 32], "out_hidden_size": 32}
+
+_QWEN4_INDEXER = {"indexer_n_heads": 2, "indexer_kv_heads": 1, "indexer_head_dim": 8, "indexer_budget": 4,
+                  "indexer_compress_ratio": 2}
+
+_SEAMLESS = {"speech_encoder_layers": 2, "speech_encoder_attention_heads": 4, "speech_encoder_intermediate_size": 64,
+             "t2u_encoder_layers": 1, "t2u_decoder_layers": 1, "t2u_encoder_ffn_dim": 64, "t2u_decoder_ffn_dim": 64,
+             "t2u_encoder_attention_heads": 4, "t2u_decoder_attention_heads": 4, "t2u_vocab_size": VOCAB_SIZE,
+             "t2u_max_position_embeddings": 64, "t2u_pad_token_id": 0, "unit_hifi_gan_vocab_size": VOCAB_SIZE,
+             "unit_embed_dim": 32, "upsample_initial_channel": 32, "lang_embed_dim": 8, "spkr_embed_dim": 8}
+_VIBEVOICE_TOKENIZER = {"num_filters": 2, "downsampling_ratios": [2, 2, 2, 2, 2, 2]}
+
+_UVDOC_BACKBONE = {"resnet_head": [[3, 8], [8, 8]],
+                   "resnet_configs": [[[8, 8, 1, False], [8, 8, 3, False]], [[8, 16, 1, True], [16, 16, 3, False]],
+                                      [[16, 32, 1, True], [32, 32, 3, False]]],
+                   "stage_configs": [[[32, 1]], [[32, 2]], [[32, 5]], [[32, 8], [32, 3]], [[32, 12], [32, 7]],
+                                     [[32, 18], [32, 12]]]}
 
 #: Per-type config settings on top of the generic rule, each with why the rule cannot work.
 OVERRIDES: dict[str, dict[str, Any]] = {
@@ -244,6 +270,96 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     # widths have names of their own.
     "pe_audio": {"audio_config": {"dac_config": {"encoder_hidden_size": 2, "decoder_hidden_size": 32,
                                                  "codebook_dim": 8, "n_codebooks": 2}}},
+    # The DAC feature encoder's widths double per downsampling (64 -> 1024) and its strides multiply to 1920.
+    "pe_audio_encoder": {"dac_config": {"encoder_hidden_size": 4, "downsampling_ratios": [2, 2, 2, 2],
+                                        "decoder_hidden_size": 16, "upsampling_ratios": [2, 2, 2, 2],
+                                        "hop_length": 16}},
+    # The upsampling convolution is grouped: its groups must divide the (tiny) hidden size.
+    "pocket_tts_audio_tokenizer": {"upsample_groups": 32},
+    "pocket_tts_audio_tokenizer_decoder": {"upsample_groups": 32},  # as pocket_tts_audio_tokenizer
+    # Channels are the block_configs widths times scale (up to 512).
+    "pp_lcnet_v3": {"scale": 0.25},
+    # The CTC head's output is the character set (18385).
+    "pp_ocrv5_mobile_rec": {"head_out_channels": VOCAB_SIZE},
+    # As pp_ocrv5_mobile_rec; the HGNetV2 backbone's stems and stages have their own widths and depths.
+    "pp_ocrv5_server_rec": {"head_out_channels": VOCAB_SIZE, "backbone_config": {
+        "stem_channels": [3, 16, 16], "stage_in_channels": [16, 32, 64, 128], "stage_mid_channels": [16, 16, 32, 32],
+        "stage_out_channels": [32, 64, 128, 128], "stage_num_blocks": [1, 1, 1, 1],
+        "stage_numb_of_layers": [2, 2, 2, 2]}},
+    "pp_ocrv6_small_rec": {"head_out_channels": VOCAB_SIZE},  # as pp_ocrv5_mobile_rec
+    # Upstream: get_rope_index reads config.vision_start_token_id, which the thinker config does not declare.
+    "qwen2_5_omni_thinker": {"vision_start_token_id": VOCAB_SIZE - RESERVED_IDS},
+    "qwen3_omni_moe_thinker": {"vision_start_token_id": VOCAB_SIZE - RESERVED_IDS},  # as qwen2_5_omni_thinker
+    # The sparse-attention indexer is built on every attention layer but its sizes default to None.
+    "qwen4_exp": {"text_config": _QWEN4_INDEXER},
+    "qwen4_exp_text": _QWEN4_INDEXER,
+    # The glyph-shape and pronunciation embeddings have their own vocabularies and widths.
+    "roc_bert": {"shape_embed_dim": 32, "shape_vocab_size": VOCAB_SIZE, "pronunciation_vocab_size": VOCAB_SIZE},
+    # The prompt encoder's dense grid is image_size / patch_size of the vision encoder; windows and positions fit it.
+    "sam": {"prompt_encoder_config": {"image_embedding_size": IMAGE_SIZE // PATCH_SIZE},
+            "vision_config": {"window_size": 2, "global_attn_indexes": [1, 3], "num_pos_feats": 16}},
+    "sam_hq": {"prompt_encoder_config": {"image_embedding_size": IMAGE_SIZE // PATCH_SIZE},
+               "vision_config": {"window_size": 2, "global_attn_indexes": [1, 3], "num_pos_feats": 16}},  # as sam
+    # Per-layer key/value heads and the full-attention layers at both ends are sized for 24 layers.
+    "sapiens2": {"num_key_value_heads_per_layer": [4, 2, 2, 4], "num_key_value_attention_heads": 2,
+                 "num_first_full_attention_layers": 1, "num_last_full_attention_layers": 1},
+    # The speech encoder, text-to-unit model and HiFi-GAN vocoder have their own sizes; t2u positions reserve pad.
+    "seamless_m4t": _SEAMLESS,
+    "seamless_m4t_v2": _SEAMLESS,  # as seamless_m4t
+    # The image and its prompt are stacked (image_size is their joint height x width); decoder taps after the merge.
+    "seggpt": {"image_size": [2 * IMAGE_SIZE, IMAGE_SIZE], "pretrain_image_size": IMAGE_SIZE,
+               "intermediate_hidden_state_indices": [1, 2, 3], "merge_index": 0},
+    # Its layer pattern has sliding-window layers but the window defaults to None.
+    "step3p7": {"text_config": {"sliding_window": 4}},
+    # Swin: the relative position bias is sized by window_size at init, but a stage smaller than the window
+    # clamps the window at forward, so the last stage (image / patch / 8) must stay at least one window wide.
+    "swin": {"image_size": 64, "patch_size": 4, "window_size": 2},
+    # Swin2SR keeps the full resolution (patch 1); 8x8 windows need more than the 4x4 grid of the tiny rule.
+    "swin2sr": {"patch_size": 1, "window_size": 4},
+    "swinv2": {"patch_size": 4, "window_size": 2},  # as Swin: windows no wider than the last stage
+    # Upstream: the encoder's layers read text_config.dropout_rate, which T5Gemma2TextConfig does not declare.
+    "t5gemma2_encoder": {"text_config": {"dropout_rate": 0.0}},
+    # The forecast horizon has no default; short windows, two lags and one time feature.
+    "time_series_transformer": {"prediction_length": 4, "context_length": 4, "lags_sequence": [1, 2],
+                                "num_time_features": 1},
+    # The visual prompter pads frames to max_img_size and frames a border of visual_prompt_size.
+    "tvp": {"max_img_size": 2 * IMAGE_SIZE, "visual_prompt_size": 4},  # the ResNet grid pools 64 -> 1
+    # The SAM encoder's output convolutions and windowed/global attention pattern have their own sizes.
+    "unlimited_ocr": {"vision_config": {"sam_config": {"output_channels": 32, "downsample_channels": [32, 32],
+                                                      "window_size": 2, "global_attn_indexes": [1, 3]}}},
+    # UVDoc concatenates the bridge outputs of every stage (its head reads 6 x their width): all six are outputs.
+    "uvdoc": {"backbone_config": {**_UVDOC_BACKBONE, "out_features": [f"stage{i}" for i in range(1, 7)],
+                                  "out_indices": list(range(1, 7))},
+              "bridge_connector": [32, 32], "out_point_positions2D": [[32, 32], [32, 2]]},
+    # The ResNet stem and stages and the dilated bridge blocks have their own widths (32 to 128).
+    "uvdoc_backbone": _UVDOC_BACKBONE,
+    # The tokenizer encoders double their width per downsampling stage (32 -> 2048), strides multiply to 3200.
+    "vibevoice": {"audio_config": _VIBEVOICE_TOKENIZER, "semantic_model_config": _VIBEVOICE_TOKENIZER},
+    "vibevoice_asr": {"acoustic_tokenizer_encoder_config": _VIBEVOICE_TOKENIZER,
+                      "semantic_tokenizer_encoder_config": _VIBEVOICE_TOKENIZER},  # as vibevoice
+    # The projector reads five vision layers (default -2, -5, -8, -11, 6 of 24).
+    "vipllava": {"vision_feature_layers": [-1, -2, -3, -4, -5]},
+    # Upstream: the default fusion_hidden_sizes is a tuple, but the decoder prepends a list to it.
+    # Its fusion upsamples the ViT features (1/16 of the image) to meet the detail features at 1/8: patch 16.
+    "vitmatte": {"fusion_hidden_sizes": [32, 16, 16, 8], "backbone_config": {"patch_size": 16}},
+    # The experts' part features are a slice of the MLP width (256 of 3072); the image size is a list (H, W); one
+    # expert, the default (more need a dataset_index input per sample).
+    "vitpose": {"backbone_config": {"part_features": 8, "image_size": [IMAGE_SIZE, IMAGE_SIZE], "num_experts": 1}},
+    "vitpose_backbone": {"part_features": 8, "image_size": [IMAGE_SIZE, IMAGE_SIZE], "num_experts": 1},  # as vitpose
+    # The HiFi-GAN vocoder, duration predictor and posterior encoder have their own widths and depths.
+    "vits": {"upsample_initial_channel": 32, "duration_predictor_filter_channels": 32,
+             "posterior_encoder_num_wavenet_layers": 2, "spectrogram_bins": 16},
+    # The predictor has its own width and heads; positions follow the crop size.
+    "vjepa2": {"pred_hidden_size": 32, "pred_num_attention_heads": 4, "crop_size": IMAGE_SIZE},
+    # The acoustic encoder doubles its width per stride; the quantizer reads both encoders (2 x hidden); no GQA.
+    "xcodec2": {"encoder_hidden_size": 4, "downsampling_ratios": [2, 2, 2, 2, 2], "quantization_dim": 64,
+                "num_key_value_heads": 4},
+    # The shared transformer is tied across hybrid layers: the tiny stack needs two of them.
+    "zamba": {"layers_block_type": ["mamba", "hybrid", "mamba", "hybrid"]},
+    # ZAYA routes each token to one expert only (checked by the config).
+    "zaya": {"num_experts_per_tok": 1},
+    # The metric head reads the neck's fusion output through convolutions of this width.
+    "zoedepth": {"bottleneck_features": 32},
 }
 
 
@@ -344,16 +460,18 @@ def _sub_config_class(parent: type, key: str, value: dict) -> type | None:
 
 
 def _shrink_list(name: str, value: list, layers: int | None) -> list | None:
-    if layers and len(value) == layers and value:
-        return value[:BLOCKS]  # per-layer lists (layer_types, attention patterns)
+    per_layer = bool(layers and len(value) == layers and value)
+    if per_layer:
+        value = value[:BLOCKS]  # per-layer lists (layer_types, attention patterns)
     if all(isinstance(v, int) and not isinstance(v, bool) for v in value) and value:
+        # per-stage lists, also where the stage count is the layer count (Swin: num_layers = len(depths))
         if name in ("depths", "num_layers", "encoder_layers", "block_repeats"):
             return [1] * len(value)
         if name in ("hidden_sizes", "embed_dims", "dims", "channels", "conv_dim", "neck_hidden_sizes"):
             return [16 * min(2**i, 4) if name != "conv_dim" else 16 for i in range(len(value))]
         if name in ("num_heads", "num_attention_heads", "attention_heads"):
             return [2] * len(value)
-    return None
+    return value if per_layer else None
 
 
 class _Tokens:
@@ -436,6 +554,12 @@ def tiny_kwargs(cls: type, defaults: dict[str, Any], tokens: _Tokens,
     if "kv_lora_rank" in defaults and "num_key_value_heads" in kwargs:
         # multi-head latent attention expands its latent K/V to one head per query head
         kwargs["num_key_value_heads"] = kwargs.get("num_attention_heads", _SIZES["num_attention_heads"])
+    _follow_depth(defaults, kwargs)
+    rope = defaults.get("rope_parameters")
+    # the model's fallback sections fit the full-size head only
+    if "mrope_section" in getattr(cls, "ignore_keys_at_rope_validation", ()) and isinstance(rope, dict) \
+            and "rope_type" in rope and "mrope_section" not in rope:
+        kwargs["rope_parameters"] = {**rope, "mrope_section": [2, 1, 1]}
     if "qk_rope_head_dim" in defaults and "head_dim" in defaults:
         kwargs["head_dim"] = _SIZES["qk_rope_head_dim"]  # multi-head latent attention: head_dim is the rope part
     if "pad_token_id" in defaults or "vocab_size" in defaults:
@@ -445,20 +569,36 @@ def tiny_kwargs(cls: type, defaults: dict[str, Any], tokens: _Tokens,
     return kwargs
 
 
-def _merged(kwargs: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
-    """``kwargs`` with ``override`` on top; a sub-config's dict is merged key by key, not replaced."""
-    merged = dict(kwargs)
-    for name, value in override.items():
-        if isinstance(value, dict) and isinstance(merged.get(name), dict) and "model_type" in merged[name]:
-            value = _merged(merged[name], value)
-        merged[name] = value
+def _follow_depth(defaults: dict[str, Any], kwargs: dict[str, Any]) -> None:
+    """A ViT-style backbone (one stage per layer) keeps the same number of output stages, the last ones of the
+    shrunk depth, where its ``out_features``/``out_indices`` name stages beyond it (DPT necks read 4 of 12)."""
+    layers = kwargs.get("num_hidden_layers")
+    features, indices = defaults.get("out_features"), defaults.get("out_indices")
+    if not (isinstance(layers, int) and isinstance(features or indices, list) and defaults.get("num_hidden_layers")):
+        return
+    count = len(features or indices)
+    stages = [int(f[len("stage"):]) for f in features or [] if re.fullmatch(r"stage\d+", str(f))]
+    if count > layers or max([*stages, *(indices or [])], default=0) <= layers:
+        return
+    if features:
+        kwargs["out_features"] = [f"stage{layers - count + 1 + i}" for i in range(count)]
+    if indices:
+        kwargs["out_indices"] = [layers - count + 1 + i for i in range(count)]
+
+
+def _merge(values: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """``values`` updated by ``overrides``; a dict for a sub-config updates that sub-config's values."""
+    merged = dict(values)
+    for name, value in overrides.items():
+        both = isinstance(value, dict) and isinstance(merged.get(name), dict)
+        merged[name] = _merge(merged[name], value) if both else value
     return merged
 
 
 def tiny_config(model_type: str):
     cls = config_class(model_type)
     defaults = cls().to_dict()
-    kwargs = _merged(tiny_kwargs(cls, defaults, _Tokens()), OVERRIDES.get(model_type, {}))
+    kwargs = _merge(tiny_kwargs(cls, defaults, _Tokens()), OVERRIDES.get(model_type, {}))
     return cls(**kwargs)
 
 
@@ -561,6 +701,11 @@ def _inputs(model: torch.nn.Module, seed: int, pixels: bool = False, image_token
     wanted = [main] + (["input_ids"] if "input_ids" in parameters and main != "input_ids" else [])
     if pixels and main != "pixel_values":
         wanted.append("pixel_values")
+    if main == "inputs" and hasattr(model, "encoder"):  # speech encoder-decoder: the encoder's own input
+        wanted[0] = getattr(model.encoder, "main_input_name", "input_values")
+    # an input the forward requires under a name the generator knows, where main_input_name names another
+    wanted += [n for n in ("pixel_values", "input_features", "input_values") if _required(parameters, n)
+               and n not in wanted]
     for name in wanted:
         if name == "input_ids":
             ids = _ids(generator)
@@ -580,11 +725,11 @@ def _inputs(model: torch.nn.Module, seed: int, pixels: bool = False, image_token
             shape = (BATCH_SIZE, channels, size, size) if not frames else (BATCH_SIZE, frames, channels, size, size)
             grid = next((g for g in ("image_grid_thw", "grid_thw", "image_grid_hw") if g in parameters), None)
             if grid:  # Qwen2-VL style: flattened patches and a (t, h, w) grid per image (its vision tower: grid_thw)
-                patch = _find(config, "patch_size", default=PATCH_SIZE)
-                temporal = _find(config, "temporal_patch_size", "patch_temporal", default=1)
-                side = size // patch
-                shape = (BATCH_SIZE * side * side, channels * temporal * patch * patch)
-                batch[grid] = torch.tensor([[1, side, side][-len(grid.rsplit("_", 1)[1]):]] * BATCH_SIZE)  # thw or hw
+                batch["pixel_values"], thw = _grid_patches(config, generator)
+                batch[grid] = thw[:, 1:] if grid.endswith("_hw") else thw
+                if "image_merge_sizes" in parameters:  # VideoLLaMA3: each image's spatial merge
+                    batch["image_merge_sizes"] = torch.full((BATCH_SIZE,), _find(config, "spatial_merge_size", default=1))
+                continue
             batch["pixel_values"] = torch.randn(*shape, generator=generator)
         elif name == "input_features":
             bins = _find(config, "num_mel_bins", "feature_size", "input_feat_per_channel", default=16)
@@ -601,16 +746,28 @@ def _inputs(model: torch.nn.Module, seed: int, pixels: bool = False, image_token
             batch["future_values"] = torch.randn(BATCH_SIZE, config.prediction_length, generator=generator)
             batch["future_time_features"] = torch.randn(BATCH_SIZE, config.prediction_length, features,
                                                         generator=generator)
+        elif name == "pixel_values_videos":  # (batch, frames, channels, height, width)
+            channels = _find(config, "num_channels", "in_channels", "in_chans", default=3)
+            size = _find(config, "image_size", "crop_size", "img_size", default=IMAGE_SIZE)
+            size = size if isinstance(size, int) else IMAGE_SIZE
+            frames = _find(config, "num_frames", default=None) or max(2, _find(config, "tubelet_size", default=2))
+            batch[name] = torch.randn(BATCH_SIZE, frames, channels, size, size, generator=generator)
         elif name == "inputs_embeds":
             batch["inputs_embeds"] = torch.randn(BATCH_SIZE, SEQUENCE_LENGTH, config.hidden_size, generator=generator)
     if "qformer_input_ids" in parameters:  # InstructBLIP: the instruction, read by the Q-Former too
         batch["qformer_input_ids"] = _ids(generator)
         batch["qformer_attention_mask"] = torch.ones_like(batch["qformer_input_ids"])
+    if _required(parameters, "grid_thw"):  # a Qwen-VL style vision tower alone: flattened patches and their grid
+        batch.pop("pixel_values", None)
+        name = "hidden_states" if _required(parameters, "hidden_states") else "pixel_values"
+        batch[name], batch["grid_thw"] = _grid_patches(config, generator)
+        if _required(parameters, "merge_sizes"):  # VideoLLaMA3: the spatial merge of each image
+            batch["merge_sizes"] = torch.full((BATCH_SIZE,), _find(config, "spatial_merge_size", default=1))
     if getattr(config, "is_encoder_decoder", False) and "decoder_input_ids" in parameters:
         batch["decoder_input_ids"] = _ids(generator)
     rule = INPUT_RULES.get(getattr(model, "_sweep_model_type", getattr(config, "model_type", "")))
     if rule is not None:
-        batch.update(rule(model, batch, generator))
+        batch.update(rule(model, batch, generator) or {})
     for name, value in (("use_cache", False), ("return_dict", True)):
         if name in parameters:
             batch[name] = value
@@ -651,15 +808,6 @@ def _kosmos2(model: torch.nn.Module, batch: dict, generator: torch.Generator) ->
     mask = torch.zeros_like(batch["input_ids"])
     mask[:, 1:1 + model.config.latent_query_num] = 1
     return {"image_embeds_position_mask": mask}
-
-
-def _siglip2_patches(model: torch.nn.Module, batch: dict, generator: torch.Generator) -> dict:
-    """A SigLIP2 (NaFlex) tower: ``(batch, patches, channels * patch * patch)`` with each image's patch grid."""
-    patch = _find(model.config, "patch_size", default=PATCH_SIZE)
-    side = IMAGE_SIZE // patch
-    return {"pixel_values": torch.randn(BATCH_SIZE, side * side, 3 * patch * patch, generator=generator),
-            "spatial_shapes": torch.tensor([[side, side]] * BATCH_SIZE),
-            "pixel_attention_mask": torch.ones(BATCH_SIZE, side * side, dtype=torch.long)}
 
 
 def _anyres_tiles(model: torch.nn.Module, batch: dict, generator: torch.Generator) -> dict:
@@ -799,8 +947,109 @@ def _mono_waveform(model: torch.nn.Module, batch: dict, generator: torch.Generat
     return {"input_values": batch["input_values"].unsqueeze(1)}
 
 
+def _latents(model: torch.nn.Module, batch: dict, generator: torch.Generator) -> None:
+    batch["latents"] = torch.randn(BATCH_SIZE, model.config.hidden_size, 4, generator=generator)  # (batch, width, frames)
+    batch.pop("input_ids", None)
+
+
+def _image(model: torch.nn.Module, batch: dict, generator: torch.Generator) -> None:
+    batch["pixel_values"] = torch.randn(BATCH_SIZE, 3, IMAGE_SIZE, IMAGE_SIZE, generator=generator)
+
+
+def _document(model: torch.nn.Module, batch: dict, generator: torch.Generator) -> None:
+    # UVDoc: the head's reflect-padded 5x5 convolutions need more than 2x2 features (1/16 of the image)
+    batch["pixel_values"] = torch.randn(BATCH_SIZE, 3, 2 * IMAGE_SIZE, 2 * IMAGE_SIZE, generator=generator)
+
+
+def _one_video(model: torch.nn.Module, batch: dict, generator: torch.Generator) -> None:
+    """TVP: one sample of text and video frames (padded to max_img_size). Upstream bug: the column position
+    embeddings are viewed as (batch_size, 1, width, hidden) in ``TvpVisionInputEmbedding``, so a batch of more
+    than one sample raises "shape '[2, 1, 1, 32]' is invalid for input of size 32"."""
+    for name, value in list(batch.items()):
+        if isinstance(value, torch.Tensor):
+            batch[name] = value[:1]
+    size = model.config.max_img_size
+    batch["pixel_values"] = torch.randn(1, 2, 3, size, size, generator=generator)
+
+
+def _language(model: torch.nn.Module, batch: dict, generator: torch.Generator) -> None:
+    batch["lang_ids"] = torch.zeros(BATCH_SIZE, dtype=torch.long)  # the language adapter of every sample
+
+
+def _projected_features(model: torch.nn.Module, batch: dict, generator: torch.Generator) -> None:
+    # stacked fbank frames: (batch, frames, feature_projection_input_dim)
+    batch["input_features"] = torch.randn(BATCH_SIZE, 2 * SEQUENCE_LENGTH, model.config.feature_projection_input_dim,
+                                          generator=generator)
+
+
+def _codec_with_semantics(model: torch.nn.Module, batch: dict, generator: torch.Generator) -> None:
+    # X-Codec2: the waveform for the acoustic encoder and its fbank frames for the semantic (W2V-BERT) encoder
+    batch["input_values"] = torch.randn(BATCH_SIZE, 1, AUDIO_SAMPLES, generator=generator)
+    width = model.config.semantic_model_config.feature_projection_input_dim
+    frames = AUDIO_SAMPLES // math.prod(model.config.downsampling_ratios)  # one semantic frame per acoustic frame
+    batch["input_features"] = torch.randn(BATCH_SIZE, frames, width, generator=generator)
+
+
+def _audio_features(model: torch.nn.Module, batch: dict, generator: torch.Generator) -> None:
+    bins = _find(model.config, "num_mel_bins", default=16)
+    # 8 frames per text token: the encoder downsamples 8x and adds one audio embedding to every token
+    batch["input_features"] = torch.randn(BATCH_SIZE, bins, 8 * SEQUENCE_LENGTH, generator=generator)
+
+
+def _robot_step(model: torch.nn.Module, batch: dict, generator: torch.Generator) -> None:
+    """PI0: one camera image per sample behind its image tokens, and the action-expert embeddings (required)."""
+    vision = model.config.vlm_config.vision_config
+    tokens = (vision.image_size // vision.patch_size) ** 2
+    ids = torch.cat([torch.full((BATCH_SIZE, tokens), model.config.vlm_config.image_token_id), _ids(generator)], dim=1)
+    batch.update(input_ids=ids, attention_mask=torch.ones_like(ids),
+                 pixel_values=torch.randn(BATCH_SIZE, 1, vision.num_channels, vision.image_size, vision.image_size,
+                                          generator=generator),
+                 pixel_attention_mask=torch.ones(BATCH_SIZE, 1, dtype=torch.bool),
+                 action_embeds=torch.randn(BATCH_SIZE, 4, model.config.dit_config.hidden_size, generator=generator))
+
+
+def _text_line(model: torch.nn.Module, batch: dict, generator: torch.Generator) -> None:
+    # text recognition: a line image 96 pixels high (the model average-pools (3, 2) of a 1/32-high feature map)
+    batch["pixel_values"] = torch.randn(BATCH_SIZE, 3, 96, 2 * IMAGE_SIZE, generator=generator)
+
+
+def _features_mask(model: torch.nn.Module, batch: dict, generator: torch.Generator) -> None:
+    # one chunk of 2 * n_window frames (the encoder's attention window), all valid
+    frames = 2 * model.config.n_window
+    batch["input_features"] = torch.randn(BATCH_SIZE, model.config.num_mel_bins, frames, generator=generator)
+    batch["input_features_mask"] = torch.ones(BATCH_SIZE, frames, dtype=torch.long)
+
+
+def _segmentation_prompt(model: torch.nn.Module, batch: dict, generator: torch.Generator) -> None:
+    pixels = batch["pixel_values"]  # the image to segment, a prompt image and its mask, all of one size
+    batch["prompt_pixel_values"] = torch.randn(pixels.shape, generator=generator)
+    batch["prompt_masks"] = torch.randn(pixels.shape, generator=generator)
+
+
+def _boxes(model: torch.nn.Module, batch: dict, generator: torch.Generator) -> None:
+    corners = torch.rand(*batch["input_ids"].shape, 2, generator=generator) / 2  # normalised x0, y0, x1, y1
+    batch["bbox"] = torch.cat([corners, corners + 0.25], dim=-1)
+
+
+def _speech_hidden_states(model: torch.nn.Module, batch: dict, generator: torch.Generator) -> None:
+    # SpeechT5Model without pre-nets: encoder and decoder take hidden states directly
+    batch["input_values"] = torch.randn(BATCH_SIZE, SEQUENCE_LENGTH, model.config.hidden_size, generator=generator)
+    batch["decoder_input_values"] = torch.randn(BATCH_SIZE, SEQUENCE_LENGTH, model.config.hidden_size, generator=generator)
+
+
+def _patchified(model: torch.nn.Module, batch: dict, generator: torch.Generator) -> None:
+    """Siglip2 (NaFlex): patches flattened per image, their validity mask and each image's patch grid."""
+    vision = getattr(model.config, "vision_config", model.config)
+    side = IMAGE_SIZE // vision.patch_size
+    batch["pixel_values"] = torch.randn(BATCH_SIZE, side * side, vision.num_channels * vision.patch_size ** 2,
+                                        generator=generator)
+    batch["pixel_attention_mask"] = torch.ones(BATCH_SIZE, side * side, dtype=torch.long)
+    batch["spatial_shapes"] = torch.tensor([[side, side]] * BATCH_SIZE)
+
+
 #: Per-type input rules on top of the generic batch, each with why the generic rule cannot know; a rule gets the
-#: model, the generic batch and the seeded generator and returns the entries to set.
+#: model, the generic batch and the seeded generator and returns the entries to set (or sets them in the batch itself and returns
+#: None: a rule that also removes entries).
 INPUT_RULES: dict[str, Any] = {
     # The feature extractor stacks 4 frames per row: the input projection reads num_mel_bins * 4 features.
     "granite_speech5_encoder": functools.partial(_frames_first, stack=4),
@@ -816,7 +1065,7 @@ INPUT_RULES: dict[str, Any] = {
                      "nemotron3_5_transcribe_audio", "nemotron3_diarization", "nemotron3_diarization_audio",
                      "nemotron_asr_streaming", "nemotron_asr_streaming_encoder", "parakeet_ctc", "parakeet_encoder",
                      "parakeet_rnnt", "parakeet_tdt"], _frames_first),
-    "lfm2_vl": _siglip2_patches,
+    "lfm2_vl": _patchified,
     **dict.fromkeys(["lighton_ocr", "mistral3", "mistral_large4"], _image_sizes),
     **dict.fromkeys(["llava_next", "llava_next_video", "llava_onevision"], _anyres_tiles),
     **dict.fromkeys(["mimi", "mimi_encoder", "omniasr_audio", "omniasr_ctc"], _mono_waveform),
@@ -833,7 +1082,47 @@ INPUT_RULES: dict[str, Any] = {
     "neucodec": _neucodec,
     "paddleocr_vl": _patches_as_images,
     "pe_audio": _paired_audio,
+    "pe_audio_encoder": _mono_waveform,  # the DAC encoder convolves (batch, channels, samples)
+    "pi0": _robot_step,
+    "pocket_tts_audio_tokenizer": _mono_waveform,  # a codec: (batch, channels, samples)
+    "pocket_tts_audio_tokenizer_decoder": _latents,  # the decoder alone takes the codec's latent frames
+    "pocket_tts_audio_tokenizer_encoder": _mono_waveform,
+    "pp_ocrv5_mobile_rec": _text_line,
+    "pp_ocrv5_server_rec": _text_line,
+    "pp_ocrv6_small_rec": _text_line,
+    "qwen3_asr_encoder": _features_mask,  # the encoder requires the valid-frame mask of its features
+    "seggpt": _segmentation_prompt,  # in-context segmentation: the forward requires a prompt image and mask
+    "siglip2": _patchified,
+    "siglip2_vision_model": _patchified,
+    "smolvlm": _one_image_per_sequence,  # images are grouped per sample
+    "speech_to_text": _frames_first,  # the convolutional subsampler reads (batch, frames, features)
+    "speecht5": _speech_hidden_states,
+    "udop": _boxes,  # the text encoder's 2-D relative position bias needs every token's box
+    "tvp": _one_video,  # text + video grounding: the video frames are an optional input
+    "ultravbert": _one_image_per_sequence,
+    "uvdoc": _document,
+    "vilt": _image,  # the image is an optional input of a flat (towerless) config
+    "voxtral_realtime": _audio_features,  # the audio features are an optional input of a text-first model
+    "wav2vec2-bert": _projected_features,
+    "xcodec2": _codec_with_semantics,
+    "xmod": _language,  # X-MOD routes every sample through the adapter of its language
 }
+
+
+def _required(parameters: Any, name: str) -> bool:
+    return name in parameters and parameters[name].default is inspect.Parameter.empty
+
+
+def _grid_patches(config: Any, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Qwen2-VL style images: every image's patches flattened to rows, and each image's (t, h, w) patch grid."""
+    channels = _find(config, "num_channels", "in_channels", "in_chans", default=3)
+    size = _find(config, "image_size", "img_size", default=IMAGE_SIZE)
+    size = size if isinstance(size, int) else IMAGE_SIZE
+    patch = _find(config, "patch_size", default=PATCH_SIZE)
+    temporal = _find(config, "temporal_patch_size", "patch_temporal", default=1)
+    side = size // patch
+    patches = torch.randn(BATCH_SIZE * side * side, channels * temporal * patch * patch, generator=generator)
+    return patches, torch.tensor([[1, side, side]] * BATCH_SIZE)
 
 
 def _tensors(output: Any):
