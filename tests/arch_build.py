@@ -59,7 +59,8 @@ _HEAD_MAPPINGS = (
 #: Generic tiny sizes by the names configs use for them.
 _SIZES: dict[str, int] = {
     **dict.fromkeys(["hidden_size", "d_model", "n_embd", "embed_dim", "dim", "n_embed", "word_embed_proj_dim",
-                     "projection_dim", "text_embed_dim", "vision_embed_dim", "embedding_dim"], 32),
+                     "projection_dim", "text_embed_dim", "vision_embed_dim", "embedding_dim",
+                     "out_hidden_size"], 32),  # out_hidden_size: a vision merger's output, the text width
     **dict.fromkeys(["num_attention_heads", "n_head", "num_heads", "n_heads", "encoder_attention_heads",
                      "decoder_attention_heads", "num_decoder_heads", "encoder_num_attention_heads",
                      "decoder_num_attention_heads"], 4),
@@ -67,7 +68,7 @@ _SIZES: dict[str, int] = {
     **dict.fromkeys(["head_dim", "d_kv", "kv_channels", "attention_head_size", "attention_head_dim"], 8),
     **dict.fromkeys(["intermediate_size", "n_inner", "d_ff", "ffn_dim", "ffn_hidden_size", "encoder_ffn_dim",
                      "decoder_ffn_dim", "decoder_intermediate_size", "encoder_intermediate_size",
-                     "mlp_dim", "hidden_dim"], 64),
+                     "mlp_dim", "hidden_dim", "projection_intermediate_size", "alignment_intermediate_size"], 64),
     **dict.fromkeys(["max_position_embeddings", "n_positions", "n_ctx", "max_seq_len", "max_sequence_length",
                      "max_target_positions", "max_text_positions"], 64),
     **dict.fromkeys(["num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts"], 4),
@@ -267,7 +268,7 @@ def tiny_kwargs(cls: type, defaults: dict[str, Any], tokens: _Tokens,
             continue
         if isinstance(value, dict) and isinstance(value.get("mrope_section"), list):
             # multimodal rotary sections (t, h, w) must sum to half the tiny head size
-            kwargs[name] = {**value, "mrope_section": [2, 1, 1]}
+            kwargs[name] = {**value, "mrope_section": _mrope_section(value, defaults)}
             continue
         if isinstance(value, list):
             shrunk = _shrink_list(name, value, layers)
@@ -293,6 +294,15 @@ def tiny_kwargs(cls: type, defaults: dict[str, Any], tokens: _Tokens,
     for name in ("torch_dtype", "dtype"):
         if name in defaults:
             kwargs[name] = "float32"
+    for kv_name, heads_name in _KV_HEADS:
+        if kv_name in kwargs and isinstance(defaults.get(heads_name), int) and defaults[kv_name] == defaults[heads_name]:
+            kwargs[kv_name] = kwargs.get(heads_name, defaults[heads_name])  # multi-head by default: some require it
+    rope = defaults.get("rope_parameters")
+    if (isinstance(rope, dict) and "mrope_section" not in rope
+            and "mrope_section" in getattr(cls, "ignore_keys_at_rope_validation", ())):
+        # the model falls back to a full-size section list when the config has none (GLM-4V)
+        kwargs["rope_parameters"] = {**rope, "mrope_section": _mrope_section(rope, defaults)}
+    kwargs.update(_backbone_outputs(defaults, layers))
     if "qk_rope_head_dim" in defaults and "head_dim" in defaults:
         kwargs["head_dim"] = _SIZES["qk_rope_head_dim"]  # multi-head latent attention: head_dim is the rope part
     if "pad_token_id" in defaults or "vocab_size" in defaults:
@@ -300,6 +310,31 @@ def tiny_kwargs(cls: type, defaults: dict[str, Any], tokens: _Tokens,
     if defaults.get("is_encoder_decoder"):
         kwargs["decoder_start_token_id"] = 0
     return kwargs
+
+
+#: (key/value head count, attention head count) field pairs.
+_KV_HEADS = (("num_key_value_heads", "num_attention_heads"), ("n_kv_heads", "n_heads"), ("num_kv_heads", "num_heads"),
+             ("num_kv_heads", "num_attention_heads"))
+
+
+def _mrope_section(rope: dict, defaults: dict) -> list[int]:
+    """Multimodal rotary sections (t, h, w) summing to half the tiny rotary width (head size 8 times the
+    partial rotary factor)."""
+    factor = rope.get("partial_rotary_factor", defaults.get("partial_rotary_factor")) or 1.0
+    half = int(_SIZES["head_dim"] * factor) // 2
+    t = (half + 1) // 2
+    h = (half - t + 1) // 2
+    return [t, h, half - t - h]
+
+
+def _backbone_outputs(defaults: dict, layers: int | None) -> dict[str, Any]:
+    """A backbone's selected stages follow its shrunk depth: the same number of stages, the last ones."""
+    stages, indices = defaults.get("stage_names"), defaults.get("out_indices")
+    if not (layers and isinstance(stages, list) and len(stages) == layers + 1 and isinstance(indices, (list, tuple))
+            and 0 < len(indices) <= BLOCKS):
+        return {}
+    picked = list(range(BLOCKS - len(indices) + 1, BLOCKS + 1))
+    return {"out_indices": picked, "out_features": [f"stage{i}" for i in picked]}
 
 
 def tiny_config(model_type: str):
