@@ -455,11 +455,8 @@ def _inputs(model: torch.nn.Module, seed: int, pixels: bool = False, image_token
             frames = _find(config, "num_frames")
             shape = (BATCH_SIZE, channels, size, size) if not frames else (BATCH_SIZE, frames, channels, size, size)
             if "image_grid_thw" in parameters:  # Qwen2-VL style: flattened patches and a (t, h, w) grid per image
-                patch = _find(config, "patch_size", default=PATCH_SIZE)
-                temporal = _find(config, "temporal_patch_size", default=1)
-                side = size // patch
-                shape = (BATCH_SIZE * side * side, channels * temporal * patch * patch)
-                batch["image_grid_thw"] = torch.tensor([[1, side, side]] * BATCH_SIZE)
+                batch["pixel_values"], batch["image_grid_thw"] = _patches(config, generator)
+                continue
             batch["pixel_values"] = torch.randn(*shape, generator=generator)
         elif name == "input_features":
             bins = _find(config, "num_mel_bins", "feature_size", "input_feat_per_channel", default=16)
@@ -469,12 +466,28 @@ def _inputs(model: torch.nn.Module, seed: int, pixels: bool = False, image_token
             batch["input_values"] = torch.randn(BATCH_SIZE, AUDIO_SAMPLES, generator=generator)
         elif name == "inputs_embeds":
             batch["inputs_embeds"] = torch.randn(BATCH_SIZE, SEQUENCE_LENGTH, config.hidden_size, generator=generator)
+    if "grid_thw" in parameters:  # a Qwen2-VL-style vision tower alone: its first argument takes the patches
+        first = next(iter(parameters))
+        batch = {first: None, "grid_thw": None}
+        batch[first], batch["grid_thw"] = _patches(config, generator)
     if getattr(config, "is_encoder_decoder", False) and "decoder_input_ids" in parameters:
         batch["decoder_input_ids"] = _ids(generator)
     for name, value in (("use_cache", False), ("return_dict", True)):
         if name in parameters:
             batch[name] = value
     return batch
+
+
+def _patches(config: Any, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Qwen2-VL-style flattened patches of one tiny image per sequence, and their (t, h, w) grids."""
+    channels = _find(config, "num_channels", "in_channels", "in_chans", default=3)
+    size = _find(config, "image_size", "img_size", default=IMAGE_SIZE)
+    size = size if isinstance(size, int) else IMAGE_SIZE
+    patch = _find(config, "patch_size", default=PATCH_SIZE)
+    temporal = _find(config, "temporal_patch_size", default=1)
+    side = size // patch
+    pixels = torch.randn(BATCH_SIZE * side * side, channels * temporal * patch * patch, generator=generator)
+    return pixels, torch.tensor([[1, side, side]] * BATCH_SIZE)
 
 
 def _tensors(output: Any):
