@@ -81,6 +81,8 @@ _SIZES: dict[str, int] = {
     **dict.fromkeys(["max_source_positions"], 16),  # Whisper-style encoders take 2 * this many frames
     **dict.fromkeys(["num_conv_pos_embeddings"], 16),
     **dict.fromkeys(["num_conv_pos_embedding_groups"], 2),
+    "linear_head_dim": 8,  # linear-attention (KDA) layers of hybrid models
+    "linear_num_heads": 4,
     "rotary_dim": 4,
     "embedding_size": 32,
     # multi-head latent attention (DeepSeek V2/V3 style)
@@ -107,6 +109,8 @@ RESERVED_IDS = 24
 #: Per-type config settings on top of the generic rule, each with why the rule cannot work.
 OVERRIDES: dict[str, dict[str, Any]] = {
     # The local/global attention pattern is a list of (pattern, repeats) that must add up to the layer count.
+    # Sliding-window layers use plain attention whose head size must be the MLA query's (nope + rope parts).
+    "dots3_note_text": {"head_dim": _SIZES["qk_nope_head_dim"] + _SIZES["qk_rope_head_dim"]},
     "gpt_neo": {"attention_types": [[["global", "local"], BLOCKS // 2]]},
 }
 
@@ -220,6 +224,17 @@ def _shrink_list(name: str, value: list, layers: int | None) -> list | None:
     return None
 
 
+def _shrink_sizes(value: Any) -> Any:
+    """A per-layer settings dict with its named sizes made tiny."""
+    if not isinstance(value, dict):
+        return value
+    shrunk = {k: _SIZES[k] if k in _SIZES and _is_number(v) and v else v for k, v in value.items()}
+    for kv_name, heads_name in _KV_HEADS:
+        if kv_name in value and value[kv_name] == value.get(heads_name):
+            shrunk[kv_name] = shrunk[heads_name]
+    return shrunk
+
+
 class _Tokens:
     """Special token ids inside the tiny vocabulary: fixed ones for pad/bos/eos, the top ids for the others."""
 
@@ -261,10 +276,11 @@ def tiny_kwargs(cls: type, defaults: dict[str, Any], tokens: _Tokens,
         if isinstance(value, dict) and "model_type" in value:
             sub = _sub_config_class(cls, name, value)
             if sub is not None:
-                kwargs[name] = {**value, **tiny_kwargs(sub, value, tokens, widths=widths)}
+                kwargs[name] = {**value, **tiny_kwargs(sub, value, tokens, widths=widths),
+                                **OVERRIDES.get(value["model_type"], {})}  # a sub-model's own overrides
             continue
         if isinstance(value, dict) and value and all(str(k).isdigit() for k in value):
-            kwargs[name] = {k: v for k, v in value.items() if int(k) < BLOCKS}  # per-layer settings
+            kwargs[name] = {k: _shrink_sizes(v) for k, v in value.items() if int(k) < BLOCKS}  # per-layer settings
             continue
         if isinstance(value, dict) and isinstance(value.get("mrope_section"), list):
             # multimodal rotary sections (t, h, w) must sum to half the tiny head size
@@ -278,7 +294,7 @@ def tiny_kwargs(cls: type, defaults: dict[str, Any], tokens: _Tokens,
         if not (_is_number(value) or value is None):
             continue
         if name in _SIZES and (value is None or isinstance(value, int)):
-            if value is None and name not in ("head_dim",):
+            if (value is None and name not in ("head_dim",)) or value == 0:  # 0: the part is absent (NoPE)
                 continue
             kwargs[name] = _SIZES[name]
         elif name in _HALF_LAYER_COUNTS and isinstance(value, int):
