@@ -72,7 +72,8 @@ _SIZES: dict[str, int] = {
     **dict.fromkeys(["max_position_embeddings", "n_positions", "n_ctx", "max_seq_len", "max_sequence_length",
                      "max_target_positions", "max_text_positions"], 64),
     **dict.fromkeys(["num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts"], 4),
-    **dict.fromkeys(["num_experts_per_tok", "moe_topk", "top_k_experts", "moe_top_k", "num_selected_experts"], 2),
+    **dict.fromkeys(["num_experts_per_tok", "moe_topk", "top_k_experts", "moe_top_k", "num_selected_experts",
+                     "num_experts_per_token", "moe_k"], 2),
     **dict.fromkeys(["moe_intermediate_size", "shared_expert_intermediate_size", "expert_intermediate_size"], 32),
     **dict.fromkeys(["vocab_size", "text_vocab_size"], VOCAB_SIZE),
     **dict.fromkeys(["image_size", "img_size"], IMAGE_SIZE),
@@ -92,6 +93,8 @@ _SIZES: dict[str, int] = {
     "num_frames": 2,  # video models: frames per clip
     "mm_tokens_per_image": 4,  # Gemma 3: pooled image tokens, at most the 16 patches of a tiny image
 }
+#: Counts capped, not set: grouped expert routing (DeepSeek-V3) needs whole groups of the tiny expert count.
+_AT_MOST: dict[str, int] = {"n_group": 2, "num_expert_group": 2, "topk_group": 1}
 #: Names of fields that may hold a width equal to some config's hidden size (projector outputs, adapters).
 _WIDTH = re.compile(r"(size|dim|hidden|channels|width)")
 #: Layer counts: encoder/decoder halves first (they sum to BLOCKS), then the single-stack names.
@@ -109,6 +112,9 @@ RESERVED_IDS = 24
 #: Per-type config settings on top of the generic rule, each with why the rule cannot work.
 OVERRIDES: dict[str, dict[str, Any]] = {
     # The local/global attention pattern is a list of (pattern, repeats) that must add up to the layer count.
+    # The config leaves the expert counts unset (None: only checkpoints set them) and the MoE layers need them.
+    "deepseek_v2": {"num_experts_per_tok": 2},
+    "dots1": {"n_routed_experts": 4, "num_experts_per_tok": 2, "n_shared_experts": 1},
     # Sliding-window layers use plain attention whose head size must be the MLA query's (nope + rope parts).
     "dots3_note_text": {"head_dim": _SIZES["qk_nope_head_dim"] + _SIZES["qk_rope_head_dim"]},
     "gpt_neo": {"attention_types": [[["global", "local"], BLOCKS // 2]]},
@@ -297,6 +303,8 @@ def tiny_kwargs(cls: type, defaults: dict[str, Any], tokens: _Tokens,
             if (value is None and name not in ("head_dim",)) or value == 0:  # 0: the part is absent (NoPE)
                 continue
             kwargs[name] = _SIZES[name]
+        elif name in _AT_MOST and isinstance(value, int):
+            kwargs[name] = min(value, _AT_MOST[name])
         elif name in _HALF_LAYER_COUNTS and isinstance(value, int):
             kwargs[name] = BLOCKS // 2
         elif _LAYER_COUNT.match(name) and isinstance(value, int) and value > 0:
