@@ -112,6 +112,10 @@ RESERVED_IDS = 24
 #: Per-type config settings on top of the generic rule, each with why the rule cannot work.
 OVERRIDES: dict[str, dict[str, Any]] = {
     # The local/global attention pattern is a list of (pattern, repeats) that must add up to the layer count.
+    # DETR-family defaults use a timm ResNet; the transformers ResNet backbone (same stages) needs no timm.
+    **dict.fromkeys(["conditional_detr", "deformable_detr", "detr"], {"backbone_config": {
+        "model_type": "resnet", "embedding_size": 16, "hidden_sizes": [16, 16, 16, 16], "depths": [1, 1, 1, 1],
+        "out_features": ["stage1", "stage2", "stage3", "stage4"]}}),
     # The config leaves the expert counts unset (None: only checkpoints set them) and the MoE layers need them.
     "deepseek_v2": {"num_experts_per_tok": 2},
     "dots1": {"n_routed_experts": 4, "num_experts_per_tok": 2, "n_shared_experts": 1},
