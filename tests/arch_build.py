@@ -75,7 +75,8 @@ _SIZES: dict[str, int] = {
     **dict.fromkeys(["num_experts_per_tok", "moe_topk", "top_k_experts", "moe_top_k", "num_selected_experts",
                      "num_experts_per_token", "moe_k"], 2),
     **dict.fromkeys(["moe_intermediate_size", "shared_expert_intermediate_size", "expert_intermediate_size"], 32),
-    **dict.fromkeys(["vocab_size", "text_vocab_size"], VOCAB_SIZE),
+    **dict.fromkeys(["vocab_size", "text_vocab_size", "vocab_size_per_layer_input"], VOCAB_SIZE),
+    "hidden_size_per_layer_input": 8,  # Gemma 3n/4 per-layer embeddings
     **dict.fromkeys(["image_size", "img_size"], IMAGE_SIZE),
     **dict.fromkeys(["patch_size"], PATCH_SIZE),
     **dict.fromkeys(["num_mel_bins"], 16),
@@ -94,7 +95,8 @@ _SIZES: dict[str, int] = {
     "mm_tokens_per_image": 4,  # Gemma 3: pooled image tokens, at most the 16 patches of a tiny image
 }
 #: Counts capped, not set: grouped expert routing (DeepSeek-V3) needs whole groups of the tiny expert count.
-_AT_MOST: dict[str, int] = {"n_group": 2, "num_expert_group": 2, "topk_group": 1}
+_AT_MOST: dict[str, int] = {"n_group": 2, "num_expert_group": 2, "topk_group": 1,
+                            "context_size": 8}  # chunked attention: chunks within the tiny sequence
 #: Names of fields that may hold a width equal to some config's hidden size (projector outputs, adapters).
 _WIDTH = re.compile(r"(size|dim|hidden|channels|width)")
 #: Layer counts: encoder/decoder halves first (they sum to BLOCKS), then the single-stack names.
@@ -112,12 +114,18 @@ RESERVED_IDS = 24
 #: Per-type config settings on top of the generic rule, each with why the rule cannot work.
 OVERRIDES: dict[str, dict[str, Any]] = {
     # The local/global attention pattern is a list of (pattern, repeats) that must add up to the layer count.
+    # The default config has no rotary parameters per layer type (checkpoints set them); the model indexes them.
+    "cohere_compass_text": {"rope_parameters": {"full_attention": {
+        "rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 1, 1]}}},
     # DETR-family defaults use a timm ResNet; the transformers ResNet backbone (same stages) needs no timm.
     **dict.fromkeys(["conditional_detr", "deformable_detr", "detr"], {"backbone_config": {
         "model_type": "resnet", "embedding_size": 16, "hidden_sizes": [16, 16, 16, 16], "depths": [1, 1, 1, 1],
         "out_features": ["stage1", "stage2", "stage3", "stage4"]}}),
     # The config leaves the expert counts unset (None: only checkpoints set them) and the MoE layers need them.
     "deepseek_v2": {"num_experts_per_tok": 2},
+    # Swin windows must fit every stage's resolution (the relative-position table is sized by window_size): a
+    # 16x16 patch grid halves to 2x2 at the 4th stage.
+    "donut-swin": {"image_size": 64, "patch_size": 4, "window_size": 2},
     "dots1": {"n_routed_experts": 4, "num_experts_per_tok": 2, "n_shared_experts": 1},
     # Sliding-window layers use plain attention whose head size must be the MLA query's (nope + rope parts).
     "dots3_note_text": {"head_dim": _SIZES["qk_nope_head_dim"] + _SIZES["qk_rope_head_dim"]},
@@ -222,7 +230,8 @@ def _sub_config_class(parent: type, key: str, value: dict) -> type | None:
 
 
 def _shrink_list(name: str, value: list, layers: int | None) -> list | None:
-    if layers and len(value) == layers and value:
+    named = name in _STAGE_LISTS
+    if layers and len(value) == layers and value and not named:
         return value[:BLOCKS]  # per-layer lists (layer_types, attention patterns)
     if all(isinstance(v, int) and not isinstance(v, bool) for v in value) and value:
         if name in ("depths", "num_layers", "encoder_layers", "block_repeats"):
@@ -243,6 +252,10 @@ def _shrink_sizes(value: Any) -> Any:
         if kv_name in value and value[kv_name] == value.get(heads_name):
             shrunk[kv_name] = shrunk[heads_name]
     return shrunk
+
+
+#: Per-stage lists of hierarchical (Swin-style) models, shrunk by name even when they have one entry per layer.
+_STAGE_LISTS = ("depths", "num_heads", "hidden_sizes", "embed_dims")
 
 
 class _Tokens:
@@ -326,7 +339,7 @@ def tiny_kwargs(cls: type, defaults: dict[str, Any], tokens: _Tokens,
         if kv_name in kwargs and isinstance(defaults.get(heads_name), int) and defaults[kv_name] == defaults[heads_name]:
             kwargs[kv_name] = kwargs.get(heads_name, defaults[heads_name])  # multi-head by default: some require it
     rope = defaults.get("rope_parameters")
-    if (isinstance(rope, dict) and "mrope_section" not in rope
+    if (isinstance(rope, dict) and "rope_type" in rope and "mrope_section" not in rope
             and "mrope_section" in getattr(cls, "ignore_keys_at_rope_validation", ())):
         # the model falls back to a full-size section list when the config has none (GLM-4V)
         kwargs["rope_parameters"] = {**rope, "mrope_section": _mrope_section(rope, defaults)}
