@@ -29,7 +29,7 @@ import dataclasses
 import functools
 import inspect
 import re
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -129,6 +129,8 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "dots1": {"n_routed_experts": 4, "num_experts_per_tok": 2, "n_shared_experts": 1},
     # Sliding-window layers use plain attention whose head size must be the MLA query's (nope + rope parts).
     "dots3_note_text": {"head_dim": _SIZES["qk_nope_head_dim"] + _SIZES["qk_rope_head_dim"]},
+    # The audio projection's input is (channels[0] // 4) * channels[1]: full-size channels give a 1024-wide input.
+    "gemma4_audio": {"subsampling_conv_channels": [16, 8], "output_proj_dims": 32},
     "gpt_neo": {"attention_types": [[["global", "local"], BLOCKS // 2]]},
 }
 
@@ -502,7 +504,9 @@ def _inputs(model: torch.nn.Module, seed: int, pixels: bool = False, image_token
         elif name == "input_features":
             bins = _find(config, "num_mel_bins", "feature_size", "input_feat_per_channel", default=16)
             frames = 2 * (_find(config, "max_source_positions", default=16) or 16)
-            batch["input_features"] = torch.randn(BATCH_SIZE, bins, frames, generator=generator)
+            width = _features_last(model)
+            shape = (BATCH_SIZE, bins, frames) if width is None else (BATCH_SIZE, frames, width)
+            batch["input_features"] = torch.randn(*shape, generator=generator)
         elif name == "input_values":
             batch["input_values"] = torch.randn(BATCH_SIZE, AUDIO_SAMPLES, generator=generator)
         elif name == "inputs_embeds":
@@ -517,6 +521,27 @@ def _inputs(model: torch.nn.Module, seed: int, pixels: bool = False, image_token
         if name in parameters:
             batch[name] = value
     return batch
+
+
+#: Audio encoders (by modeling module) that read (batch, frames, features) rather than (batch, mel bins, frames),
+#: with the feature width they expect.
+_FEATURES_LAST: dict[str, Callable[[Any], int]] = {
+    "parakeet": lambda config: config.num_mel_bins,
+    "lasr": lambda config: config.num_mel_bins,
+    "granite_speech5": lambda config: 4 * config.num_mel_bins,  # delta-expanded, then stacked in pairs
+    "gemma4": lambda config: config.subsampling_conv_channels[0],  # the projection assumes bins == channels
+}
+
+
+def _features_last(model: torch.nn.Module) -> int | None:
+    """The feature width of an audio encoder reading (batch, frames, features), None for (batch, bins, frames)."""
+    for module in model.modules():
+        family = type(module).__module__.rpartition(".modeling_")[2]
+        config = getattr(module, "config", None)
+        if family in _FEATURES_LAST and config is not None:  # the audio tower's config has the fields
+            with contextlib.suppress(AttributeError, TypeError, IndexError):
+                return _FEATURES_LAST[family](config)
+    return None
 
 
 def _patches(config: Any, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
