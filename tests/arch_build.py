@@ -507,10 +507,18 @@ def _inputs(model: torch.nn.Module, seed: int, pixels: bool = False, image_token
             width = _features_last(model)
             shape = (BATCH_SIZE, bins, frames) if width is None else (BATCH_SIZE, frames, width)
             batch["input_features"] = torch.randn(*shape, generator=generator)
+        elif name == "audio_mel":  # Gemma 3n: (batch, frames, bins) and its padding mask (True: padding)
+            frames = 2 * SEQUENCE_LENGTH
+            batch["audio_mel"] = torch.randn(BATCH_SIZE, frames, config.input_feat_size, generator=generator)
+            batch["audio_mel_mask"] = torch.zeros(BATCH_SIZE, frames, dtype=torch.bool)
         elif name == "input_values":
             batch["input_values"] = torch.randn(BATCH_SIZE, AUDIO_SAMPLES, generator=generator)
         elif name == "inputs_embeds":
             batch["inputs_embeds"] = torch.randn(BATCH_SIZE, SEQUENCE_LENGTH, config.hidden_size, generator=generator)
+    if "input_features_mask" in parameters and "input_features" in batch:  # every frame valid
+        features = batch["input_features"]
+        frames = features.shape[-1] if _features_last(model) is None else features.shape[1]
+        batch["input_features_mask"] = torch.ones(BATCH_SIZE, frames, dtype=torch.long)
     if "grid_thw" in parameters:  # a Qwen2-VL-style vision tower alone: its first argument takes the patches
         first = next(iter(parameters))
         batch = {first: None, "grid_thw": None}
@@ -528,6 +536,7 @@ def _inputs(model: torch.nn.Module, seed: int, pixels: bool = False, image_token
 _FEATURES_LAST: dict[str, Callable[[Any], int]] = {
     "parakeet": lambda config: config.num_mel_bins,
     "lasr": lambda config: config.num_mel_bins,
+    "fun_asr_nano": lambda config: config.input_size,  # mel bins times stacked frames
     "granite_speech5": lambda config: 4 * config.num_mel_bins,  # delta-expanded, then stacked in pairs
     "gemma4": lambda config: config.subsampling_conv_channels[0],  # the projection assumes bins == channels
 }
