@@ -117,6 +117,8 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     # The default config has no rotary parameters per layer type (checkpoints set them); the model indexes them.
     "cohere_compass_text": {"rope_parameters": {"full_attention": {
         "rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 1, 1]}}},
+    # Spectrogram frames: the patch grid is fixed by max_length (1024 frames by default).
+    "audio-spectrogram-transformer": {"max_length": 32},
     # DETR-family defaults use a timm ResNet; the transformers ResNet backbone (same stages) needs no timm.
     **dict.fromkeys(["conditional_detr", "deformable_detr", "detr"], {"backbone_config": {
         "model_type": "resnet", "embedding_size": 16, "hidden_sizes": [16, 16, 16, 16], "depths": [1, 1, 1, 1],
@@ -130,6 +132,8 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     # Sliding-window layers use plain attention whose head size must be the MLA query's (nope + rope parts).
     "dots3_note_text": {"head_dim": _SIZES["qk_nope_head_dim"] + _SIZES["qk_rope_head_dim"]},
     # The audio projection's input is (channels[0] // 4) * channels[1]: full-size channels give a 1024-wide input.
+    # The adaptor's width is fixed to a quarter of the text model's (checked by the config).
+    "fun_asr_nano": {"adaptor_config": {"intermediate_size": _SIZES["hidden_size"] // 4}},
     "gemma4_audio": {"subsampling_conv_channels": [16, 8], "output_proj_dims": 32},
     "gpt_neo": {"attention_types": [[["global", "local"], BLOCKS // 2]]},
 }
@@ -383,7 +387,10 @@ def _backbone_outputs(defaults: dict, layers: int | None) -> dict[str, Any]:
 def tiny_config(model_type: str):
     cls = config_class(model_type)
     defaults = cls().to_dict()
-    kwargs = {**tiny_kwargs(cls, defaults, _Tokens()), **OVERRIDES.get(model_type, {})}
+    kwargs = tiny_kwargs(cls, defaults, _Tokens())
+    for name, value in OVERRIDES.get(model_type, {}).items():  # a sub-config's dict is updated, not replaced
+        merge = isinstance(value, dict) and isinstance(kwargs.get(name), dict) and "model_type" not in value
+        kwargs[name] = {**kwargs[name], **value} if merge else value
     return cls(**kwargs)
 
 
@@ -511,6 +518,10 @@ def _inputs(model: torch.nn.Module, seed: int, pixels: bool = False, image_token
             frames = 2 * SEQUENCE_LENGTH
             batch["audio_mel"] = torch.randn(BATCH_SIZE, frames, config.input_feat_size, generator=generator)
             batch["audio_mel_mask"] = torch.zeros(BATCH_SIZE, frames, dtype=torch.bool)
+        elif name == "input_values" and isinstance(getattr(config, "max_length", None), int) and hasattr(
+                config, "num_mel_bins"):  # a spectrogram (Audio Spectrogram Transformer): (batch, frames, bins)
+            shape = (BATCH_SIZE, config.max_length, config.num_mel_bins)
+            batch["input_values"] = torch.randn(*shape, generator=generator)
         elif name == "input_values":
             batch["input_values"] = torch.randn(BATCH_SIZE, AUDIO_SAMPLES, generator=generator)
         elif name == "inputs_embeds":
