@@ -119,6 +119,8 @@ OVERRIDES: dict[str, dict[str, Any]] = {
         "rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 1, 1]}}},
     # Spectrogram frames: the patch grid is fixed by max_length (1024 frames by default).
     "audio-spectrogram-transformer": {"max_length": 32},
+    # The decoder's start window (label_length, 10 by default) is cut from the context, here 4 steps long.
+    "autoformer": {"label_length": 2},
     # DETR-family defaults use a timm ResNet; the transformers ResNet backbone (same stages) needs no timm.
     **dict.fromkeys(["conditional_detr", "deformable_detr", "detr"], {"backbone_config": {
         "model_type": "resnet", "embedding_size": 16, "hidden_sizes": [16, 16, 16, 16], "depths": [1, 1, 1, 1],
@@ -350,6 +352,8 @@ def tiny_kwargs(cls: type, defaults: dict[str, Any], tokens: _Tokens,
         # the model falls back to a full-size section list when the config has none (GLM-4V)
         kwargs["rope_parameters"] = {**rope, "mrope_section": _mrope_section(rope, defaults)}
     kwargs.update(_backbone_outputs(defaults, layers))
+    if "prediction_length" in defaults and defaults["prediction_length"] is None:  # time series: no default
+        kwargs["prediction_length"] = SEQUENCE_LENGTH // 2
     if "qk_rope_head_dim" in defaults and "head_dim" in defaults:
         kwargs["head_dim"] = _SIZES["qk_rope_head_dim"]  # multi-head latent attention: head_dim is the rope part
     if "pad_token_id" in defaults or "vocab_size" in defaults:
@@ -526,6 +530,8 @@ def _inputs(model: torch.nn.Module, seed: int, pixels: bool = False, image_token
             batch["input_values"] = torch.randn(BATCH_SIZE, AUDIO_SAMPLES, generator=generator)
         elif name == "inputs_embeds":
             batch["inputs_embeds"] = torch.randn(BATCH_SIZE, SEQUENCE_LENGTH, config.hidden_size, generator=generator)
+    if main == "past_values" and hasattr(config, "lags_sequence"):  # GluonTS-style forecasters (Autoformer)
+        batch.update(_time_series(config, generator))
     if "input_features_mask" in parameters and "input_features" in batch:  # every frame valid
         features = batch["input_features"]
         frames = features.shape[-1] if _features_last(model) is None else features.shape[1]
@@ -562,6 +568,22 @@ def _features_last(model: torch.nn.Module) -> int | None:
             with contextlib.suppress(AttributeError, TypeError, IndexError):
                 return _FEATURES_LAST[family](config)
     return None
+
+
+def _time_series(config: Any, generator: torch.Generator) -> dict[str, torch.Tensor]:
+    """Past values (context plus the largest lag) with their time features and mask, and the future window."""
+    past = config.context_length + max(config.lags_sequence)
+    future = config.prediction_length
+    features = config.num_time_features
+
+    def values(length: int) -> torch.Tensor:
+        shape = (BATCH_SIZE, length) if config.input_size == 1 else (BATCH_SIZE, length, config.input_size)
+        return torch.randn(*shape, generator=generator)
+
+    return {"past_values": values(past), "past_observed_mask": torch.ones_like(values(past)),
+            "past_time_features": torch.randn(BATCH_SIZE, past, features, generator=generator),
+            "future_values": values(future),
+            "future_time_features": torch.randn(BATCH_SIZE, future, features, generator=generator)}
 
 
 def _patches(config: Any, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
