@@ -121,10 +121,16 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "audio-spectrogram-transformer": {"max_length": 32},
     # The decoder's start window (label_length, 10 by default) is cut from the context, here 4 steps long.
     "autoformer": {"label_length": 2},
+    # The BPE <-> image-token map comes with a checkpoint (None by default); the model reads "<image>" from it.
+    "chameleon": {"vocabulary_map": {"<image>": VOCAB_SIZE - 1}},
+    # MoE layer kinds (None by default: checkpoints set them; the model indexes them per layer).
+    "deepseek_ocr2_text": {"mlp_layer_types": ["dense"] + ["sparse"] * (BLOCKS - 1)},
     # DETR-family defaults use a timm ResNet; the transformers ResNet backbone (same stages) needs no timm.
     **dict.fromkeys(["conditional_detr", "deformable_detr", "detr"], {"backbone_config": {
         "model_type": "resnet", "embedding_size": 16, "hidden_sizes": [16, 16, 16, 16], "depths": [1, 1, 1, 1],
         "out_features": ["stage1", "stage2", "stage3", "stage4"]}}),
+    # Expert counts are None by default (checkpoints set them) and every layer builds its experts.
+    "diffusion_gemma_text": {"num_experts": 4, "top_k_experts": 2, "moe_intermediate_size": 32},
     # The config leaves the expert counts unset (None: only checkpoints set them) and the MoE layers need them.
     "deepseek_v2": {"num_experts_per_tok": 2},
     # Swin windows must fit every stage's resolution (the relative-position table is sized by window_size): a
@@ -135,9 +141,13 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "dots3_note_text": {"head_dim": _SIZES["qk_nope_head_dim"] + _SIZES["qk_rope_head_dim"]},
     # The audio projection's input is (channels[0] // 4) * channels[1]: full-size channels give a 1024-wide input.
     # The adaptor's width is fixed to a quarter of the text model's (checked by the config).
+    # The BPE <-> image-token map comes with a checkpoint (None by default); the model reads two entries of it.
+    "emu3": {"vocabulary_map": {"<image>": VOCAB_SIZE - 1, "<|extra_200|>": VOCAB_SIZE - 2}},
     "fun_asr_nano": {"adaptor_config": {"intermediate_size": _SIZES["hidden_size"] // 4}},
     "gemma4_audio": {"subsampling_conv_channels": [16, 8], "output_proj_dims": 32},
     "gpt_neo": {"attention_types": [[["global", "local"], BLOCKS // 2]]},
+    # Vision -> text injection points name layers of the full-size towers (none by default for the deepstack).
+    "granite4_vision": {"deepstack_layer_map": [[-2, 0], [-1, 1]], "spatial_target_layers": list(range(BLOCKS))},
 }
 
 
@@ -325,7 +335,7 @@ def tiny_kwargs(cls: type, defaults: dict[str, Any], tokens: _Tokens,
         if not (_is_number(value) or value is None):
             continue
         if name in _SIZES and (value is None or isinstance(value, int)):
-            if (value is None and name not in ("head_dim",)) or value == 0:  # 0: the part is absent (NoPE)
+            if (value is None and name not in ("head_dim", "vocab_size")) or value == 0:  # 0: absent (NoPE)
                 continue
             kwargs[name] = _SIZES[name]
         elif name in _AT_MOST and isinstance(value, int):
