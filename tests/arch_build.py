@@ -85,6 +85,9 @@ _SIZES: dict[str, int] = {
     **dict.fromkeys(["num_conv_pos_embedding_groups"], 2),
     "linear_head_dim": 8,  # linear-attention (KDA) layers of hybrid models
     "linear_num_heads": 4,
+    # VQGAN image tokenizers (Chameleon, Emu3, Janus): conv widths and codebook
+    **dict.fromkeys(["base_channels", "latent_channels"], 32),  # GroupNorm(32 groups) on every conv
+    "num_embeddings": 64,
     "rotary_dim": 4,
     "embedding_size": 32,
     # multi-head latent attention (DeepSeek V2/V3 style)
@@ -124,7 +127,9 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     # The BPE <-> image-token map comes with a checkpoint (None by default); the model reads "<image>" from it.
     "chameleon": {"vocabulary_map": {"<image>": VOCAB_SIZE - 1}},
     # MoE layer kinds (None by default: checkpoints set them; the model indexes them per layer).
-    "deepseek_ocr2_text": {"mlp_layer_types": ["dense"] + ["sparse"] * (BLOCKS - 1)},
+    "deepseek_ocr2_text": {"mlp_layer_types": ["dense"] + ["sparse"] * (BLOCKS - 1), "num_experts_per_tok": 2},
+    # The SAM neck's downsampling convs end at the encoder's width (896 by default).
+    "deepseek_ocr2_sam_vision_model": {"downsample_channels": [_SIZES["hidden_size"]] * 2},
     # DETR-family defaults use a timm ResNet; the transformers ResNet backbone (same stages) needs no timm.
     **dict.fromkeys(["conditional_detr", "deformable_detr", "detr"], {"backbone_config": {
         "model_type": "resnet", "embedding_size": 16, "hidden_sizes": [16, 16, 16, 16], "depths": [1, 1, 1, 1],
