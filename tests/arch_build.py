@@ -148,6 +148,7 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     # The adaptor's width is fixed to a quarter of the text model's (checked by the config).
     # The BPE <-> image-token map comes with a checkpoint (None by default); the model reads two entries of it.
     "emu3": {"vocabulary_map": {"<image>": VOCAB_SIZE - 1, "<|extra_200|>": VOCAB_SIZE - 2}},
+    "emu3_vqgan": {"codebook_size": 64},  # "codebook_size" is not shrunk generically: audio codecs size by it
     "fun_asr_nano": {"adaptor_config": {"intermediate_size": _SIZES["hidden_size"] // 4}},
     "gemma4_audio": {"subsampling_conv_channels": [16, 8], "output_proj_dims": 32},
     "gpt_neo": {"attention_types": [[["global", "local"], BLOCKS // 2]]},
