@@ -88,6 +88,9 @@ _SIZES: dict[str, int] = {
     # VQGAN image tokenizers (Chameleon, Emu3, Janus): conv widths and codebook
     **dict.fromkeys(["base_channels", "latent_channels"], 32),  # GroupNorm(32 groups) on every conv
     "num_embeddings": 64,
+    "mamba_n_heads": 4,  # Mamba-2 heads of hybrid models: must divide mamba_expand * hidden_size
+    "mamba_d_state": 16,
+    "mamba_chunk_size": 8,
     "rotary_dim": 4,
     "embedding_size": 32,
     # multi-head latent attention (DeepSeek V2/V3 style)
@@ -126,6 +129,9 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "autoformer": {"label_length": 2},
     # The BPE <-> image-token map comes with a checkpoint (None by default); the model reads "<image>" from it.
     "chameleon": {"vocabulary_map": {"<image>": VOCAB_SIZE - 1}},
+    # The attention reads attn_config.rope_theta and clamps by clip_qkv unconditionally: the checkpoints set both,
+    # the default has no rope_theta and clip_qkv=None (clamp(None, None) raises).
+    "dbrx": {"attn_config": {"rope_theta": 10000.0, "clip_qkv": 8.0}},
     # MoE layer kinds (None by default: checkpoints set them; the model indexes them per layer).
     "deepseek_ocr2_text": {"mlp_layer_types": ["dense"] + ["sparse"] * (BLOCKS - 1), "num_experts_per_tok": 2},
     # The SAM neck's downsampling convs end at the encoder's width (896 by default).
