@@ -159,7 +159,9 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "gemma4_audio": {"subsampling_conv_channels": [16, 8], "output_proj_dims": 32},
     "gpt_neo": {"attention_types": [[["global", "local"], BLOCKS // 2]]},
     # Vision -> text injection points name layers of the full-size towers (none by default for the deepstack).
-    "granite4_vision": {"deepstack_layer_map": [[-2, 0], [-1, 1]], "spatial_target_layers": list(range(BLOCKS))},
+    # Q-Former heads are the vision width // 64 (zero below 64); the window downsampling rate has no default.
+    "granite4_vision": {"deepstack_layer_map": [[-2, 0], [-1, 1]], "spatial_target_layers": list(range(BLOCKS)),
+                        "vision_config": {"hidden_size": 64}, "downsample_rate": "1/2"},
 }
 
 
@@ -558,6 +560,12 @@ def _inputs(model: torch.nn.Module, seed: int, pixels: bool = False, image_token
         features = batch["input_features"]
         frames = features.shape[-1] if _features_last(model) is None else features.shape[1]
         batch["input_features_mask"] = torch.ones(BATCH_SIZE, frames, dtype=torch.long)
+    if "pixel_position_ids" in parameters and main != "pixel_values":  # Gemma 4 vision: patches and their (x, y)
+        side = _find(config, "image_size", default=IMAGE_SIZE) // _find(config, "patch_size", default=PATCH_SIZE)
+        patch = _find(config, "patch_size", default=PATCH_SIZE)
+        grid = torch.stack(torch.meshgrid(torch.arange(side), torch.arange(side), indexing="xy"), -1).reshape(-1, 2)
+        batch["pixel_values"] = torch.rand(BATCH_SIZE, side * side, 3 * patch * patch, generator=generator)
+        batch["pixel_position_ids"] = grid.expand(BATCH_SIZE, -1, -1).clone()
     if "grid_thw" in parameters:  # a Qwen2-VL-style vision tower alone: its first argument takes the patches
         first = next(iter(parameters))
         batch = {first: None, "grid_thw": None}
