@@ -376,6 +376,8 @@ def tiny_kwargs(cls: type, defaults: dict[str, Any], tokens: _Tokens,
         # the model falls back to a full-size section list when the config has none (GLM-4V)
         kwargs["rope_parameters"] = {**rope, "mrope_section": _mrope_section(rope, defaults)}
     kwargs.update(_backbone_outputs(defaults, layers))
+    if isinstance(defaults.get("image_grid_pinpoints"), list):  # any-resolution tiles: one tiny image size
+        kwargs["image_grid_pinpoints"] = [[IMAGE_SIZE, IMAGE_SIZE]]
     if "prediction_length" in defaults and defaults["prediction_length"] is None:  # time series: no default
         kwargs["prediction_length"] = SEQUENCE_LENGTH // 2
     if "qk_rope_head_dim" in defaults and "head_dim" in defaults:
@@ -532,6 +534,10 @@ def _inputs(model: torch.nn.Module, seed: int, pixels: bool = False, image_token
             size = size if isinstance(size, int) else IMAGE_SIZE
             frames = _find(config, "num_frames")
             shape = (BATCH_SIZE, channels, size, size) if not frames else (BATCH_SIZE, frames, channels, size, size)
+            if "image_sizes" in parameters and _find(config, "image_grid_pinpoints") is not None:
+                # LLaVA-NeXT style (any-resolution): the base image and its one tile (the tiny pinpoint grid)
+                shape = (BATCH_SIZE, 2, channels, size, size)
+                batch["image_sizes"] = torch.tensor([[size, size]] * BATCH_SIZE)
             if "image_grid_thw" in parameters:  # Qwen2-VL style: flattened patches and a (t, h, w) grid per image
                 batch["pixel_values"], batch["image_grid_thw"] = _patches(config, generator)
                 continue
