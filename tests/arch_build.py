@@ -125,6 +125,10 @@ OVERRIDES: dict[str, dict[str, Any]] = {
         "rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 1, 1]}}},
     # Spectrogram frames: the patch grid is fixed by max_length (1024 frames by default).
     "audio-spectrogram-transformer": {"max_length": 32},
+    # Image patches -> query tokens of the projector, by patch count: the tiny image has 16 patches.
+    "aria": {"projector_patch_to_query_dict": {(IMAGE_SIZE // PATCH_SIZE) ** 2: 4}},
+    # The image placeholder token comes with a checkpoint (None by default).
+    "blip-2": {"image_token_id": VOCAB_SIZE - RESERVED_IDS + 1},
     # The decoder's start window (label_length, 10 by default) is cut from the context, here 4 steps long.
     "autoformer": {"label_length": 2},
     # The BPE <-> image-token map comes with a checkpoint (None by default); the model reads "<image>" from it.
@@ -334,7 +338,8 @@ def tiny_kwargs(cls: type, defaults: dict[str, Any], tokens: _Tokens,
                 kwargs[name] = {**value, **tiny_kwargs(sub, value, tokens, widths=widths),
                                 **OVERRIDES.get(value["model_type"], {})}  # a sub-model's own overrides
             continue
-        if isinstance(value, dict) and value and all(str(k).isdigit() for k in value):
+        if isinstance(value, dict) and value and all(str(k).isdigit() for k in value) and (
+                layers is None or max(int(k) for k in value) < layers):
             kwargs[name] = {k: _shrink_sizes(v) for k, v in value.items() if int(k) < BLOCKS}  # per-layer settings
             continue
         if isinstance(value, dict) and isinstance(value.get("mrope_section"), list):
