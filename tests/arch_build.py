@@ -571,6 +571,11 @@ def _inputs(model: torch.nn.Module, seed: int, pixels: bool = False, image_token
         features = batch["input_features"]
         frames = features.shape[-1] if _features_last(model) is None else features.shape[1]
         batch["input_features_mask"] = torch.ones(BATCH_SIZE, frames, dtype=torch.long)
+    if "query_embeds" in parameters and main != "query_embeds":  # a Q-Former alone: learned queries, image features
+        batch = {"query_embeds": torch.randn(BATCH_SIZE, SEQUENCE_LENGTH, config.hidden_size, generator=generator)}
+        if "encoder_hidden_states" in parameters:
+            width = getattr(config, "encoder_hidden_size", None) or config.hidden_size
+            batch["encoder_hidden_states"] = torch.randn(BATCH_SIZE, SEQUENCE_LENGTH, width, generator=generator)
     if "pixel_position_ids" in parameters and main != "pixel_values":  # Gemma 4 vision: patches and their (x, y)
         side = _find(config, "image_size", default=IMAGE_SIZE) // _find(config, "patch_size", default=PATCH_SIZE)
         patch = _find(config, "patch_size", default=PATCH_SIZE)
