@@ -164,6 +164,8 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "gpt_neo": {"attention_types": [[["global", "local"], BLOCKS // 2]]},
     # Vision -> text injection points name layers of the full-size towers (none by default for the deepstack).
     # Q-Former heads are the vision width // 64 (zero below 64); the window downsampling rate has no default.
+    # Vision layers whose features the connector stacks, of the full-size 12-layer tower.
+    "granite_docling_vision": {"deepstack_visual_indexes": [1, 2, 3]},
     "granite4_vision": {"deepstack_layer_map": [[-2, 0], [-1, 1]], "spatial_target_layers": list(range(BLOCKS)),
                         "vision_config": {"hidden_size": 64}, "downsample_rate": "1/2"},
 }
@@ -519,6 +521,8 @@ def _inputs(model: torch.nn.Module, seed: int, pixels: bool = False, image_token
     generator = torch.Generator().manual_seed(seed)
     batch: dict[str, Any] = {}
     main = getattr(model, "main_input_name", "input_ids")
+    if main not in parameters and "pixel_values" in parameters:  # a vision tower that inherits "input_ids"
+        main = "pixel_values"
     wanted = [main] + (["input_ids"] if "input_ids" in parameters and main != "input_ids" else [])
     if pixels and main != "pixel_values":
         wanted.append("pixel_values")
@@ -543,6 +547,9 @@ def _inputs(model: torch.nn.Module, seed: int, pixels: bool = False, image_token
                 # LLaVA-NeXT style (any-resolution): the base image and its one tile (the tiny pinpoint grid)
                 shape = (BATCH_SIZE, 2, channels, size, size)
                 batch["image_sizes"] = torch.tensor([[size, size]] * BATCH_SIZE)
+            if "tile_fine_mask" in parameters:  # Granite Docling: tiles per sample, and which are real
+                shape = (BATCH_SIZE, 1, channels, size, size)
+                batch["pixel_attention_mask"] = torch.ones(BATCH_SIZE, 1, dtype=torch.bool)
             if "image_grid_thw" in parameters:  # Qwen2-VL style: flattened patches and a (t, h, w) grid per image
                 batch["pixel_values"], batch["image_grid_thw"] = _patches(config, generator)
                 continue
