@@ -131,6 +131,9 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "blip-2": {"image_token_id": VOCAB_SIZE - RESERVED_IDS + 1},
     # The decoder's start window (label_length, 10 by default) is cut from the context, here 4 steps long.
     "autoformer": {"label_length": 2},
+    # DPT-style head widths (not named like sizes the generic rule knows).
+    "chmv2": {"post_process_channels": [16, 16, 32, 32], "fusion_hidden_size": 32, "head_hidden_size": 16,
+              "number_output_channels": 16},
     # The BPE <-> image-token map comes with a checkpoint (None by default); the model reads "<image>" from it.
     "chameleon": {"vocabulary_map": {"<image>": VOCAB_SIZE - 1}},
     # The attention reads attn_config.rope_theta and clamps by clip_qkv unconditionally: the checkpoints set both,
@@ -140,6 +143,9 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "deepseek_ocr2_text": {"mlp_layer_types": ["dense"] + ["sparse"] * (BLOCKS - 1), "num_experts_per_tok": 2},
     # The SAM neck's downsampling convs end at the encoder's width (896 by default).
     "deepseek_ocr2_sam_vision_model": {"downsample_channels": [_SIZES["hidden_size"]] * 2},
+    # Neck widths of the multi-scale fusion, and the hooked encoder layers (of the full 24-layer encoder).
+    "depth_pro": {"scaled_images_feature_dims": [32, 32, 32], "intermediate_feature_dims": [32, 32],
+                  "fusion_hidden_size": 32, "intermediate_hook_ids": [BLOCKS - 1, 1]},
     # DETR-family defaults use a timm ResNet; the transformers ResNet backbone (same stages) needs no timm.
     **dict.fromkeys(["conditional_detr", "deformable_detr", "detr"], {"backbone_config": {
         "model_type": "resnet", "embedding_size": 16, "hidden_sizes": [16, 16, 16, 16], "depths": [1, 1, 1, 1],
@@ -540,7 +546,7 @@ def _inputs(model: torch.nn.Module, seed: int, pixels: bool = False, image_token
         elif name == "pixel_values":
             channels = _find(config, "num_channels", "in_channels", "in_chans", default=3)
             size = _find(config, "image_size", "img_size", default=IMAGE_SIZE)
-            size = size if isinstance(size, int) else IMAGE_SIZE
+            size = _IMAGE_SIZES.get(config.model_type, size if isinstance(size, int) else IMAGE_SIZE)
             frames = _find(config, "num_frames")
             shape = (BATCH_SIZE, channels, size, size) if not frames else (BATCH_SIZE, frames, channels, size, size)
             if "image_sizes" in parameters and _find(config, "image_grid_pinpoints") is not None:
@@ -600,6 +606,11 @@ def _inputs(model: torch.nn.Module, seed: int, pixels: bool = False, image_token
             batch[name] = value
     return batch
 
+
+#: Input image sizes of models whose configs do not hold it.
+_IMAGE_SIZES: dict[str, int] = {
+    "depth_pro": 4 * PATCH_SIZE,  # the 1/4-scaled image must still hold one patch_size crop
+}
 
 #: Audio encoders (by modeling module) that read (batch, frames, features) rather than (batch, mel bins, frames),
 #: with the feature width they expect.
