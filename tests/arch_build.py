@@ -143,6 +143,8 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "deepseek_ocr2_text": {"mlp_layer_types": ["dense"] + ["sparse"] * (BLOCKS - 1), "num_experts_per_tok": 2},
     # The SAM neck's downsampling convs end at the encoder's width (896 by default).
     "deepseek_ocr2_sam_vision_model": {"downsample_channels": [_SIZES["hidden_size"]] * 2},
+    # The high-resolution SAM tower's neck width (its projection convs quadruple it).
+    "deepseek_vl_hybrid": {"high_res_vision_config": {"output_channels": 16}},
     # Neck widths of the multi-scale fusion, and the hooked encoder layers (of the full 24-layer encoder).
     "depth_pro": {"scaled_images_feature_dims": [32, 32, 32], "intermediate_feature_dims": [32, 32],
                   "fusion_hidden_size": 32, "intermediate_hook_ids": [BLOCKS - 1, 1]},
@@ -162,6 +164,8 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "dots3_note_text": {"head_dim": _SIZES["qk_nope_head_dim"] + _SIZES["qk_rope_head_dim"]},
     # The audio projection's input is (channels[0] // 4) * channels[1]: full-size channels give a 1024-wide input.
     # The adaptor's width is fixed to a quarter of the text model's (checked by the config).
+    # DaViT stage widths and channel-attention groups are lists named unlike the generic per-stage lists.
+    "florence2": {"vision_config": {"embed_dim": [32] * 4, "num_groups": [2] * 4}},
     # The BPE <-> image-token map comes with a checkpoint (None by default); the model reads two entries of it.
     "emu3": {"vocabulary_map": {"<image>": VOCAB_SIZE - 1, "<|extra_200|>": VOCAB_SIZE - 2}},
     "emu3_vqgan": {"codebook_size": 64},  # "codebook_size" is not shrunk generically: audio codecs size by it
@@ -584,6 +588,9 @@ def _inputs(model: torch.nn.Module, seed: int, pixels: bool = False, image_token
         features = batch["input_features"]
         frames = features.shape[-1] if _features_last(model) is None else features.shape[1]
         batch["input_features_mask"] = torch.ones(BATCH_SIZE, frames, dtype=torch.long)
+    if "high_res_pixel_values" in parameters and "pixel_values" in batch:  # DeepSeek-VL hybrid: a second tower
+        size = config.high_res_vision_config.image_size
+        batch["high_res_pixel_values"] = torch.randn(BATCH_SIZE, 3, size, size, generator=generator)
     if "query_embeds" in parameters and main != "query_embeds":  # a Q-Former alone: learned queries, image features
         batch = {"query_embeds": torch.randn(BATCH_SIZE, SEQUENCE_LENGTH, config.hidden_size, generator=generator)}
         if "encoder_hidden_states" in parameters:
