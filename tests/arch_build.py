@@ -109,7 +109,7 @@ _WIDTH = re.compile(r"(size|dim|hidden|channels|width)")
 _HALF_LAYER_COUNTS = ("encoder_layers", "decoder_layers", "num_encoder_layers", "num_decoder_layers")
 _LAYER_COUNT = re.compile(r"^(num_hidden_layers|n_layers?|num_layers|num_blocks|.*_num_hidden_layers|num_.*_hidden_layers"
                           r"|num_(text|vision|audio|encoder|decoder)_layers|(text|vision|audio)_layers)$")
-_DROPOUT_MARKERS = ("dropout", "pdrop", "drop_rate", "drop_prob", "layerdrop", "drop_path",
+_DROPOUT_MARKERS = ("dropout", "pdrop", "drop_rate", "drop_prob", "layerdrop", "drop_path", "drop_connect",
                     "mask_time_prob", "mask_feature_prob")  # SpecAugment masking: random, and needs long inputs
 _FIXED_TOKENS = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2, "decoder_start_token_id": 0,
                  "sep_token_id": 2, "cls_token_id": 1, "mask_token_id": 3}
@@ -124,11 +124,17 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "cohere_compass_text": {"rope_parameters": {"full_attention": {
         "rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 1, 1]}}},
     # Spectrogram frames: the patch grid is fixed by max_length (1024 frames by default).
+    # EfficientNet scales its stage widths and repeats by these coefficients (2.0 and 3.1: 55 blocks, 62M weights).
+    # The text projection must match the image embedding: the last stage width, 320 * 0.25 = 80.
+    "align": {"vision_config": {"width_coefficient": 0.25, "depth_coefficient": 0.25, "hidden_dim": 32},
+              "projection_dim": 80},
     "audio-spectrogram-transformer": {"max_length": 32},
     # Image patches -> query tokens of the projector, by patch count: the tiny image has 16 patches.
     "aria": {"projector_patch_to_query_dict": {(IMAGE_SIZE // PATCH_SIZE) ** 2: 4}},
     # The image placeholder token comes with a checkpoint (None by default).
     "blip-2": {"image_token_id": VOCAB_SIZE - RESERVED_IDS + 1},
+    # Hashed byte n-gram embeddings: one table of this many rows per n-gram size.
+    "blt": {"encoder_hash_byte_group_vocab": VOCAB_SIZE},
     # The decoder's start window (label_length, 10 by default) is cut from the context, here 4 steps long.
     "autoformer": {"label_length": 2},
     # DPT-style head widths (not named like sizes the generic rule knows).
