@@ -176,6 +176,10 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "emu3": {"vocabulary_map": {"<image>": VOCAB_SIZE - 1, "<|extra_200|>": VOCAB_SIZE - 2}},
     "emu3_vqgan": {"codebook_size": 64},  # "codebook_size" is not shrunk generically: audio codecs size by it
     "fun_asr_nano": {"adaptor_config": {"intermediate_size": _SIZES["hidden_size"] // 4}},
+    # The last 15 of 35 layers reuse the cache of an earlier layer of each attention kind: both kinds must stay
+    # among the first layers.
+    "gemma3n_text": {"layer_types": ["sliding_attention", "full_attention"] * (BLOCKS // 2),
+                     "num_kv_shared_layers": BLOCKS // 2},
     "gemma4_audio": {"subsampling_conv_channels": [16, 8], "output_proj_dims": 32},
     "gpt_neo": {"attention_types": [[["global", "local"], BLOCKS // 2]]},
     # Vision -> text injection points name layers of the full-size towers (none by default for the deepstack).
@@ -285,6 +289,8 @@ def _sub_config_class(parent: type, key: str, value: dict) -> type | None:
 
 def _shrink_list(name: str, value: list, layers: int | None) -> list | None:
     named = name in _STAGE_LISTS
+    if name in _SIZES and not named and value and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        return [_SIZES[name]] * (BLOCKS if layers and len(value) == layers else len(value))  # per-layer sizes
     if layers and len(value) == layers and value and not named:
         return value[:BLOCKS]  # per-layer lists (layer_types, attention patterns)
     if all(isinstance(v, int) and not isinstance(v, bool) for v in value) and value:
@@ -399,6 +405,8 @@ def tiny_kwargs(cls: type, defaults: dict[str, Any], tokens: _Tokens,
         # the model falls back to a full-size section list when the config has none (GLM-4V)
         kwargs["rope_parameters"] = {**rope, "mrope_section": _mrope_section(rope, defaults)}
     kwargs.update(_backbone_outputs(defaults, layers))
+    if layers and defaults.get("num_kv_shared_layers") == layers:  # every layer reuses another model's cache
+        kwargs["num_kv_shared_layers"] = BLOCKS
     if isinstance(defaults.get("image_grid_pinpoints"), list):  # any-resolution tiles: one tiny image size
         kwargs["image_grid_pinpoints"] = [[IMAGE_SIZE, IMAGE_SIZE]]
     if "prediction_length" in defaults and defaults["prediction_length"] is None:  # time series: no default
