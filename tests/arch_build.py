@@ -128,6 +128,9 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     # The text projection must match the image embedding: the last stage width, 320 * 0.25 = 80.
     "align": {"vision_config": {"width_coefficient": 0.25, "depth_coefficient": 0.25, "hidden_dim": 32},
               "projection_dim": 80},
+    # Image then audio codebook tokens sit at fixed offsets of the text vocabulary (131272 and 262344 by default).
+    "apertus1p5": {"image_token_offset": 64, "audio_token_offset": 80, "vision_config": {"codebook_size": 16},
+                   "audio_config": {"codebook_size": 16, "num_filters": 4}},  # filters double per downsampling
     "audio-spectrogram-transformer": {"max_length": 32},
     # Image patches -> query tokens of the projector, by patch count: the tiny image has 16 patches.
     "aria": {"projector_patch_to_query_dict": {(IMAGE_SIZE // PATCH_SIZE) ** 2: 4}},
@@ -567,10 +570,11 @@ def _inputs(model: torch.nn.Module, seed: int, pixels: bool = False, image_token
             size = _IMAGE_SIZES.get(config.model_type, size if isinstance(size, int) else IMAGE_SIZE)
             frames = _find(config, "num_frames")
             shape = (BATCH_SIZE, channels, size, size) if not frames else (BATCH_SIZE, frames, channels, size, size)
-            if "image_sizes" in parameters and _find(config, "image_grid_pinpoints") is not None:
-                # LLaVA-NeXT style (any-resolution): the base image and its one tile (the tiny pinpoint grid)
-                shape = (BATCH_SIZE, 2, channels, size, size)
+            if "image_sizes" in parameters:  # each image's true (height, width)
                 batch["image_sizes"] = torch.tensor([[size, size]] * BATCH_SIZE)
+                if _find(config, "image_grid_pinpoints") is not None:
+                    # LLaVA-NeXT style (any-resolution): the base image and its one tile (the tiny pinpoint grid)
+                    shape = (BATCH_SIZE, 2, channels, size, size)
             if "tile_fine_mask" in parameters:  # Granite Docling: tiles per sample, and which are real
                 shape = (BATCH_SIZE, 1, channels, size, size)
                 batch["pixel_attention_mask"] = torch.ones(BATCH_SIZE, 1, dtype=torch.bool)
