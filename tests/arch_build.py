@@ -175,6 +175,10 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     # The adaptor's width is fixed to a quarter of the text model's (checked by the config).
     # DaViT stage widths and channel-attention groups are lists named unlike the generic per-stage lists.
     "florence2": {"vision_config": {"embed_dim": [32] * 4, "num_groups": [2] * 4}},
+    # RepVGG stages (1, 2, 4, 14 blocks up to 256 channels); the last stage's width must be the hidden size; the
+    # 2D rotary table is hidden_size / 2 wide and fills it only with the default 8 heads (head size * 4 / 2 each).
+    "efficientloftr": {"stage_num_blocks": [1, 1, 1, 1], "out_features": [16, 16, 32, _SIZES["hidden_size"]],
+                       "num_attention_heads": 8},
     # The BPE <-> image-token map comes with a checkpoint (None by default); the model reads two entries of it.
     "emu3": {"vocabulary_map": {"<image>": VOCAB_SIZE - 1, "<|extra_200|>": VOCAB_SIZE - 2}},
     "emu3_vqgan": {"codebook_size": 64},  # "codebook_size" is not shrunk generically: audio codecs size by it
@@ -568,7 +572,7 @@ def _inputs(model: torch.nn.Module, seed: int, pixels: bool = False, image_token
             channels = _find(config, "num_channels", "in_channels", "in_chans", default=3)
             size = _find(config, "image_size", "img_size", default=IMAGE_SIZE)
             size = _IMAGE_SIZES.get(config.model_type, size if isinstance(size, int) else IMAGE_SIZE)
-            frames = _find(config, "num_frames")
+            frames = _find(config, "num_frames") or (2 if _matches_pairs(config.model_type) else None)
             shape = (BATCH_SIZE, channels, size, size) if not frames else (BATCH_SIZE, frames, channels, size, size)
             if "image_sizes" in parameters:  # each image's true (height, width)
                 batch["image_sizes"] = torch.tensor([[size, size]] * BATCH_SIZE)
@@ -630,6 +634,11 @@ def _inputs(model: torch.nn.Module, seed: int, pixels: bool = False, image_token
         if name in parameters:
             batch[name] = value
     return batch
+
+
+def _matches_pairs(model_type: str) -> bool:
+    """Keypoint matchers take a pair of images per sample."""
+    return any("KEYPOINT_MATCHING" in mapping for mapping, _ in registered().get(model_type, []))
 
 
 #: Input image sizes of models whose configs do not hold it.
