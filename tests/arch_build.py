@@ -296,8 +296,8 @@ def _sub_config_class(parent: type, key: str, value: dict) -> type | None:
 
 def _shrink_list(name: str, value: list, layers: int | None) -> list | None:
     named = name in _STAGE_LISTS
-    if name in _SIZES and not named and value and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
-        return [_SIZES[name]] * (BLOCKS if layers and len(value) == layers else len(value))  # per-layer sizes
+    if name == "intermediate_size" and value and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        return [_SIZES[name]] * (BLOCKS if layers and len(value) == layers else len(value))  # per-layer MLP widths
     if layers and len(value) == layers and value and not named:
         return value[:BLOCKS]  # per-layer lists (layer_types, attention patterns)
     if all(isinstance(v, int) and not isinstance(v, bool) for v in value) and value:
@@ -618,7 +618,7 @@ def _inputs(model: torch.nn.Module, seed: int, pixels: bool = False, image_token
         if "encoder_hidden_states" in parameters:
             width = getattr(config, "encoder_hidden_size", None) or config.hidden_size
             batch["encoder_hidden_states"] = torch.randn(BATCH_SIZE, SEQUENCE_LENGTH, width, generator=generator)
-    if "pixel_position_ids" in parameters and main != "pixel_values":  # Gemma 4 vision: patches and their (x, y)
+    if "pixel_position_ids" in parameters:  # Gemma 4 vision: flattened patches and their (x, y) positions
         side = _find(config, "image_size", default=IMAGE_SIZE) // _find(config, "patch_size", default=PATCH_SIZE)
         patch = _find(config, "patch_size", default=PATCH_SIZE)
         grid = torch.stack(torch.meshgrid(torch.arange(side), torch.arange(side), indexing="xy"), -1).reshape(-1, 2)
