@@ -147,6 +147,8 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "chameleon": {"vocabulary_map": {"<image>": VOCAB_SIZE - 1}},
     # The attention reads attn_config.rope_theta and clamps by clip_qkv unconditionally: the checkpoints set both,
     # the default has no rope_theta and clip_qkv=None (clamp(None, None) raises).
+    # The Mimi codec's upsampling conv is depthwise over its hidden size (512 groups by default).
+    "csm": {"codec_config": {"upsample_groups": _SIZES["hidden_size"], "num_filters": 2}},  # filters double 4x
     "dbrx": {"attn_config": {"rope_theta": 10000.0, "clip_qkv": 8.0}},
     # MoE layer kinds (None by default: checkpoints set them; the model indexes them per layer).
     "deepseek_ocr2_text": {"mlp_layer_types": ["dense"] + ["sparse"] * (BLOCKS - 1), "num_experts_per_tok": 2},
@@ -629,7 +631,11 @@ def _inputs(model: torch.nn.Module, seed: int, pixels: bool = False, image_token
         batch = {first: None, "grid_thw": None}
         batch[first], batch["grid_thw"] = _patches(config, generator)
     if getattr(config, "is_encoder_decoder", False) and "decoder_input_ids" in parameters:
+        channels = getattr(getattr(config, "decoder_config", None), "num_channels", None)
         batch["decoder_input_ids"] = _ids(generator)
+        if channels:  # audio codebooks (Dia): one id per channel and step
+            batch["decoder_input_ids"] = torch.randint(FIRST_ID, VOCAB_SIZE - RESERVED_IDS,
+                                                       (BATCH_SIZE, SEQUENCE_LENGTH, channels), generator=generator)
     for name, value in (("use_cache", False), ("return_dict", True)):
         if name in parameters:
             batch[name] = value
