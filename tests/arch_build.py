@@ -147,6 +147,8 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "chameleon": {"vocabulary_map": {"<image>": VOCAB_SIZE - 1}},
     # The attention reads attn_config.rope_theta and clamps by clip_qkv unconditionally: the checkpoints set both,
     # the default has no rope_theta and clip_qkv=None (clamp(None, None) raises).
+    # The encoders' rotary width is at least 32 (max(projection_dim // (2 * heads), 32)): one 32-wide head.
+    "clvp": {"text_config": {"num_attention_heads": 1}, "speech_config": {"num_attention_heads": 1}},
     # The Mimi codec's upsampling conv is depthwise over its hidden size (512 groups by default).
     "csm": {"codec_config": {"upsample_groups": _SIZES["hidden_size"], "num_filters": 2}},  # filters double 4x
     "dbrx": {"attn_config": {"rope_theta": 10000.0, "clip_qkv": 8.0}},
@@ -559,6 +561,7 @@ def _inputs(model: torch.nn.Module, seed: int, pixels: bool = False, image_token
     wanted = [main] + (["input_ids"] if "input_ids" in parameters and main != "input_ids" else [])
     if pixels and main != "pixel_values":
         wanted.append("pixel_values")
+    wanted += _EXTRA_INPUTS.get(config.model_type, [])
     for name in wanted:
         if name == "input_ids":
             ids = _ids(generator)
@@ -646,6 +649,11 @@ def _matches_pairs(model_type: str) -> bool:
     """Keypoint matchers take a pair of images per sample."""
     return any("KEYPOINT_MATCHING" in mapping for mapping, _ in registered().get(model_type, []))
 
+
+#: Inputs a model needs besides its main one, which its signature marks optional.
+_EXTRA_INPUTS: dict[str, list[str]] = {
+    "clvp": ["input_features"],  # the speech conditioning encoder always reads the mel spectrogram
+}
 
 #: Input image sizes of models whose configs do not hold it.
 _IMAGE_SIZES: dict[str, int] = {
