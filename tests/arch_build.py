@@ -179,6 +179,9 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     # The adaptor's width is fixed to a quarter of the text model's (checked by the config).
     # DaViT stage widths and channel-attention groups are lists named unlike the generic per-stage lists.
     "florence2": {"vision_config": {"embed_dim": [32] * 4, "num_groups": [2] * 4}},
+    # M-RoPE sections in (h, w, t) order, the h and w ones interleaved pairwise: they must be equal.
+    "ernie4_5_vl_moe_text": {"rope_parameters": {"rope_type": "default", "rope_theta": 500000.0,
+                                                 "mrope_section": [1, 1, 2]}},
     # RepVGG stages (1, 2, 4, 14 blocks up to 256 channels); the last stage's width must be the hidden size; the
     # 2D rotary table is hidden_size / 2 wide and fills it only with the default 8 heads (head size * 4 / 2 each).
     "efficientloftr": {"stage_num_blocks": [1, 1, 1, 1], "out_features": [16, 16, 32, _SIZES["hidden_size"]],
