@@ -172,6 +172,13 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     # Swin windows must fit every stage's resolution (the relative-position table is sized by window_size): a
     # 16x16 patch grid halves to 2x2 at the 4th stage.
     "donut-swin": {"image_size": 64, "patch_size": 4, "window_size": 2},
+    # The serialized layout counts an attention and an mlp entry per layer (twice the layers). Input / recurrent /
+    # output sections (4 input and 4 output layers by default) split the tiny depth. The recurrent section runs
+    # n_recurrent_loops (2) times per forward, which counting cannot tell from a recompute: the sweep trains the
+    # one-loop configuration.
+    "dory": {"num_hidden_layers": 2 * BLOCKS, "n_input_layers": 2, "n_recurrent_layers": 2 * (BLOCKS - 2),
+             "n_output_layers": 2, "n_recurrent_loops": 1,
+             "layer_types": ["sliding_attention", "mlp"] * (BLOCKS - 1) + ["full_attention", "mlp"]},
     "dots1": {"n_routed_experts": 4, "num_experts_per_tok": 2, "n_shared_experts": 1},
     # Sliding-window layers use plain attention whose head size must be the MLA query's (nope + rope parts).
     "dots3_note_text": {"head_dim": _SIZES["qk_nope_head_dim"] + _SIZES["qk_rope_head_dim"]},
