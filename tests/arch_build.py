@@ -83,6 +83,7 @@ _SIZES: dict[str, int] = {
     **dict.fromkeys(["max_source_positions"], 16),  # Whisper-style encoders take 2 * this many frames
     **dict.fromkeys(["num_conv_pos_embeddings"], 16),
     **dict.fromkeys(["num_conv_pos_embedding_groups"], 2),
+    "backbone_hidden_size": 32,  # an assistant model's target width (Gemma 4 assistants)
     "linear_head_dim": 8,  # linear-attention (KDA) layers of hybrid models
     "linear_num_heads": 4,
     # VQGAN image tokenizers (Chameleon, Emu3, Janus): conv widths and codebook
@@ -201,6 +202,10 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     # among the first layers.
     "gemma3n_text": {"layer_types": ["sliding_attention", "full_attention"] * (BLOCKS // 2),
                      "num_kv_shared_layers": BLOCKS // 2},
+    # The default text config is Gemma 4's, with per-layer inputs, MoE blocks and double-wide MLPs that the
+    # assistant's own validation rejects (Gemma4AssistantConfig() raises).
+    "gemma4_assistant": {"text_config": {"hidden_size_per_layer_input": 0, "vocab_size_per_layer_input": 0,
+                                         "enable_moe_block": False, "use_double_wide_mlp": False}},
     "gemma4_audio": {"subsampling_conv_channels": [16, 8], "output_proj_dims": 32},
     "gpt_neo": {"attention_types": [[["global", "local"], BLOCKS // 2]]},
     # Vision -> text injection points name layers of the full-size towers (none by default for the deepstack).
@@ -468,7 +473,10 @@ def _backbone_outputs(defaults: dict, layers: int | None) -> dict[str, Any]:
 
 def tiny_config(model_type: str):
     cls = config_class(model_type)
-    defaults = cls().to_dict()
+    try:
+        defaults = cls().to_dict()
+    except Exception:  # noqa: BLE001 (defaults its own validation rejects: start from the per-type settings)
+        defaults = cls(**OVERRIDES.get(model_type, {})).to_dict()
     kwargs = tiny_kwargs(cls, defaults, _Tokens())
     for name, value in OVERRIDES.get(model_type, {}).items():  # a sub-config's dict is updated, not replaced
         merge = isinstance(value, dict) and isinstance(kwargs.get(name), dict) and "model_type" not in value
@@ -628,6 +636,12 @@ def _inputs(model: torch.nn.Module, seed: int, pixels: bool = False, image_token
     if "high_res_pixel_values" in parameters and "pixel_values" in batch:  # DeepSeek-VL hybrid: a second tower
         size = config.high_res_vision_config.image_size
         batch["high_res_pixel_values"] = torch.randn(BATCH_SIZE, 3, size, size, generator=generator)
+    if "shared_kv_states" in parameters and "inputs_embeds" in parameters:  # a drafting assistant (Gemma 4) runs on
+        text = config.get_text_config()  # its target's last hidden states (two widths) and key/value states
+        width = 2 * config.backbone_hidden_size
+        batch = {"inputs_embeds": torch.randn(BATCH_SIZE, 1, width, generator=generator), "shared_kv_states": {
+            kind: tuple(torch.randn(BATCH_SIZE, text.num_key_value_heads, SEQUENCE_LENGTH, text.head_dim,
+                                    generator=generator) for _ in range(2)) for kind in sorted(set(text.layer_types))}}
     if "query_embeds" in parameters and main != "query_embeds":  # a Q-Former alone: learned queries, image features
         batch = {"query_embeds": torch.randn(BATCH_SIZE, SEQUENCE_LENGTH, config.hidden_size, generator=generator)}
         if "encoder_hidden_states" in parameters:
