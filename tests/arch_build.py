@@ -607,6 +607,9 @@ def _inputs(model: torch.nn.Module, seed: int, pixels: bool = False, image_token
                 batch["pixel_attention_mask"] = torch.ones(BATCH_SIZE, 1, dtype=torch.bool)
             if "image_grid_thw" in parameters:  # Qwen2-VL style: flattened patches and a (t, h, w) grid per image
                 batch["pixel_values"], batch["image_grid_thw"] = _patches(config, generator)
+                if "images_per_sample" in parameters:  # GLM-Image: each sample's grids end with its target's
+                    batch["image_grid_thw"] = batch["image_grid_thw"].repeat_interleave(2, dim=0)
+                    batch["images_per_sample"] = torch.tensor([2] * BATCH_SIZE)
                 continue
             batch["pixel_values"] = torch.randn(*shape, generator=generator)
         elif name == "input_features":
