@@ -193,7 +193,7 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     # RepVGG stages (1, 2, 4, 14 blocks up to 256 channels); the last stage's width must be the hidden size; the
     # 2D rotary table is hidden_size / 2 wide and fills it only with the default 8 heads (head size * 4 / 2 each).
     "efficientloftr": {"stage_num_blocks": [1, 1, 1, 1], "out_features": [16, 16, 32, _SIZES["hidden_size"]],
-                       "num_attention_heads": 8},
+                       "num_attention_heads": 8, "num_key_value_heads": 8},
     # The BPE <-> image-token map comes with a checkpoint (None by default); the model reads two entries of it.
     "emu3": {"vocabulary_map": {"<image>": VOCAB_SIZE - 1, "<|extra_200|>": VOCAB_SIZE - 2}},
     "emu3_vqgan": {"codebook_size": 64},  # "codebook_size" is not shrunk generically: audio codecs size by it
@@ -685,6 +685,7 @@ _EXTRA_INPUTS: dict[str, list[str]] = {
 #: Input image sizes of models whose configs do not hold it.
 _IMAGE_SIZES: dict[str, int] = {
     "depth_pro": 4 * PATCH_SIZE,  # the 1/4-scaled image must still hold one patch_size crop
+    "efficientloftr": 2 * IMAGE_SIZE,  # coarse features at 1/8, then pooled 4x4 by the attention aggregation
 }
 
 #: Audio encoders (by modeling module) that read (batch, frames, features) rather than (batch, mel bins, frames),
