@@ -120,56 +120,57 @@ RESERVED_IDS = 24
 
 #: Per-type config settings on top of the generic rule, each with why the rule cannot work.
 OVERRIDES: dict[str, dict[str, Any]] = {
-    # The local/global attention pattern is a list of (pattern, repeats) that must add up to the layer count.
-    # The default config has no rotary parameters per layer type (checkpoints set them); the model indexes them.
-    "cohere_compass_text": {"rope_parameters": {"full_attention": {
-        "rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 1, 1]}}},
-    # Spectrogram frames: the patch grid is fixed by max_length (1024 frames by default).
-    # EfficientNet scales its stage widths and repeats by these coefficients (2.0 and 3.1: 55 blocks, 62M weights).
-    # The text projection must match the image embedding: the last stage width, 320 * 0.25 = 80.
+    # EfficientNet scales its stage widths and repeats by these coefficients (2.0 and 3.1: 55 blocks, 62M weights);
+    # the text projection must match the image embedding, the last stage's width (320 * 0.25 = 80).
     "align": {"vision_config": {"width_coefficient": 0.25, "depth_coefficient": 0.25, "hidden_dim": 32},
               "projection_dim": 80},
-    # Image then audio codebook tokens sit at fixed offsets of the text vocabulary (131272 and 262344 by default).
+    # Image then audio codebook tokens sit at fixed offsets of the text vocabulary (131272 and 262344 by default);
+    # the audio tokenizer's filters double at each of its 4 downsamplings.
     "apertus1p5": {"image_token_offset": 64, "audio_token_offset": 80, "vision_config": {"codebook_size": 16},
-                   "audio_config": {"codebook_size": 16, "num_filters": 4}},  # filters double per downsampling
-    "audio-spectrogram-transformer": {"max_length": 32},
+                   "audio_config": {"codebook_size": 16, "num_filters": 4}},
     # Image patches -> query tokens of the projector, by patch count: the tiny image has 16 patches.
     "aria": {"projector_patch_to_query_dict": {(IMAGE_SIZE // PATCH_SIZE) ** 2: 4}},
+    # Spectrogram frames: the patch grid is fixed by max_length (1024 frames by default).
+    "audio-spectrogram-transformer": {"max_length": 32},
+    # The decoder's start window (label_length, 10 by default) is cut from the context, here 4 steps long.
+    "autoformer": {"label_length": 2},
     # The image placeholder token comes with a checkpoint (None by default).
     "blip-2": {"image_token_id": VOCAB_SIZE - RESERVED_IDS + 1},
     # Hashed byte n-gram embeddings: one table of this many rows per n-gram size.
     "blt": {"encoder_hash_byte_group_vocab": VOCAB_SIZE},
-    # The decoder's start window (label_length, 10 by default) is cut from the context, here 4 steps long.
-    "autoformer": {"label_length": 2},
+    # The BPE <-> image-token map comes with a checkpoint (None by default); the model reads "<image>" from it.
+    "chameleon": {"vocabulary_map": {"<image>": VOCAB_SIZE - 1}},
     # DPT-style head widths (not named like sizes the generic rule knows).
     "chmv2": {"post_process_channels": [16, 16, 32, 32], "fusion_hidden_size": 32, "head_hidden_size": 16,
               "number_output_channels": 16},
-    # The BPE <-> image-token map comes with a checkpoint (None by default); the model reads "<image>" from it.
-    "chameleon": {"vocabulary_map": {"<image>": VOCAB_SIZE - 1}},
-    # The attention reads attn_config.rope_theta and clamps by clip_qkv unconditionally: the checkpoints set both,
-    # the default has no rope_theta and clip_qkv=None (clamp(None, None) raises).
     # The encoders' rotary width is at least 32 (max(projection_dim // (2 * heads), 32)): one 32-wide head.
     "clvp": {"text_config": {"num_attention_heads": 1}, "speech_config": {"num_attention_heads": 1}},
-    # The Mimi codec's upsampling conv is depthwise over its hidden size (512 groups by default).
-    "csm": {"codec_config": {"upsample_groups": _SIZES["hidden_size"], "num_filters": 2}},  # filters double 4x
+    # The default config has no rotary parameters per layer type (checkpoints set them); the model indexes them.
+    "cohere_compass_text": {"rope_parameters": {"full_attention": {
+        "rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 1, 1]}}},
+    # DETR-family defaults use a timm ResNet; the transformers ResNet backbone (same stages) needs no timm.
+    **dict.fromkeys(["conditional_detr", "deformable_detr", "detr"], {"backbone_config": {
+        "model_type": "resnet", "embedding_size": 16, "hidden_sizes": [16, 16, 16, 16], "depths": [1, 1, 1, 1],
+        "out_features": ["stage1", "stage2", "stage3", "stage4"]}}),
+    # The Mimi codec's upsampling conv is depthwise over its hidden size (512 groups by default); its filters double
+    # at each of its 4 downsamplings.
+    "csm": {"codec_config": {"upsample_groups": _SIZES["hidden_size"], "num_filters": 2}},
+    # The attention reads attn_config.rope_theta and clamps by clip_qkv unconditionally: the checkpoints set both,
+    # the default has no rope_theta and clip_qkv=None (clamp(None, None) raises).
     "dbrx": {"attn_config": {"rope_theta": 10000.0, "clip_qkv": 8.0}},
-    # MoE layer kinds (None by default: checkpoints set them; the model indexes them per layer).
-    "deepseek_ocr2_text": {"mlp_layer_types": ["dense"] + ["sparse"] * (BLOCKS - 1), "num_experts_per_tok": 2},
     # The SAM neck's downsampling convs end at the encoder's width (896 by default).
     "deepseek_ocr2_sam_vision_model": {"downsample_channels": [_SIZES["hidden_size"]] * 2},
+    # MoE layer kinds and top-k are None by default (checkpoints set them); the model indexes them per layer.
+    "deepseek_ocr2_text": {"mlp_layer_types": ["dense"] + ["sparse"] * (BLOCKS - 1), "num_experts_per_tok": 2},
+    # The config leaves the expert top-k unset (None: only checkpoints set it) and the MoE layers need it.
+    "deepseek_v2": {"num_experts_per_tok": 2},
     # The high-resolution SAM tower's neck width (its projection convs quadruple it).
     "deepseek_vl_hybrid": {"high_res_vision_config": {"output_channels": 16}},
     # Neck widths of the multi-scale fusion, and the hooked encoder layers (of the full 24-layer encoder).
     "depth_pro": {"scaled_images_feature_dims": [32, 32, 32], "intermediate_feature_dims": [32, 32],
                   "fusion_hidden_size": 32, "intermediate_hook_ids": [BLOCKS - 1, 1]},
-    # DETR-family defaults use a timm ResNet; the transformers ResNet backbone (same stages) needs no timm.
-    **dict.fromkeys(["conditional_detr", "deformable_detr", "detr"], {"backbone_config": {
-        "model_type": "resnet", "embedding_size": 16, "hidden_sizes": [16, 16, 16, 16], "depths": [1, 1, 1, 1],
-        "out_features": ["stage1", "stage2", "stage3", "stage4"]}}),
     # Expert counts are None by default (checkpoints set them) and every layer builds its experts.
     "diffusion_gemma_text": {"num_experts": 4, "top_k_experts": 2, "moe_intermediate_size": 32},
-    # The config leaves the expert counts unset (None: only checkpoints set them) and the MoE layers need them.
-    "deepseek_v2": {"num_experts_per_tok": 2},
     # Swin windows must fit every stage's resolution (the relative-position table is sized by window_size): a
     # 16x16 patch grid halves to 2x2 at the 4th stage.
     "donut-swin": {"image_size": 64, "patch_size": 4, "window_size": 2},
@@ -180,16 +181,10 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "dory": {"num_hidden_layers": 2 * BLOCKS, "n_input_layers": 2, "n_recurrent_layers": 2 * (BLOCKS - 2),
              "n_output_layers": 2, "n_recurrent_loops": 1,
              "layer_types": ["sliding_attention", "mlp"] * (BLOCKS - 1) + ["full_attention", "mlp"]},
+    # The config leaves the expert counts unset (None: only checkpoints set them) and the MoE layers need them.
     "dots1": {"n_routed_experts": 4, "num_experts_per_tok": 2, "n_shared_experts": 1},
     # Sliding-window layers use plain attention whose head size must be the MLA query's (nope + rope parts).
     "dots3_note_text": {"head_dim": _SIZES["qk_nope_head_dim"] + _SIZES["qk_rope_head_dim"]},
-    # The audio projection's input is (channels[0] // 4) * channels[1]: full-size channels give a 1024-wide input.
-    # The adaptor's width is fixed to a quarter of the text model's (checked by the config).
-    # DaViT stage widths and channel-attention groups are lists named unlike the generic per-stage lists.
-    "florence2": {"vision_config": {"embed_dim": [32] * 4, "num_groups": [2] * 4}},
-    # M-RoPE sections in (h, w, t) order, the h and w ones interleaved pairwise: they must be equal.
-    "ernie4_5_vl_moe_text": {"rope_parameters": {"rope_type": "default", "rope_theta": 500000.0,
-                                                 "mrope_section": [1, 1, 2]}},
     # RepVGG stages (1, 2, 4, 14 blocks up to 256 channels); the last stage's width must be the hidden size; the
     # 2D rotary table is hidden_size / 2 wide and fills it only with the default 8 heads (head size * 4 / 2 each).
     "efficientloftr": {"stage_num_blocks": [1, 1, 1, 1], "out_features": [16, 16, 32, _SIZES["hidden_size"]],
@@ -197,6 +192,12 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     # The BPE <-> image-token map comes with a checkpoint (None by default); the model reads two entries of it.
     "emu3": {"vocabulary_map": {"<image>": VOCAB_SIZE - 1, "<|extra_200|>": VOCAB_SIZE - 2}},
     "emu3_vqgan": {"codebook_size": 64},  # "codebook_size" is not shrunk generically: audio codecs size by it
+    # M-RoPE sections in (h, w, t) order, the h and w ones interleaved pairwise: they must be equal.
+    "ernie4_5_vl_moe_text": {"rope_parameters": {"rope_type": "default", "rope_theta": 500000.0,
+                                                 "mrope_section": [1, 1, 2]}},
+    # DaViT stage widths and channel-attention groups are lists named unlike the generic per-stage lists.
+    "florence2": {"vision_config": {"embed_dim": [32] * 4, "num_groups": [2] * 4}},
+    # The adaptor's width is fixed to a quarter of the text model's (checked by the config).
     "fun_asr_nano": {"adaptor_config": {"intermediate_size": _SIZES["hidden_size"] // 4}},
     # The last 15 of 35 layers reuse the cache of an earlier layer of each attention kind: both kinds must stay
     # among the first layers.
@@ -206,14 +207,16 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     # assistant's own validation rejects (Gemma4AssistantConfig() raises).
     "gemma4_assistant": {"text_config": {"hidden_size_per_layer_input": 0, "vocab_size_per_layer_input": 0,
                                          "enable_moe_block": False, "use_double_wide_mlp": False}},
+    # The audio projection's input is (channels[0] // 4) * channels[1]: full-size channels give a 1024-wide input.
     "gemma4_audio": {"subsampling_conv_channels": [16, 8], "output_proj_dims": 32},
+    # The local/global attention pattern is a list of (pattern, repeats) that must add up to the layer count.
     "gpt_neo": {"attention_types": [[["global", "local"], BLOCKS // 2]]},
-    # Vision -> text injection points name layers of the full-size towers (none by default for the deepstack).
+    # Vision -> text injection points name layers of the full-size towers (none by default for the deepstack);
     # Q-Former heads are the vision width // 64 (zero below 64); the window downsampling rate has no default.
-    # Vision layers whose features the connector stacks, of the full-size 12-layer tower.
-    "granite_docling_vision": {"deepstack_visual_indexes": [1, 2, 3]},
     "granite4_vision": {"deepstack_layer_map": [[-2, 0], [-1, 1]], "spatial_target_layers": list(range(BLOCKS)),
                         "vision_config": {"hidden_size": 64}, "downsample_rate": "1/2"},
+    # Vision layers whose features the connector stacks, of the full-size 12-layer tower.
+    "granite_docling_vision": {"deepstack_visual_indexes": [1, 2, 3]},
 }
 
 
@@ -423,7 +426,8 @@ def tiny_kwargs(cls: type, defaults: dict[str, Any], tokens: _Tokens,
         if name in defaults:
             kwargs[name] = "float32"
     for kv_name, heads_name in _KV_HEADS:
-        if kv_name in kwargs and isinstance(defaults.get(heads_name), int) and defaults[kv_name] == defaults[heads_name]:
+        heads = defaults.get(heads_name)
+        if kv_name in kwargs and isinstance(heads, int) and defaults[kv_name] == heads:
             kwargs[kv_name] = kwargs.get(heads_name, defaults[heads_name])  # multi-head by default: some require it
     rope = defaults.get("rope_parameters")
     if (isinstance(rope, dict) and "rope_type" in rope and "mrope_section" not in rope
