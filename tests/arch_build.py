@@ -583,7 +583,7 @@ def _inputs(model: torch.nn.Module, seed: int, pixels: bool = False, image_token
     wanted = [main] + (["input_ids"] if "input_ids" in parameters and main != "input_ids" else [])
     if pixels and main != "pixel_values":
         wanted.append("pixel_values")
-    wanted += _EXTRA_INPUTS.get(config.model_type, [])
+    wanted += [name for name in _EXTRA_INPUTS.get(config.model_type, []) if name != "image_sizes"]
     for name in wanted:
         if name == "input_ids":
             ids = _ids(generator)
@@ -601,9 +601,11 @@ def _inputs(model: torch.nn.Module, seed: int, pixels: bool = False, image_token
             size = _IMAGE_SIZES.get(config.model_type, size if isinstance(size, int) else IMAGE_SIZE)
             frames = _find(config, "num_frames") or (2 if _matches_pairs(config.model_type) else None)
             shape = (BATCH_SIZE, channels, size, size) if not frames else (BATCH_SIZE, frames, channels, size, size)
-            if "image_sizes" in parameters:  # each image's true (height, width)
+            any_resolution = _find(config, "image_grid_pinpoints") is not None
+            if "image_sizes" in parameters and (any_resolution or "image_sizes" in _EXTRA_INPUTS.get(
+                    config.model_type, [])):  # each image's true (height, width)
                 batch["image_sizes"] = torch.tensor([[size, size]] * BATCH_SIZE)
-                if _find(config, "image_grid_pinpoints") is not None:
+                if any_resolution:
                     # LLaVA-NeXT style (any-resolution): the base image and its one tile (the tiny pinpoint grid)
                     shape = (BATCH_SIZE, 2, channels, size, size)
             if "tile_fine_mask" in parameters:  # Granite Docling: tiles per sample, and which are real
@@ -683,6 +685,7 @@ def _matches_pairs(model_type: str) -> bool:
 
 #: Inputs a model needs besides its main one, which its signature marks optional.
 _EXTRA_INPUTS: dict[str, list[str]] = {
+    "apertus1p5": ["image_sizes"],  # the image tokenizer crops each image to its true size
     "clvp": ["input_features"],  # the speech conditioning encoder always reads the mel spectrogram
 }
 
