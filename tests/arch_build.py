@@ -16,10 +16,14 @@ asks this module three things:
   every dropout 0, every special token id moved inside the small vocabulary.
 * :func:`inputs` — a batch generated from the model's ``main_input_name`` and ``forward`` signature
   (``input_ids``/``attention_mask``, ``pixel_values``, ``input_features``, ``input_values``,
-  ``decoder_input_ids`` for encoder-decoders, image tokens for vision-language models), and :func:`loss`, a scalar
-  from every floating tensor of the output (base models have no labels).
+  ``decoder_input_ids`` for encoder-decoders, image tokens for vision-language models; by parameter name: Qwen2-VL
+  style patches with ``grid_thw``, ``image_sizes`` of any-resolution models, ``pixel_position_ids``,
+  ``input_features_mask``, Q-Former ``query_embeds``, a drafting assistant's ``shared_kv_states``, time-series
+  windows), and :func:`loss`, a scalar from every floating tensor of the output (base models have no labels).
 
-``OVERRIDES`` holds the few per-type settings the generic rule cannot guess, each with its reason.
+``OVERRIDES`` holds the per-type settings the generic rule cannot guess, each with its reason (keyed by model type,
+also a sub-config's: they update that sub-config's dict); ``_EXTRA_INPUTS``, ``_IMAGE_SIZES`` and
+``_FEATURES_LAST`` are the few per-type input rules.
 """
 
 from __future__ import annotations
