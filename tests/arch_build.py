@@ -16,8 +16,10 @@ asks this module three things:
   every dropout 0, every special token id moved inside the small vocabulary.
 * :func:`inputs` — a batch generated from the model's ``main_input_name`` and ``forward`` signature
   (``input_ids``/``attention_mask``, ``pixel_values``, ``input_features``, ``input_values``,
-  ``decoder_input_ids`` for encoder-decoders, image tokens for vision-language models), and :func:`loss`, a scalar
-  from every floating tensor of the output (base models have no labels).
+  ``decoder_input_ids`` for encoder-decoders, image tokens for vision-language models; by parameter name: Qwen2-VL
+  style patches with ``grid_thw``, ``image_sizes`` of any-resolution models, ``pixel_position_ids``,
+  ``input_features_mask``, Q-Former ``query_embeds``, a drafting assistant's ``shared_kv_states``, time-series
+  windows), and :func:`loss`, a scalar from every floating tensor of the output (base models have no labels).
 
 The generic rule also keeps a ViT-style backbone's ``out_features``/``out_indices`` inside the shrunk depth, adds
 multimodal rotary sections (``mrope_section``) where a config has none, keeps one key/value head per query head for
@@ -25,8 +27,10 @@ multi-head latent attention, and generates the inputs named by a forward's requi
 ``main_input_name`` (video frames, Qwen-VL style flattened patches with their ``grid_thw``, the encoder's input of a
 speech encoder-decoder).
 
-``OVERRIDES`` holds the per-type config settings the generic rule cannot guess, and ``INPUT_RULES`` the per-type
-input rules (a batch layout only the model's own code defines), each with its reason.
+``OVERRIDES`` holds the per-type config settings the generic rule cannot guess (keyed by model type, also a
+sub-config's: they update that sub-config's dict), and ``INPUT_RULES`` the per-type input rules (a batch layout
+only the model's own code defines), each with its reason; ``_EXTRA_INPUTS``, ``_IMAGE_SIZES`` and
+``_FEATURES_LAST`` are three small tables of inputs some models need.
 """
 
 from __future__ import annotations
@@ -77,14 +81,15 @@ _SIZES: dict[str, int] = {
     **dict.fromkeys(["head_dim", "d_kv", "kv_channels", "attention_head_size", "attention_head_dim"], 8),
     **dict.fromkeys(["intermediate_size", "n_inner", "d_ff", "ffn_dim", "ffn_hidden_size", "encoder_ffn_dim",
                      "decoder_ffn_dim", "decoder_intermediate_size", "encoder_intermediate_size",
-                     "mlp_dim", "hidden_dim"], 64),
+                     "mlp_dim", "hidden_dim", "projection_intermediate_size", "alignment_intermediate_size"], 64),
     **dict.fromkeys(["max_position_embeddings", "n_positions", "n_ctx", "max_seq_len", "max_sequence_length",
                      "max_target_positions", "max_text_positions"], 64),
     **dict.fromkeys(["num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts"], 4),
-    **dict.fromkeys(["num_experts_per_tok", "moe_topk", "top_k_experts", "moe_top_k", "num_selected_experts"], 2),
-    **dict.fromkeys(["n_group", "topk_group"], 1),  # grouped expert routing: the 4 tiny experts form one group
+    **dict.fromkeys(["num_experts_per_tok", "moe_topk", "top_k_experts", "moe_top_k", "num_selected_experts",
+                     "num_experts_per_token", "moe_k"], 2),
     **dict.fromkeys(["moe_intermediate_size", "shared_expert_intermediate_size", "expert_intermediate_size"], 32),
-    **dict.fromkeys(["vocab_size", "text_vocab_size"], VOCAB_SIZE),
+    **dict.fromkeys(["vocab_size", "text_vocab_size", "vocab_size_per_layer_input"], VOCAB_SIZE),
+    "hidden_size_per_layer_input": 8,  # Gemma 3n/4 per-layer embeddings
     **dict.fromkeys(["image_size", "img_size"], IMAGE_SIZE),
     **dict.fromkeys(["patch_size"], PATCH_SIZE),
     **dict.fromkeys(["num_mel_bins"], 16),
@@ -92,6 +97,15 @@ _SIZES: dict[str, int] = {
     **dict.fromkeys(["num_conv_pos_embeddings"], 16),
     **dict.fromkeys(["num_conv_pos_embedding_groups"], 2),
     "fusion_hidden_size": 32,  # DPT-style necks: the width of every fusion stage
+    "backbone_hidden_size": 32,  # an assistant model's target width (Gemma 4 assistants)
+    "linear_head_dim": 8,  # linear-attention (KDA) layers of hybrid models
+    "linear_num_heads": 4,
+    # VQGAN image tokenizers (Chameleon, Emu3, Janus): conv widths and codebook
+    **dict.fromkeys(["base_channels", "latent_channels"], 32),  # GroupNorm(32 groups) on every conv
+    "num_embeddings": 64,
+    "mamba_n_heads": 4,  # Mamba-2 heads of hybrid models: must divide mamba_expand * hidden_size
+    "mamba_d_state": 16,
+    "mamba_chunk_size": 8,
     "rotary_dim": 4,
     "embedding_size": 32,
     # multi-head latent attention (DeepSeek V2/V3 style)
@@ -101,13 +115,16 @@ _SIZES: dict[str, int] = {
     "num_frames": 2,  # video models: frames per clip
     "mm_tokens_per_image": 4,  # Gemma 3: pooled image tokens, at most the 16 patches of a tiny image
 }
+#: Counts capped, not set: grouped expert routing (DeepSeek-V3) needs whole groups of the tiny expert count.
+_AT_MOST: dict[str, int] = {"n_group": 2, "num_expert_group": 2, "topk_group": 1,
+                            "context_size": 8}  # chunked attention: chunks within the tiny sequence
 #: Names of fields that may hold a width equal to some config's hidden size (projector outputs, adapters).
 _WIDTH = re.compile(r"(size|dim|hidden|channels|width)")
 #: Layer counts: encoder/decoder halves first (they sum to BLOCKS), then the single-stack names.
 _HALF_LAYER_COUNTS = ("encoder_layers", "decoder_layers", "num_encoder_layers", "num_decoder_layers")
 _LAYER_COUNT = re.compile(r"^(num_hidden_layers|n_layers?|num_layers|num_blocks|.*_num_hidden_layers|num_.*_hidden_layers"
                           r"|num_(text|vision|audio|encoder|decoder)_layers|(text|vision|audio)_layers)$")
-_DROPOUT_MARKERS = ("dropout", "pdrop", "drop_rate", "drop_prob", "layerdrop", "drop_path",
+_DROPOUT_MARKERS = ("dropout", "pdrop", "drop_rate", "drop_prob", "layerdrop", "drop_path", "drop_connect",
                     "mask_time_prob", "mask_feature_prob")  # SpecAugment masking: random, and needs long inputs
 _FIXED_TOKENS = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2, "decoder_start_token_id": 0,
                  "sep_token_id": 2, "cls_token_id": 1, "mask_token_id": 3}
@@ -138,8 +155,103 @@ _UVDOC_BACKBONE = {"resnet_head": [[3, 8], [8, 8]],
 
 #: Per-type config settings on top of the generic rule, each with why the rule cannot work.
 OVERRIDES: dict[str, dict[str, Any]] = {
+    # EfficientNet scales its stage widths and repeats by these coefficients (2.0 and 3.1: 55 blocks, 62M weights);
+    # the text projection must match the image embedding, the last stage's width (320 * 0.25 = 80).
+    "align": {"vision_config": {"width_coefficient": 0.25, "depth_coefficient": 0.25, "hidden_dim": 32},
+              "projection_dim": 80},
+    # Image then audio codebook tokens sit at fixed offsets of the text vocabulary (131272 and 262344 by default);
+    # the audio tokenizer's filters double at each of its 4 downsamplings.
+    "apertus1p5": {"image_token_offset": 64, "audio_token_offset": 80, "vision_config": {"codebook_size": 16},
+                   "audio_config": {"codebook_size": 16, "num_filters": 4}},
+    # Image patches -> query tokens of the projector, by patch count: the tiny image has 16 patches.
+    "aria": {"projector_patch_to_query_dict": {(IMAGE_SIZE // PATCH_SIZE) ** 2: 4}},
+    # Spectrogram frames: the patch grid is fixed by max_length (1024 frames by default).
+    "audio-spectrogram-transformer": {"max_length": 32},
+    # The decoder's start window (label_length, 10 by default) is cut from the context, here 4 steps long.
+    "autoformer": {"label_length": 2},
+    # The image placeholder token comes with a checkpoint (None by default).
+    "blip-2": {"image_token_id": VOCAB_SIZE - RESERVED_IDS + 1},
+    # Hashed byte n-gram embeddings: one table of this many rows per n-gram size.
+    "blt": {"encoder_hash_byte_group_vocab": VOCAB_SIZE},
+    # The BPE <-> image-token map comes with a checkpoint (None by default); the model reads "<image>" from it.
+    "chameleon": {"vocabulary_map": {"<image>": VOCAB_SIZE - 1}},
+    # DPT-style head widths (not named like sizes the generic rule knows).
+    "chmv2": {"post_process_channels": [16, 16, 32, 32], "fusion_hidden_size": 32, "head_hidden_size": 16,
+              "number_output_channels": 16},
+    # The encoders' rotary width is at least 32 (max(projection_dim // (2 * heads), 32)): one 32-wide head.
+    "clvp": {"text_config": {"num_attention_heads": 1}, "speech_config": {"num_attention_heads": 1}},
+    # The default config has no rotary parameters per layer type (checkpoints set them); the model indexes them.
+    "cohere_compass_text": {"rope_parameters": {"full_attention": {
+        "rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 1, 1]}}},
+    # DETR-family defaults use a timm ResNet; the transformers ResNet backbone (same stages) needs no timm.
+    **dict.fromkeys(["conditional_detr", "deformable_detr", "detr"], {"backbone_config": {
+        "model_type": "resnet", "embedding_size": 16, "hidden_sizes": [16, 16, 16, 16], "depths": [1, 1, 1, 1],
+        "out_features": ["stage1", "stage2", "stage3", "stage4"]}}),
+    # The Mimi codec's upsampling conv is depthwise over its hidden size (512 groups by default); its filters double
+    # at each of its 4 downsamplings.
+    "csm": {"codec_config": {"upsample_groups": _SIZES["hidden_size"], "num_filters": 2}},
+    # The attention reads attn_config.rope_theta and clamps by clip_qkv unconditionally: the checkpoints set both,
+    # the default has no rope_theta and clip_qkv=None (clamp(None, None) raises).
+    "dbrx": {"attn_config": {"rope_theta": 10000.0, "clip_qkv": 8.0}},
+    # The SAM neck's downsampling convs end at the encoder's width (896 by default).
+    "deepseek_ocr2_sam_vision_model": {"downsample_channels": [_SIZES["hidden_size"]] * 2},
+    # MoE layer kinds and top-k are None by default (checkpoints set them); the model indexes them per layer.
+    "deepseek_ocr2_text": {"mlp_layer_types": ["dense"] + ["sparse"] * (BLOCKS - 1), "num_experts_per_tok": 2},
+    # The config leaves the expert top-k unset (None: only checkpoints set it) and the MoE layers need it.
+    "deepseek_v2": {"num_experts_per_tok": 2},
+    # The high-resolution SAM tower's neck width (its projection convs quadruple it).
+    "deepseek_vl_hybrid": {"high_res_vision_config": {"output_channels": 16}},
+    # Neck widths of the multi-scale fusion, and the hooked encoder layers (of the full 24-layer encoder).
+    "depth_pro": {"scaled_images_feature_dims": [32, 32, 32], "intermediate_feature_dims": [32, 32],
+                  "fusion_hidden_size": 32, "intermediate_hook_ids": [BLOCKS - 1, 1]},
+    # Expert counts are None by default (checkpoints set them) and every layer builds its experts.
+    "diffusion_gemma_text": {"num_experts": 4, "top_k_experts": 2, "moe_intermediate_size": 32},
+    # Swin windows must fit every stage's resolution (the relative-position table is sized by window_size): a
+    # 16x16 patch grid halves to 2x2 at the 4th stage.
+    "donut-swin": {"image_size": 64, "patch_size": 4, "window_size": 2},
+    # The serialized layout counts an attention and an mlp entry per layer (twice the layers). Input / recurrent /
+    # output sections (4 input and 4 output layers by default) split the tiny depth. The recurrent section runs
+    # n_recurrent_loops (2) times per forward, which counting cannot tell from a recompute: the sweep trains the
+    # one-loop configuration.
+    "dory": {"num_hidden_layers": 2 * BLOCKS, "n_input_layers": 2, "n_recurrent_layers": 2 * (BLOCKS - 2),
+             "n_output_layers": 2, "n_recurrent_loops": 1,
+             "layer_types": ["sliding_attention", "mlp"] * (BLOCKS - 1) + ["full_attention", "mlp"]},
+    # The config leaves the expert counts unset (None: only checkpoints set them) and the MoE layers need them.
+    "dots1": {"n_routed_experts": 4, "num_experts_per_tok": 2, "n_shared_experts": 1},
+    # Sliding-window layers use plain attention whose head size must be the MLA query's (nope + rope parts).
+    "dots3_note_text": {"head_dim": _SIZES["qk_nope_head_dim"] + _SIZES["qk_rope_head_dim"]},
+    # RepVGG stages (1, 2, 4, 14 blocks up to 256 channels); the last stage's width must be the hidden size; the
+    # 2D rotary table is hidden_size / 2 wide and fills it only with the default 8 heads (head size * 4 / 2 each).
+    "efficientloftr": {"stage_num_blocks": [1, 1, 1, 1], "out_features": [16, 16, 32, _SIZES["hidden_size"]],
+                       "num_attention_heads": 8, "num_key_value_heads": 8},
+    # The BPE <-> image-token map comes with a checkpoint (None by default); the model reads two entries of it.
+    "emu3": {"vocabulary_map": {"<image>": VOCAB_SIZE - 1, "<|extra_200|>": VOCAB_SIZE - 2}},
+    "emu3_vqgan": {"codebook_size": 64},  # "codebook_size" is not shrunk generically: audio codecs size by it
+    # M-RoPE sections in (h, w, t) order, the h and w ones interleaved pairwise: they must be equal.
+    "ernie4_5_vl_moe_text": {"rope_parameters": {"rope_type": "default", "rope_theta": 500000.0,
+                                                 "mrope_section": [1, 1, 2]}},
+    # DaViT stage widths and channel-attention groups are lists named unlike the generic per-stage lists.
+    "florence2": {"vision_config": {"embed_dim": [32] * 4, "num_groups": [2] * 4}},
+    # The adaptor's width is fixed to a quarter of the text model's (checked by the config).
+    "fun_asr_nano": {"adaptor_config": {"intermediate_size": _SIZES["hidden_size"] // 4}},
+    # The last 15 of 35 layers reuse the cache of an earlier layer of each attention kind: both kinds must stay
+    # among the first layers.
+    "gemma3n_text": {"layer_types": ["sliding_attention", "full_attention"] * (BLOCKS // 2),
+                     "num_kv_shared_layers": BLOCKS // 2},
+    # The default text config is Gemma 4's, with per-layer inputs, MoE blocks and double-wide MLPs that the
+    # assistant's own validation rejects (Gemma4AssistantConfig() raises).
+    "gemma4_assistant": {"text_config": {"hidden_size_per_layer_input": 0, "vocab_size_per_layer_input": 0,
+                                         "enable_moe_block": False, "use_double_wide_mlp": False}},
+    # The audio projection's input is (channels[0] // 4) * channels[1]: full-size channels give a 1024-wide input.
+    "gemma4_audio": {"subsampling_conv_channels": [16, 8], "output_proj_dims": 32},
     # The local/global attention pattern is a list of (pattern, repeats) that must add up to the layer count.
     "gpt_neo": {"attention_types": [[["global", "local"], BLOCKS // 2]]},
+    # Vision -> text injection points name layers of the full-size towers (none by default for the deepstack);
+    # Q-Former heads are the vision width // 64 (zero below 64); the window downsampling rate has no default.
+    "granite4_vision": {"deepstack_layer_map": [[-2, 0], [-1, 1]], "spatial_target_layers": list(range(BLOCKS)),
+                        "vision_config": {"hidden_size": 64}, "downsample_rate": "1/2"},
+    # Vision layers whose features the connector stacks, of the full-size 12-layer tower.
+    "granite_docling_vision": {"deepstack_visual_indexes": [1, 2, 3]},
     # Chunked local attention: the context must fit the tiny position table.
     "granite_speech5_encoder": {"context_size": 16, "num_key_value_heads": 4},
     # Mamba heads must split mamba_expand * hidden_size (64) into heads of mamba_d_head.
@@ -190,9 +302,6 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "llama4": {"vision_config": {"vision_output_dim": 32, "projector_input_dim": 32, "projector_output_dim": 32,
                                  "intermediate_size": 128},
                "text_config": {"intermediate_size_mlp": 64}},
-    # "anyres" tiles images by grid pinpoints in pixels: one pinpoint, the tiny image size (one tile per image).
-    **dict.fromkeys(["llava_next", "llava_next_video", "llava_onevision"],
-                    {"image_grid_pinpoints": [[IMAGE_SIZE, IMAGE_SIZE]]}),
     # The experts' width and the identity ("zero") experts have names of their own.
     "longcat_flash": {"expert_ffn_hidden_size": 32, "zero_expert_num": 2},
     # The entity vocabulary and embedding width have names of their own.
@@ -460,7 +569,9 @@ def _sub_config_class(parent: type, key: str, value: dict) -> type | None:
 
 
 def _shrink_list(name: str, value: list, layers: int | None) -> list | None:
-    per_layer = bool(layers and len(value) == layers and value)
+    per_layer = bool(layers and len(value) == layers and value) and name not in _STAGE_LISTS
+    if name == "intermediate_size" and value and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        return [_SIZES[name]] * (BLOCKS if layers and len(value) == layers else len(value))  # per-layer MLP widths
     if per_layer:
         value = value[:BLOCKS]  # per-layer lists (layer_types, attention patterns)
     if all(isinstance(v, int) and not isinstance(v, bool) for v in value) and value:
@@ -472,6 +583,21 @@ def _shrink_list(name: str, value: list, layers: int | None) -> list | None:
         if name in ("num_heads", "num_attention_heads", "attention_heads"):
             return [2] * len(value)
     return value if per_layer else None
+
+
+def _shrink_sizes(value: Any) -> Any:
+    """A per-layer settings dict with its named sizes made tiny."""
+    if not isinstance(value, dict):
+        return value
+    shrunk = {k: _SIZES[k] if k in _SIZES and _is_number(v) and v else v for k, v in value.items()}
+    for kv_name, heads_name in _KV_HEADS:
+        if kv_name in value and value[kv_name] == value.get(heads_name):
+            shrunk[kv_name] = shrunk[heads_name]
+    return shrunk
+
+
+#: Per-stage lists of hierarchical (Swin-style) models, shrunk by name even when they have one entry per layer.
+_STAGE_LISTS = ("depths", "num_heads", "hidden_sizes", "embed_dims")
 
 
 class _Tokens:
@@ -515,14 +641,16 @@ def tiny_kwargs(cls: type, defaults: dict[str, Any], tokens: _Tokens,
         if isinstance(value, dict) and "model_type" in value:
             sub = _sub_config_class(cls, name, value)
             if sub is not None:
-                kwargs[name] = {**value, **tiny_kwargs(sub, value, tokens, widths=widths)}
+                kwargs[name] = {**value, **tiny_kwargs(sub, value, tokens, widths=widths),
+                                **OVERRIDES.get(value["model_type"], {})}  # a sub-model's own overrides
             continue
-        if isinstance(value, dict) and value and all(str(k).isdigit() for k in value):
-            kwargs[name] = {k: v for k, v in value.items() if int(k) < BLOCKS}  # per-layer settings
+        if isinstance(value, dict) and value and all(str(k).isdigit() for k in value) and (
+                layers is None or max(int(k) for k in value) < layers):
+            kwargs[name] = {k: _shrink_sizes(v) for k, v in value.items() if int(k) < BLOCKS}  # per-layer settings
             continue
         if isinstance(value, dict) and isinstance(value.get("mrope_section"), list):
             # multimodal rotary sections (t, h, w) must sum to half the tiny head size
-            kwargs[name] = {**value, "mrope_section": [2, 1, 1]}
+            kwargs[name] = {**value, "mrope_section": _mrope_section(value, defaults)}
             continue
         if isinstance(value, list):
             shrunk = _shrink_list(name, value, layers)
@@ -532,9 +660,11 @@ def tiny_kwargs(cls: type, defaults: dict[str, Any], tokens: _Tokens,
         if not (_is_number(value) or value is None):
             continue
         if name in _SIZES and (value is None or isinstance(value, int)):
-            if value is None and name not in ("head_dim",):
+            if (value is None and name not in ("head_dim", "vocab_size")) or value == 0:  # 0: absent (NoPE)
                 continue
             kwargs[name] = _SIZES[name]
+        elif name in _AT_MOST and isinstance(value, int):
+            kwargs[name] = min(value, _AT_MOST[name])
         elif name in _HALF_LAYER_COUNTS and isinstance(value, int):
             kwargs[name] = BLOCKS // 2
         elif _LAYER_COUNT.match(name) and isinstance(value, int) and value > 0:
@@ -551,15 +681,24 @@ def tiny_kwargs(cls: type, defaults: dict[str, Any], tokens: _Tokens,
     if "lags_sequence" in defaults and defaults.get("prediction_length") is None:  # probabilistic time series
         kwargs.update(prediction_length=_HORIZON, context_length=2 * _HORIZON, lags_sequence=[1, 2, 3],
                       num_time_features=1)
+    for kv_name, heads_name in _KV_HEADS:
+        heads = defaults.get(heads_name)
+        if kv_name in kwargs and isinstance(heads, int) and defaults[kv_name] == heads:
+            kwargs[kv_name] = kwargs.get(heads_name, defaults[heads_name])  # multi-head by default: some require it
+    rope = defaults.get("rope_parameters")
+    if (isinstance(rope, dict) and "rope_type" in rope and "mrope_section" not in rope
+            and "mrope_section" in getattr(cls, "ignore_keys_at_rope_validation", ())):
+        # the model falls back to a full-size section list when the config has none (GLM-4V)
+        kwargs["rope_parameters"] = {**rope, "mrope_section": _mrope_section(rope, defaults)}
+    kwargs.update(_backbone_outputs(defaults, layers))
+    if layers and defaults.get("num_kv_shared_layers") == layers:  # every layer reuses another model's cache
+        kwargs["num_kv_shared_layers"] = BLOCKS
+    if isinstance(defaults.get("image_grid_pinpoints"), list):  # any-resolution tiles: one tiny image size
+        kwargs["image_grid_pinpoints"] = [[IMAGE_SIZE, IMAGE_SIZE]]
     if "kv_lora_rank" in defaults and "num_key_value_heads" in kwargs:
         # multi-head latent attention expands its latent K/V to one head per query head
         kwargs["num_key_value_heads"] = kwargs.get("num_attention_heads", _SIZES["num_attention_heads"])
     _follow_depth(defaults, kwargs)
-    rope = defaults.get("rope_parameters")
-    # the model's fallback sections fit the full-size head only
-    if "mrope_section" in getattr(cls, "ignore_keys_at_rope_validation", ()) and isinstance(rope, dict) \
-            and "rope_type" in rope and "mrope_section" not in rope:
-        kwargs["rope_parameters"] = {**rope, "mrope_section": [2, 1, 1]}
     if "qk_rope_head_dim" in defaults and "head_dim" in defaults:
         kwargs["head_dim"] = _SIZES["qk_rope_head_dim"]  # multi-head latent attention: head_dim is the rope part
     if "pad_token_id" in defaults or "vocab_size" in defaults:
@@ -590,14 +729,42 @@ def _merge(values: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
     """``values`` updated by ``overrides``; a dict for a sub-config updates that sub-config's values."""
     merged = dict(values)
     for name, value in overrides.items():
-        both = isinstance(value, dict) and isinstance(merged.get(name), dict)
+        both = isinstance(value, dict) and isinstance(merged.get(name), dict) and "model_type" not in value
         merged[name] = _merge(merged[name], value) if both else value
     return merged
 
 
+#: (key/value head count, attention head count) field pairs.
+_KV_HEADS = (("num_key_value_heads", "num_attention_heads"), ("n_kv_heads", "n_heads"), ("num_kv_heads", "num_heads"),
+             ("num_kv_heads", "num_attention_heads"))
+
+
+def _mrope_section(rope: dict, defaults: dict) -> list[int]:
+    """Multimodal rotary sections (t, h, w) summing to half the tiny rotary width (head size 8 times the
+    partial rotary factor)."""
+    factor = rope.get("partial_rotary_factor", defaults.get("partial_rotary_factor")) or 1.0
+    half = int(_SIZES["head_dim"] * factor) // 2
+    t = (half + 1) // 2
+    h = (half - t + 1) // 2
+    return [t, h, half - t - h]
+
+
+def _backbone_outputs(defaults: dict, layers: int | None) -> dict[str, Any]:
+    """A backbone's selected stages follow its shrunk depth: the same number of stages, the last ones."""
+    stages, indices = defaults.get("stage_names"), defaults.get("out_indices")
+    if not (layers and isinstance(stages, list) and len(stages) == layers + 1 and isinstance(indices, (list, tuple))
+            and 0 < len(indices) <= BLOCKS):
+        return {}
+    picked = list(range(BLOCKS - len(indices) + 1, BLOCKS + 1))
+    return {"out_indices": picked, "out_features": [f"stage{i}" for i in picked]}
+
+
 def tiny_config(model_type: str):
     cls = config_class(model_type)
-    defaults = cls().to_dict()
+    try:
+        defaults = cls().to_dict()
+    except Exception:  # noqa: BLE001 (defaults its own validation rejects: start from the per-type settings)
+        defaults = cls(**OVERRIDES.get(model_type, {})).to_dict()
     kwargs = _merge(tiny_kwargs(cls, defaults, _Tokens()), OVERRIDES.get(model_type, {}))
     return cls(**kwargs)
 
@@ -696,7 +863,7 @@ def _inputs(model: torch.nn.Module, seed: int, pixels: bool = False, image_token
     generator = torch.Generator().manual_seed(seed)
     batch: dict[str, Any] = {}
     main = getattr(model, "main_input_name", "input_ids")
-    if main not in parameters and "pixel_values" in parameters:  # a vision tower that kept the default name
+    if main not in parameters and "pixel_values" in parameters:  # a vision tower that inherits "input_ids"
         main = "pixel_values"
     wanted = [main] + (["input_ids"] if "input_ids" in parameters and main != "input_ids" else [])
     if pixels and main != "pixel_values":
@@ -706,6 +873,7 @@ def _inputs(model: torch.nn.Module, seed: int, pixels: bool = False, image_token
     # an input the forward requires under a name the generator knows, where main_input_name names another
     wanted += [n for n in ("pixel_values", "input_features", "input_values") if _required(parameters, n)
                and n not in wanted]
+    wanted += [name for name in _EXTRA_INPUTS.get(config.model_type, []) if name != "image_sizes"]
     for name in wanted:
         if name == "input_ids":
             ids = _ids(generator)
@@ -720,32 +888,46 @@ def _inputs(model: torch.nn.Module, seed: int, pixels: bool = False, image_token
         elif name == "pixel_values":
             channels = _find(config, "num_channels", "in_channels", "in_chans", default=3)
             size = _find(config, "image_size", "img_size", default=IMAGE_SIZE)
-            size = size if isinstance(size, int) else IMAGE_SIZE
-            frames = _find(config, "num_frames")
+            size = _IMAGE_SIZES.get(config.model_type, size if isinstance(size, int) else IMAGE_SIZE)
+            frames = _find(config, "num_frames") or (2 if _matches_pairs(config.model_type) else None)
             shape = (BATCH_SIZE, channels, size, size) if not frames else (BATCH_SIZE, frames, channels, size, size)
+            any_resolution = _find(config, "image_grid_pinpoints") is not None
+            if "image_sizes" in parameters and (any_resolution or "image_sizes" in _EXTRA_INPUTS.get(
+                    config.model_type, [])):  # each image's true (height, width)
+                batch["image_sizes"] = torch.tensor([[size, size]] * BATCH_SIZE)
+                if any_resolution:
+                    # LLaVA-NeXT style (any-resolution): the base image and its one tile (the tiny pinpoint grid)
+                    shape = (BATCH_SIZE, 2, channels, size, size)
+            if "tile_fine_mask" in parameters:  # Granite Docling: tiles per sample, and which are real
+                shape = (BATCH_SIZE, 1, channels, size, size)
+                batch["pixel_attention_mask"] = torch.ones(BATCH_SIZE, 1, dtype=torch.bool)
             grid = next((g for g in ("image_grid_thw", "grid_thw", "image_grid_hw") if g in parameters), None)
             if grid:  # Qwen2-VL style: flattened patches and a (t, h, w) grid per image (its vision tower: grid_thw)
                 batch["pixel_values"], thw = _grid_patches(config, generator)
                 batch[grid] = thw[:, 1:] if grid.endswith("_hw") else thw
                 if "image_merge_sizes" in parameters:  # VideoLLaMA3: each image's spatial merge
                     batch["image_merge_sizes"] = torch.full((BATCH_SIZE,), _find(config, "spatial_merge_size", default=1))
+                if "images_per_sample" in parameters:  # GLM-Image: each sample's grids end with its target's
+                    batch[grid] = batch[grid].repeat_interleave(2, dim=0)
+                    batch["images_per_sample"] = torch.tensor([2] * BATCH_SIZE)
                 continue
             batch["pixel_values"] = torch.randn(*shape, generator=generator)
         elif name == "input_features":
             bins = _find(config, "num_mel_bins", "feature_size", "input_feat_per_channel", default=16)
             frames = 2 * (_find(config, "max_source_positions", default=16) or 16)
-            batch["input_features"] = torch.randn(BATCH_SIZE, bins, frames, generator=generator)
+            width = _features_last(model)
+            shape = (BATCH_SIZE, bins, frames) if width is None else (BATCH_SIZE, frames, width)
+            batch["input_features"] = torch.randn(*shape, generator=generator)
+        elif name == "audio_mel":  # Gemma 3n: (batch, frames, bins) and its padding mask (True: padding)
+            frames = 2 * SEQUENCE_LENGTH
+            batch["audio_mel"] = torch.randn(BATCH_SIZE, frames, config.input_feat_size, generator=generator)
+            batch["audio_mel_mask"] = torch.zeros(BATCH_SIZE, frames, dtype=torch.bool)
+        elif name == "input_values" and isinstance(getattr(config, "max_length", None), int) and hasattr(
+                config, "num_mel_bins"):  # a spectrogram (Audio Spectrogram Transformer): (batch, frames, bins)
+            shape = (BATCH_SIZE, config.max_length, config.num_mel_bins)
+            batch["input_values"] = torch.randn(*shape, generator=generator)
         elif name == "input_values":
             batch["input_values"] = torch.randn(BATCH_SIZE, AUDIO_SAMPLES, generator=generator)
-        elif name == "past_values":  # time series: the context plus the largest lag, and the horizon to predict
-            past = config.context_length + max(config.lags_sequence)
-            features = config.num_time_features
-            batch["past_values"] = torch.randn(BATCH_SIZE, past, generator=generator)
-            batch["past_time_features"] = torch.randn(BATCH_SIZE, past, features, generator=generator)
-            batch["past_observed_mask"] = torch.ones(BATCH_SIZE, past)
-            batch["future_values"] = torch.randn(BATCH_SIZE, config.prediction_length, generator=generator)
-            batch["future_time_features"] = torch.randn(BATCH_SIZE, config.prediction_length, features,
-                                                        generator=generator)
         elif name == "pixel_values_videos":  # (batch, frames, channels, height, width)
             channels = _find(config, "num_channels", "in_channels", "in_chans", default=3)
             size = _find(config, "image_size", "crop_size", "img_size", default=IMAGE_SIZE)
@@ -757,14 +939,44 @@ def _inputs(model: torch.nn.Module, seed: int, pixels: bool = False, image_token
     if "qformer_input_ids" in parameters:  # InstructBLIP: the instruction, read by the Q-Former too
         batch["qformer_input_ids"] = _ids(generator)
         batch["qformer_attention_mask"] = torch.ones_like(batch["qformer_input_ids"])
-    if _required(parameters, "grid_thw"):  # a Qwen-VL style vision tower alone: flattened patches and their grid
-        batch.pop("pixel_values", None)
-        name = "hidden_states" if _required(parameters, "hidden_states") else "pixel_values"
-        batch[name], batch["grid_thw"] = _grid_patches(config, generator)
+    if main == "past_values" and hasattr(config, "lags_sequence"):  # GluonTS-style forecasters (Autoformer)
+        batch.update(_time_series(config, generator))
+    if "input_features_mask" in parameters and "input_features" in batch:  # every frame valid
+        features = batch["input_features"]
+        frames = features.shape[-1] if _features_last(model) is None else features.shape[1]
+        batch["input_features_mask"] = torch.ones(BATCH_SIZE, frames, dtype=torch.long)
+    if "high_res_pixel_values" in parameters and "pixel_values" in batch:  # DeepSeek-VL hybrid: a second tower
+        size = config.high_res_vision_config.image_size
+        batch["high_res_pixel_values"] = torch.randn(BATCH_SIZE, 3, size, size, generator=generator)
+    if "shared_kv_states" in parameters and "inputs_embeds" in parameters:  # a drafting assistant (Gemma 4) runs on
+        text = config.get_text_config()  # its target's last hidden states (two widths) and key/value states
+        width = 2 * config.backbone_hidden_size
+        batch = {"inputs_embeds": torch.randn(BATCH_SIZE, 1, width, generator=generator), "shared_kv_states": {
+            kind: tuple(torch.randn(BATCH_SIZE, text.num_key_value_heads, SEQUENCE_LENGTH, text.head_dim,
+                                    generator=generator) for _ in range(2)) for kind in sorted(set(text.layer_types))}}
+    if "query_embeds" in parameters and main != "query_embeds":  # a Q-Former alone: learned queries, image features
+        batch = {"query_embeds": torch.randn(BATCH_SIZE, SEQUENCE_LENGTH, config.hidden_size, generator=generator)}
+        if "encoder_hidden_states" in parameters:
+            width = getattr(config, "encoder_hidden_size", None) or config.hidden_size
+            batch["encoder_hidden_states"] = torch.randn(BATCH_SIZE, SEQUENCE_LENGTH, width, generator=generator)
+    if "pixel_position_ids" in parameters:  # Gemma 4 vision: flattened patches and their (x, y) positions
+        side = _find(config, "image_size", default=IMAGE_SIZE) // _find(config, "patch_size", default=PATCH_SIZE)
+        patch = _find(config, "patch_size", default=PATCH_SIZE)
+        grid = torch.stack(torch.meshgrid(torch.arange(side), torch.arange(side), indexing="xy"), -1).reshape(-1, 2)
+        batch["pixel_values"] = torch.rand(BATCH_SIZE, side * side, 3 * patch * patch, generator=generator)
+        batch["pixel_position_ids"] = grid.expand(BATCH_SIZE, -1, -1).clone()
+    if "grid_thw" in parameters:  # a Qwen2-VL-style vision tower alone: its first argument takes the patches
+        first = next(iter(parameters))
+        batch = {first: None, "grid_thw": None}
+        batch[first], batch["grid_thw"] = _grid_patches(config, generator)
         if _required(parameters, "merge_sizes"):  # VideoLLaMA3: the spatial merge of each image
             batch["merge_sizes"] = torch.full((BATCH_SIZE,), _find(config, "spatial_merge_size", default=1))
     if getattr(config, "is_encoder_decoder", False) and "decoder_input_ids" in parameters:
+        channels = getattr(getattr(config, "decoder_config", None), "num_channels", None)
         batch["decoder_input_ids"] = _ids(generator)
+        if channels:  # audio codebooks (Dia): one id per channel and step
+            batch["decoder_input_ids"] = torch.randint(FIRST_ID, VOCAB_SIZE - RESERVED_IDS,
+                                                       (BATCH_SIZE, SEQUENCE_LENGTH, channels), generator=generator)
     rule = INPUT_RULES.get(getattr(model, "_sweep_model_type", getattr(config, "model_type", "")))
     if rule is not None:
         batch.update(rule(model, batch, generator) or {})
@@ -808,13 +1020,6 @@ def _kosmos2(model: torch.nn.Module, batch: dict, generator: torch.Generator) ->
     mask = torch.zeros_like(batch["input_ids"])
     mask[:, 1:1 + model.config.latent_query_num] = 1
     return {"image_embeds_position_mask": mask}
-
-
-def _anyres_tiles(model: torch.nn.Module, batch: dict, generator: torch.Generator) -> dict:
-    """LLaVA-NeXt "anyres": each image as its base view and one tile (the single tiny grid pinpoint, see
-    ``OVERRIDES``), ``(batch, 2, channels, size, size)``, with its size."""
-    return {"pixel_values": torch.randn(BATCH_SIZE, 2, 3, IMAGE_SIZE, IMAGE_SIZE, generator=generator),
-            "image_sizes": torch.tensor([[IMAGE_SIZE, IMAGE_SIZE]] * BATCH_SIZE)}
 
 
 def _text_and_codebooks(model: torch.nn.Module, batch: dict, generator: torch.Generator) -> dict:
@@ -1067,7 +1272,6 @@ INPUT_RULES: dict[str, Any] = {
                      "parakeet_rnnt", "parakeet_tdt"], _frames_first),
     "lfm2_vl": _patchified,
     **dict.fromkeys(["lighton_ocr", "mistral3", "mistral_large4"], _image_sizes),
-    **dict.fromkeys(["llava_next", "llava_next_video", "llava_onevision"], _anyres_tiles),
     **dict.fromkeys(["mimi", "mimi_encoder", "omniasr_audio", "omniasr_ctc"], _mono_waveform),
     # The Mimi decoder alone decodes continuous latents, (batch, hidden_size, frames).
     "mimi_decoder": lambda model, batch, generator: {
@@ -1111,6 +1315,61 @@ INPUT_RULES: dict[str, Any] = {
 
 def _required(parameters: Any, name: str) -> bool:
     return name in parameters and parameters[name].default is inspect.Parameter.empty
+
+
+def _matches_pairs(model_type: str) -> bool:
+    """Keypoint matchers take a pair of images per sample."""
+    return any("KEYPOINT_MATCHING" in mapping for mapping, _ in registered().get(model_type, []))
+
+
+#: Inputs a model needs besides its main one, which its signature marks optional.
+_EXTRA_INPUTS: dict[str, list[str]] = {
+    "apertus1p5": ["image_sizes"],  # the image tokenizer crops each image to its true size
+    "clvp": ["input_features"],  # the speech conditioning encoder always reads the mel spectrogram
+}
+
+#: Input image sizes of models whose configs do not hold it.
+_IMAGE_SIZES: dict[str, int] = {
+    "depth_pro": 4 * PATCH_SIZE,  # the 1/4-scaled image must still hold one patch_size crop
+    "efficientloftr": 2 * IMAGE_SIZE,  # coarse features at 1/8, then pooled 4x4 by the attention aggregation
+}
+
+#: Audio encoders (by modeling module) that read (batch, frames, features) rather than (batch, mel bins, frames),
+#: with the feature width they expect.
+_FEATURES_LAST: dict[str, Callable[[Any], int]] = {
+    "parakeet": lambda config: config.num_mel_bins,
+    "lasr": lambda config: config.num_mel_bins,
+    "fun_asr_nano": lambda config: config.input_size,  # mel bins times stacked frames
+    "granite_speech5": lambda config: 4 * config.num_mel_bins,  # delta-expanded, then stacked in pairs
+    "gemma4": lambda config: config.subsampling_conv_channels[0],  # the projection assumes bins == channels
+}
+
+
+def _features_last(model: torch.nn.Module) -> int | None:
+    """The feature width of an audio encoder reading (batch, frames, features), None for (batch, bins, frames)."""
+    for module in model.modules():
+        family = type(module).__module__.rpartition(".modeling_")[2]
+        config = getattr(module, "config", None)
+        if family in _FEATURES_LAST and config is not None:  # the audio tower's config has the fields
+            with contextlib.suppress(AttributeError, TypeError, IndexError):
+                return _FEATURES_LAST[family](config)
+    return None
+
+
+def _time_series(config: Any, generator: torch.Generator) -> dict[str, torch.Tensor]:
+    """Past values (context plus the largest lag) with their time features and mask, and the future window."""
+    past = config.context_length + max(config.lags_sequence)
+    future = config.prediction_length
+    features = config.num_time_features
+
+    def values(length: int) -> torch.Tensor:
+        shape = (BATCH_SIZE, length) if config.input_size == 1 else (BATCH_SIZE, length, config.input_size)
+        return torch.randn(*shape, generator=generator)
+
+    return {"past_values": values(past), "past_observed_mask": torch.ones_like(values(past)),
+            "past_time_features": torch.randn(BATCH_SIZE, past, features, generator=generator),
+            "future_values": values(future),
+            "future_time_features": torch.randn(BATCH_SIZE, future, features, generator=generator)}
 
 
 def _grid_patches(config: Any, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:

@@ -229,12 +229,10 @@ def _generic_cases():
         marks = [pytest.mark.xfail(strict=True, reason=reason)] if reason else []
         if _too_slow(entry):  # reported as a known failure without running: one step would take minutes
             marks = [pytest.mark.xfail(reason=GENERIC_KNOWN_FAILURES[entry.model_type], run=False)]
-        only = arch_known_failures.ONLY_EVERY_N_LAYERS.get(entry.model_type)
         for point in ENTRY_POINTS:
             for every_n in EVERY_N_LAYERS:
-                applies = only is None or only == every_n
                 yield pytest.param(entry, point, every_n, id=f"{entry.model_type}-{point}-every{every_n}",
-                                   marks=marks if applies else [])
+                                   marks=marks)
 
 
 _LAST_REFERENCE: dict[arch_build.ModelType, arch_check.Reference | BaseException] = {}
