@@ -29,7 +29,7 @@ class Reference:
         self.batch = batch(model)
         with BlockRunCounter(model) as runs:
             self.grads = gradients(model, self.batch)
-        assert runs.recomputed() == [], "blocks ran twice without checkpointing"
+        assert runs.recomputed_in_backward() == [], "blocks ran in backward without checkpointing"
         assert self.grads, "no parameter got a gradient"
         assert all(torch.isfinite(g).all() for g in self.grads.values()), "non-finite gradients without checkpointing"
         self.state = {name: tensor.clone() for name, tensor in model.state_dict().items()}
@@ -76,7 +76,10 @@ def check(reference: Reference, entry: str, every_n: int) -> dict[str, Any]:
     assert len(probe) == (measured != expected), f"probe warnings {probe}"
     others = [str(w.message) for w in caught if issubclass(w.category, hf_ckpt.HfCkptWarning) and str(w.message) not in probe]
     assert others == [], f"unexpected hf_ckpt warnings {others}"
-    assert runs.recomputed() == measured, f"measured recompute {runs.recomputed()}, expected {measured}"
+    # A recompute is a run during backward: counting runs per step would also count a block whose first submodule
+    # runs twice per forward (Gemma 3n's AltUp router norm) or a looped stack.
+    recomputed = runs.recomputed_in_backward()
+    assert recomputed == measured, f"measured recompute {recomputed}, expected {measured}"
     assert hf_ckpt.checkpointed_layers(model) == measured, "checkpointed_layers must report what the probe measured"
     assert sorted(grads) == sorted(reference.grads), "a different set of parameters got gradients"
     worst = max(((grads[n] - reference.grads[n]).abs().max().item() for n in reference.grads

@@ -89,11 +89,10 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     # 16x16 patch grid halves to 2x2 at the 4th stage.
     "donut-swin": {"image_size": 64, "patch_size": 4, "window_size": 2},
     # The serialized layout counts an attention and an mlp entry per layer (twice the layers). Input / recurrent /
-    # output sections (4 input and 4 output layers by default) split the tiny depth. The recurrent section runs
-    # n_recurrent_loops (2) times per forward, which counting cannot tell from a recompute: the sweep trains the
-    # one-loop configuration.
+    # output sections (4 input and 4 output layers by default) split the tiny depth; the recurrent section keeps its
+    # default loops (it runs twice per forward: only runs during backward count as recomputes).
     "dory": {"num_hidden_layers": 2 * BLOCKS, "n_input_layers": 2, "n_recurrent_layers": 2 * (BLOCKS - 2),
-             "n_output_layers": 2, "n_recurrent_loops": 1,
+             "n_output_layers": 2,
              "layer_types": ["sliding_attention", "mlp"] * (BLOCKS - 1) + ["full_attention", "mlp"]},
     # The config leaves the expert counts unset (None: only checkpoints set them) and the MoE layers need them.
     "dots1": {"n_routed_experts": 4, "num_experts_per_tok": 2, "n_shared_experts": 1},
@@ -137,10 +136,9 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "granitemoehybrid": {"mamba_n_heads": 4, "mamba_d_head": 16, "mamba_d_state": 16},
     # Hiera's sizes are (height, width) pairs: the tiny image, the patch grid 8 x 8 = one 8 x 8 mask unit.
     "hiera": {"image_size": [IMAGE_SIZE, IMAGE_SIZE]},
-    # A recurrent model: by default its low- and high-level stacks run H_cycles * L_cycles and H_cycles times a
-    # step (each block runs several times without checkpointing); one cycle of each runs every block once (two
-    # stacks of 2 make the 4 layers), which is what counting recomputed blocks needs.
-    "hrm_text": {"H_cycles": 1, "L_cycles": 1, "L_bp_cycles": [1], "num_layers_per_stack": BLOCKS // 2},
+    # A recurrent model: two stacks of 2 make the 4 layers (its low- and high-level stacks keep their default
+    # cycles: they run several times per forward; only runs during backward count as recomputes).
+    "hrm_text": {"num_layers_per_stack": BLOCKS // 2},
     # The default rope has no multimodal sections, which the rotary embedding requires (real checkpoints set them):
     # sequence, width, height and image axes over the 4 rotary pairs of the tiny head.
     "hunyuan_vl": {"text_config": {"rope_parameters": {"rope_theta": 10000.0, "rope_type": "default",
