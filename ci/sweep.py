@@ -72,8 +72,10 @@ def run_release(release: str, args: argparse.Namespace) -> dict:
             "PYTHONUNBUFFERED": "1",  # progress reaches the log as it happens
             "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // max(1, args.jobs))),
         }
-        command = [str(path / "bin" / "python"), "-m", "pytest", "-p", "no:cacheprovider", "-q",
-                   "tests/test_architectures.py", "-k", "test_every_model_type", f"--junitxml={out / 'junit.xml'}"]
+        # A release that runs past --timeout is stopped (exit status 124): its sweep is then reported as incomplete.
+        command = ["timeout", "--kill-after=30", str(args.timeout), str(path / "bin" / "python"), "-m", "pytest",
+                   "-p", "no:cacheprovider", "-q", "tests/test_architectures.py", "-k", "test_every_model_type",
+                   f"--junitxml={out / 'junit.xml'}"]
         started = time.monotonic()
         status = matrix.run_logged(command, log, env=env, echo=False)
         seconds = time.monotonic() - started
@@ -97,6 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--releases", nargs="+", metavar="X", help="releases (default: all of ci/matrix.py)")
     parser.add_argument("--jobs", type=int, default=1, help="releases run at once (default 1)")
+    parser.add_argument("--timeout", type=int, default=1800, help="seconds a release may run (default 1800)")
     parser.add_argument("--cache-dir", type=Path, default=matrix.DEFAULT_CACHE, help="matrix environments")
     parser.add_argument("--out", type=Path, default=ROOT / "build" / "sweep", help="logs and sweep.json")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
