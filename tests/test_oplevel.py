@@ -225,3 +225,38 @@ def test_bad_input_names_the_argument(llama):
         parse_strategy("oplevel:2")
     with pytest.raises(ValueError, match=r"compile needs .*activation_memory_budget.* got compile:half"):
         parse_strategy("compile:half")
+
+
+def test_bench_rows_of_compile_show_the_compiled_figures():
+    """`hf-ckpt bench` runs compile:F eagerly under its dispatch modes; the row must show what the compiled graphs
+    saved and counted (the strategy's own figures), not the eager step's, and no peak it did not measure."""
+    from hf_ckpt.measure.bench import run_benchmark
+    from hf_ckpt.measure.report import format_table, rows
+    from hf_ckpt.measure.strategies import Strategy
+
+    model, batch = tiny_llama(layers=2), _batch(16)
+    own = {"saved_bytes": 12345, "graph_flops": 6789}
+    fake = Strategy("compile:0.5", "stands for compile:0.5", apply=lambda m: None, remove=lambda m: None,
+                    details=own)
+    report = run_benchmark(model, batch, ["none", fake], repeat=1, warmup=0)
+    row = {r["strategy"]: r for r in rows(report)}["compile:0.5"]
+    none = report["none"].measurement
+    assert (row["retained_bytes"], row["flops"], row["peak_bytes"]) == (12345, 6789, None)
+    assert none.retained_bytes != 12345 and none.flops != 6789
+    line = next(line for line in format_table(report).splitlines() if line.startswith("| compile:0.5"))
+    assert "0.01" in line and " - " in line  # 12345 B in MiB; the peak not measured
+
+
+def test_a_policy_keeping_nothing_is_plain_checkpointing():
+    """No selective machinery for an empty policy: same memory, FLOPs, recomputed blocks and gradients as full."""
+    model, batch = tiny_llama(layers=2), _batch(16)
+    measured = {}
+    for name, plan in (("full", hf_ckpt.CheckpointPlan(strategies=("full", "full"))),
+                       ("empty", hf_ckpt.CheckpointPlan(strategies=("oplevel:e",) * 2, policies={"e": []}))):
+        hf_ckpt.enable(model, plan=plan)
+        step = measure_step(model, batch)
+        measured[name] = (step.retained_bytes, step.flops, step.recomputed_blocks, train_step(model, batch))
+        hf_ckpt.disable(model)
+    assert measured["empty"][:3] == measured["full"][:3]
+    assert measured["empty"][2] == [0, 1]
+    assert max_grad_diff(measured["full"][3], measured["empty"][3]) == 0.0
