@@ -167,9 +167,14 @@ def test_frontier_thinning_keeps_the_ends_and_at_most_the_limit(llama):
     (profile,) = profile_ops(model, batch)
     points = frontier(profile)
     thinned = frontier(profile, max_points=8)
-    assert len(points) > 9 and 2 <= len(thinned) <= 9
+    corners = len({point.avoided_flops for point in points})
+    assert len(points) > 9 + corners and 2 <= len(thinned) <= 9 + corners
     assert thinned[0] == points[0] and thinned[-1] == points[-1]
     assert all(point in points for point in thinned)
+    # every change of the kept matmuls stays on offer, at its smallest bytes
+    for flops in {point.avoided_flops for point in points}:
+        smallest = min((p for p in points if p.avoided_flops == flops), key=lambda p: p.bytes)
+        assert smallest in thinned
 
 
 def test_plan_json_round_trip_applies_the_same_policies(llama, half_plan, tmp_path):

@@ -26,7 +26,8 @@ every op that is not saved, whatever else is saved, so values add up (see :mod:`
 
 The planner offers every frontier point to every block of the type; beyond :data:`MAX_POINTS` points the frontier
 is thinned to the best point under each of :data:`MAX_POINTS` evenly spaced byte caps (so a cap between two kept
-points is served by a point at most ``bytes / MAX_POINTS`` below it).
+points is served by a point at most ``bytes / MAX_POINTS`` below it), plus the smallest point of each distinct
+FLOP saving: every change of the kept matmuls stays on offer exactly.
 """
 
 from __future__ import annotations
@@ -109,19 +110,24 @@ def _pareto(points: list[FrontierPoint]) -> list[FrontierPoint]:
 
 
 def _thinned(points: list[FrontierPoint], limit: int) -> list[FrontierPoint]:
-    """At most ``limit`` points (and the two ends): the best under each of ``limit`` evenly spaced byte caps."""
+    """The best point under each of ``limit`` evenly spaced byte caps, plus the smallest point of each distinct
+    FLOP saving (the corners where the kept matmuls change, which carry almost all of the value)."""
     if len(points) <= limit:
         return points
     top = points[-1].bytes
-    kept: list[FrontierPoint] = []
+    kept: dict[int, FrontierPoint] = {}
     j = 0
     for step in range(limit + 1):
         cap = top * step // limit
         while j + 1 < len(points) and points[j + 1].bytes <= cap:
             j += 1
-        if not kept or kept[-1] is not points[j]:
-            kept.append(points[j])
-    return kept
+        kept[id(points[j])] = points[j]
+    flops_seen: set[int] = set()
+    for point in points:  # by increasing bytes
+        if point.avoided_flops not in flops_seen:
+            flops_seen.add(point.avoided_flops)
+            kept[id(point)] = point
+    return sorted(kept.values(), key=lambda point: point.bytes)
 
 
 def _exact(items: list[tuple[tuple[str, ...], int, int]]) -> list[tuple[str, ...]]:
