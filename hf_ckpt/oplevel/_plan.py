@@ -4,7 +4,8 @@
    under the block-level strategies; :func:`profile_ops` profiles one block per twin group op by op.
 2. **Menu.** Each block's options: the block-level strategies, plus every point of its type's op-level frontier
    (:func:`~hf_ckpt.oplevel.frontier`), predicted as ``full`` plus the kept bytes and ``full``'s recompute less the
-   avoided recompute. An option's cost is its recompute FLOPs plus its recompute elementwise output elements (one
+   avoided recompute; points that avoid no FLOPs are left out (they would trade plain checkpointing for per-op
+   selective dispatch to save elementwise work only). An option's cost is its recompute FLOPs plus its recompute elementwise output elements (one
    each, :mod:`hf_ckpt.measure.flops`): ``none`` costs 0, ``full`` the whole block's recompute, ``selective``
    the measured FLOPs plus the elementwise ops its policy does not keep (the op profile asks the policy).
 3. **Solve.** A multiple-choice knapsack over blocks, solved exactly by dynamic programming over savings
@@ -104,8 +105,10 @@ def _menu(block_profile: Any, op_profiles: list[BlockOpProfile]) -> tuple[list[l
         prefix = profile.block_type if profile.block_type not in used_names else f"{profile.block_type}{number}"
         used_names.add(prefix)
         for k, point in enumerate(frontier(profile, max_points=MAX_POINTS)):
-            if not point.saved:
-                continue  # saving nothing is plain "full"
+            if not point.avoided_flops:
+                # Saving nothing is plain "full". A policy that avoids elementwise work only would swap plain
+                # checkpointing for per-op selective dispatch, which can cost more time than it saves.
+                continue
             name = f"{prefix}-{k}"
             policies[name] = point.saved
             for i in profile.blocks:
