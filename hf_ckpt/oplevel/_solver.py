@@ -18,7 +18,7 @@ every op that is not saved, whatever else is saved, so values add up (see :mod:`
 * With at most :data:`EXACT_ITEMS` items (a transformer block has 5 to 10: the projections, the attention
   matmuls or the fused attention op, the MLP matmuls) every subset is enumerated and the Pareto frontier is
   **exact**.
-* With more (a block whose elementwise ops count: 20 to 60), a dynamic program over byte weights rounded *up*
+* With more (a transformer block once its elementwise ops count: 20 to 32), a dynamic program over byte weights rounded *up*
   to ``unit = total bytes / QUANTA`` gives, for every cap ``C``, a set that fits ``C`` (rounding up never
   understates memory) and avoids at least as much recompute as the best set that fits ``C - n * unit`` (each of
   the ``n`` items loses under one unit): **within n units of exact**, i.e. at most ``n / QUANTA`` of the block's
