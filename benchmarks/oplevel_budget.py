@@ -2,22 +2,29 @@
 
     PYTHONPATH=. python benchmarks/oplevel_budget.py                      # figures: llama, gpt2, bert; 25/50/75%
     PYTHONPATH=. python benchmarks/oplevel_budget.py --models llama --no-compile
-    PYTHONPATH=. python benchmarks/oplevel_budget.py --timing --hidden 1024   # step time, oplevel vs plan, interleaved
+    PYTHONPATH=. python benchmarks/oplevel_budget.py --timing --hidden 1024 --clock cpu  # step time, interleaved
 
-Figures mode measures one step of every strategy on the same model and batch (``hf_ckpt.measure.measure_step``:
-retained bytes when forward returns, FLOPs by ``FlopCounterMode``) and checks, per budget F:
+Figures mode measures one step of every setting on the same model and batch (``hf_ckpt.measure.measure_step``:
+retained bytes when forward returns, FLOPs by ``FlopCounterMode``; then ``count_flops().elementwise``: one per
+output element of every op without a FLOP formula, the recompute FLOP counts are blind to), with
+``use_cache=False`` for every row, and checks, per budget F:
 
-* ``oplevel:F`` retains at most F of ``none``'s memory;
-* its recompute FLOPs (step FLOPs less ``none``'s) are at most ``plan:F``'s, and strictly less at two budgets or more;
-* against ``compile:F``: retained bytes and recompute FLOPs, side by side (not a pass/fail: see the docs).
+* ``oplevel:F`` retains at most F of ``none``'s memory (PASS/FAIL);
+* its recompute (step less ``none``'s) is at most ``plan:F``'s in FLOPs and in FLOPs + elementwise elements, and
+  strictly less in the latter at two budgets or more (PASS/FAIL);
+* against ``compile:F`` (inductor, ``activation_memory_budget=F``, measured by saved-tensor hooks and graph
+  counts): at the same F, and at equal memory (``oplevel@compile:F`` and ``plan@compile:F``: plans made for
+  compile's measured bytes). PASS where op-level is no worse, INFO where compile is better (see the docs: why).
 
-It writes ``--json`` (and ``--plot`` with matplotlib). Timing mode times ``plan:F`` and ``oplevel:F`` steps
-interleaved round-robin (``hf_ckpt.measure.run_benchmark``) and reports the median per-round ratio.
+It writes ``--json`` (and ``--plot`` with matplotlib) and prints a Markdown table. Exit status 1 on a FAIL.
+Timing mode times ``plan:F`` and ``oplevel:F`` steps interleaved round-robin (``hf_ckpt.measure.run_benchmark``)
+and reports the median per-round ratio, its quartiles and range.
 """
 
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
 import statistics
@@ -30,12 +37,49 @@ import torch
 import hf_ckpt
 from hf_ckpt.measure import measure_step
 from hf_ckpt.measure.bench import run_benchmark
+from hf_ckpt.measure.flops import count_flops
+from hf_ckpt.measure.step import training_step
 from hf_ckpt.measure.strategies import parse_strategy
 from hf_ckpt.measure.workload import build_workload
+from hf_ckpt.oplevel._compiled import CompiledReference
 
 BUDGETS = (0.25, 0.5, 0.75)
 OPLEVEL = ("none", "selective", "full", "oplevel")
+BLOCK = ("none", "selective", "full")
 SIZES = {"llama": dict(layers=8, hidden=256), "gpt2": dict(layers=4, hidden=256), "bert": dict(layers=4, hidden=256)}
+
+
+def _eager(model, batch, loss_fn) -> tuple[int, int, int]:
+    """(retained bytes, matmul-class FLOPs, elementwise output elements) of one step of the model as it is."""
+    measured = measure_step(model, batch, loss_fn=loss_fn)
+    torch.manual_seed(0)
+    model.zero_grad(set_to_none=True)
+    with count_flops() as counted:
+        training_step(model, batch, loss_fn)
+    if counted.total != measured.flops:
+        raise RuntimeError(f"two steps of one setting counted different FLOPs: {counted.total} vs {measured.flops}")
+    return measured.retained_bytes, measured.flops, counted.elementwise
+
+
+def _compiled(model, batch, loss_fn, budget: float) -> tuple[int, int, int]:
+    """The same for torch.compile with activation_memory_budget (saved-tensor bytes, graph counts)."""
+    reference = CompiledReference(budget)
+    reference.prepare(model, batch, lambda: training_step(model, batch, loss_fn))
+    saved, flops = reference.measure(model, batch, loss_fn)
+    return saved, flops, sum(reference.graph_elementwise)
+
+
+def _row(rows: dict, spec: str, measured: tuple[int, int, int], started: float, details: dict) -> None:
+    retained, flops, elementwise = measured
+    rows[spec] = {"retained_bytes": retained, "flops": flops, "elementwise": elementwise, "details": details,
+                  "seconds": round(time.perf_counter() - started, 1)}
+    print(f"  {spec:<18} retained {retained / 2**20:8.2f} MiB  flops {flops / 1e9:8.3f} G"
+          f"  elementwise {elementwise / 1e6:8.3f} M  ({rows[spec]['seconds']} s)", flush=True)
+
+
+def _plan_details(plan) -> dict:
+    return {"strategies": list(plan.strategies), "policies": {k: list(v) for k, v in plan.policies.items()},
+            "budget_bytes": plan.budget_bytes, "predicted_bytes": plan.predicted_bytes}
 
 
 def _figures(name: str, args: argparse.Namespace) -> dict:
@@ -43,90 +87,117 @@ def _figures(name: str, args: argparse.Namespace) -> dict:
     if args.hidden:
         sizes["hidden"] = args.hidden
     work = build_workload(name, batch=args.batch, seq=args.seq, **sizes)
-    model, batch = work.model, work.batch
+    model, batch, loss_fn = work.model, dict(work.batch), work.loss_fn
+    if "use_cache" in inspect.signature(model.forward).parameters:
+        batch["use_cache"] = False  # the same for every row: no cache writes in `none`'s step either
+    rows: dict = {}
     specs = ["none", "full", *(f"every_n:{n}" for n in range(2, sizes["layers"] + 1))]
-    if not args.no_compile:
-        specs.append("compile:1")
-    for budget in BUDGETS:
-        specs += [f"plan:{budget:g}", f"oplevel:{budget:g}"] + ([] if args.no_compile else [f"compile:{budget:g}"])
-    rows = {}
     for spec in specs:
-        strategy = parse_strategy(spec)
         started = time.perf_counter()
+        strategy = parse_strategy(spec)
+        strategy.apply(model)
         try:
-            if strategy.prepare is not None:
-                strategy.prepare(model, batch)
+            _row(rows, spec, _eager(model, batch, loss_fn), started, {})
+        finally:
+            strategy.remove(model)
+    compile_ok = not args.no_compile
+    if compile_ok:
+        try:
+            started = time.perf_counter()
+            _row(rows, "compile:1", _compiled(model, batch, loss_fn, 1.0), started, {})
         except RuntimeError as error:
-            print(f"  {spec}: skipped: {error}", flush=True)
-            continue
-        if spec.startswith("compile:"):  # measured in prepare, see hf_ckpt/oplevel/_compiled.py
-            retained, flops = strategy.details["saved_bytes"], strategy.details["graph_flops"]
-        else:
-            strategy.apply(model)
+            print(f"  compile: skipped: {error}", flush=True)
+            compile_ok = False
+    for budget in BUDGETS:
+        for label, strategies in ((f"plan:{budget:g}", BLOCK), (f"oplevel:{budget:g}", OPLEVEL)):
+            started = time.perf_counter()
+            plan = hf_ckpt.plan(model, batch, budget, strategies=strategies, loss_fn=loss_fn)
+            hf_ckpt.enable(model, plan=plan)
             try:
-                measured = measure_step(model, batch, loss_fn=work.loss_fn)
+                _row(rows, label, _eager(model, batch, loss_fn), started, _plan_details(plan))
             finally:
-                strategy.remove(model)
-            retained, flops = measured.retained_bytes, measured.flops
-        model.zero_grad(set_to_none=True)
-        rows[spec] = {
-            "retained_bytes": retained,
-            "flops": flops,
-            "details": {k: v for k, v in strategy.details.items()},
-            "seconds": round(time.perf_counter() - started, 1),
-        }
-        print(f"  {spec:<14} retained {retained / 2**20:8.2f} MiB  flops {flops / 1e9:8.3f} G"
-              f"  ({rows[spec]['seconds']} s)", flush=True)
-        if spec.startswith("compile:") and spec != "compile:1" and not args.no_matched:
-            # The same memory as compile:F, in bytes: which recomputes less at equal retained memory?
+                hf_ckpt.disable(model)
+        if not compile_ok:
+            continue
+        started = time.perf_counter()
+        spec = f"compile:{budget:g}"
+        _row(rows, spec, _compiled(model, batch, loss_fn, budget), started, {})
+        if args.no_matched:
+            continue
+        # Equal memory: plans made for compile:F's measured bytes (an int budget).
+        for label, strategies in ((f"plan@{spec}", BLOCK), (f"oplevel@{spec}", OPLEVEL)):
             started = time.perf_counter()
             try:
-                plan = hf_ckpt.plan(model, batch, int(retained), strategies=OPLEVEL, loss_fn=work.loss_fn)
+                plan = hf_ckpt.plan(model, batch, int(rows[spec]["retained_bytes"]), strategies=strategies,
+                                    loss_fn=loss_fn)
             except ValueError as error:
-                print(f"  oplevel@{spec}: no plan: {error}", flush=True)
+                print(f"  {label}: no plan: {error}", flush=True)
                 continue
             hf_ckpt.enable(model, plan=plan)
             try:
-                measured = measure_step(model, batch, loss_fn=work.loss_fn)
+                _row(rows, label, _eager(model, batch, loss_fn), started, _plan_details(plan))
             finally:
                 hf_ckpt.disable(model)
-            model.zero_grad(set_to_none=True)
-            matched = f"oplevel@{spec}"
-            rows[matched] = {"retained_bytes": measured.retained_bytes, "flops": measured.flops,
-                          "details": {"strategies": list(plan.strategies), "budget_bytes": plan.budget_bytes},
-                          "seconds": round(time.perf_counter() - started, 1)}
-            print(f"  {matched:<14} retained {measured.retained_bytes / 2**20:8.2f} MiB  flops {measured.flops / 1e9:8.3f} G"
-                  f"  ({rows[matched]['seconds']} s)", flush=True)
     none = rows["none"]
     for spec, row in rows.items():
         row["fraction"] = row["retained_bytes"] / none["retained_bytes"]
-        # compile's graph FLOPs are counted statically: its recompute is relative to compile:1, counted the same way
+        # compile's graphs are counted statically: its recompute is relative to compile:1, counted the same way
         reference = rows.get("compile:1", none) if spec.startswith("compile:") else none
         row["recompute_flops"] = row["flops"] - reference["flops"]
+        row["recompute_elementwise"] = row["elementwise"] - reference["elementwise"]
     return {"model": name, "info": work.info, "rows": rows}
+
+
+def _cell(row: dict | None) -> str:
+    if row is None:
+        return "-"
+    return (f"{100 * row['fraction']:.1f}%, {row['recompute_flops'] / 1e9:.3f} G, "
+            f"{row['recompute_elementwise'] / 1e6:.2f} M")
+
+
+def _cost(row: dict) -> int:
+    return row["recompute_flops"] + row["recompute_elementwise"]
 
 
 def _check(result: dict) -> list[str]:
     rows, lines, strictly = result["rows"], [], 0
+    model = result["model"]
     for budget in BUDGETS:
         op, block = rows.get(f"oplevel:{budget:g}"), rows.get(f"plan:{budget:g}")
         if op is None or block is None:
             continue
         fits = op["fraction"] <= budget
-        no_more = op["recompute_flops"] <= block["recompute_flops"]
-        strictly += op["recompute_flops"] < block["recompute_flops"]
-        line = (f"{result['model']} {budget:.0%}: oplevel {100 * op['fraction']:.1f}% {op['recompute_flops'] / 1e9:.3f} GFLOP"
-                f" | plan {100 * block['fraction']:.1f}% {block['recompute_flops'] / 1e9:.3f} GFLOP")
+        no_more = op["recompute_flops"] <= block["recompute_flops"] and _cost(op) <= _cost(block)
+        strictly += _cost(op) < _cost(block)
+        lines.append(f"{'PASS' if fits and no_more else 'FAIL'} {model} {budget:.0%}: oplevel {_cell(op)} | "
+                     f"plan {_cell(block)}  (retained %, recompute GFLOP, recompute M elementwise)")
         compiled = rows.get(f"compile:{budget:g}")
         if compiled is not None:
-            line += f" | compile {100 * compiled['fraction']:.1f}% {compiled['recompute_flops'] / 1e9:.3f} GFLOP"
-        matched = rows.get(f"oplevel@compile:{budget:g}")
-        if matched is not None and compiled is not None:
-            line += (f" | oplevel at compile's bytes {100 * matched['fraction']:.1f}% "
-                     f"{matched['recompute_flops'] / 1e9:.3f} GFLOP")
-        lines.append(f"{'PASS' if fits and no_more else 'FAIL'} {line}")
-    lines.append(f"{'PASS' if strictly >= 2 else 'FAIL'} {result['model']}: oplevel strictly cheaper than plan at {strictly} budgets")
+            same_f = op["fraction"] <= compiled["fraction"] and op["recompute_flops"] <= compiled["recompute_flops"]
+            lines.append(f"{'INFO' if not same_f else 'PASS'} {model} {budget:.0%} same F: compile {_cell(compiled)} "
+                         f"| oplevel {_cell(op)}")
+            matched = rows.get(f"oplevel@compile:{budget:g}")
+            if matched is not None:
+                equal = matched["recompute_flops"] <= compiled["recompute_flops"]
+                lines.append(f"{'PASS' if equal else 'INFO'} {model} {budget:.0%} equal memory: compile "
+                             f"{_cell(compiled)} | oplevel at compile's bytes {_cell(matched)} | block-level plan "
+                             f"at compile's bytes {_cell(rows.get(f'plan@compile:{budget:g}'))}")
+    lines.append(f"{'PASS' if strictly >= 2 else 'FAIL'} {model}: oplevel's recompute (GFLOP + elementwise) strictly "
+                 f"below the block-level plan's at {strictly} budgets")
     return lines
+
+
+def _markdown(results: list[dict]) -> str:
+    header = ("| model | budget | plan (block-level) | oplevel | compile:F | oplevel at compile's bytes |"
+              " plan at compile's bytes |\n|---|---:|---|---|---|---|---|")
+    lines = [header]
+    for result in results:
+        rows = result["rows"]
+        for budget in BUDGETS:
+            cells = [rows.get(f"{kind}:{budget:g}") for kind in ("plan", "oplevel", "compile")]
+            cells += [rows.get(f"{kind}@compile:{budget:g}") for kind in ("oplevel", "plan")]
+            lines.append(f"| {result['model']} | {budget:.0%} | " + " | ".join(_cell(c) for c in cells) + " |")
+    return "\n".join(lines)
 
 
 def _plot(results: list[dict], path: str) -> None:
@@ -135,30 +206,36 @@ def _plot(results: list[dict], path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(results), figsize=(5 * len(results), 4), squeeze=False)
+    fig, axes = plt.subplots(2, len(results), figsize=(5 * len(results), 7.5), squeeze=False)
     styles = {"every_n": ("o", "#999999"), "full": ("o", "#999999"), "plan": ("s", "#3b7dd8"),
-              "oplevel": ("D", "#d84b3b"), "compile": ("^", "#2a9d55"), "none": ("o", "black")}
-    for ax, result in zip(axes[0], results):
-        seen = set()
-        for spec, row in result["rows"].items():
-            kind = spec.split(":")[0]
-            marker, color = styles.get(kind, ("x", "black"))
-            label = {"every_n": "every_n / full", "full": "every_n / full"}.get(kind, kind)
-            ax.scatter(100 * row["fraction"], row["recompute_flops"] / 1e9, marker=marker, color=color,
-                       label=None if label in seen else label)
-            seen.add(label)
-            if kind in ("plan", "oplevel", "compile"):
-                ax.annotate(spec.split(":")[1], (100 * row["fraction"], row["recompute_flops"] / 1e9), fontsize=7,
-                            xytext=(3, 3), textcoords="offset points")
-        for budget in BUDGETS:
-            ax.axvline(100 * budget, color="#dddddd", linewidth=0.8, zorder=0)
-        info = result["info"]
-        ax.set_title(f"{result['model']} ({info.get('layers')} layers, hidden {info.get('hidden')}, seq {info.get('seq')})")
-        ax.set_xlabel("retained activation memory, % of none")
-        ax.set_ylabel("recompute GFLOP per step")
-        ax.legend(fontsize=8)
+              "oplevel": ("D", "#d84b3b"), "compile": ("^", "#2a9d55"), "none": ("o", "black"),
+              "oplevel@compile": ("d", "#f2a541"), "plan@compile": ("s", "#9ec3f0")}
+    for column, result in enumerate(results):
+        for row_index, (key, scale, unit) in enumerate((("recompute_flops", 1e9, "recompute GFLOP per step"),
+                                                         ("recompute_elementwise", 1e6, "recompute elementwise, M elements"))):
+            ax = axes[row_index][column]
+            seen = set()
+            for spec, row in result["rows"].items():
+                kind = spec.rsplit(":", 1)[0] if "@" in spec else spec.split(":")[0]
+                marker, color = styles.get(kind, ("x", "black"))
+                label = {"every_n": "every_n / full", "full": "every_n / full"}.get(kind, kind)
+                ax.scatter(100 * row["fraction"], row[key] / scale, marker=marker, color=color,
+                           label=None if label in seen else label, zorder=3)
+                seen.add(label)
+                if kind in ("plan", "oplevel", "compile"):
+                    ax.annotate(spec.split(":")[-1], (100 * row["fraction"], row[key] / scale), fontsize=7,
+                                xytext=(3, 3), textcoords="offset points")
+            for budget in BUDGETS:
+                ax.axvline(100 * budget, color="#dddddd", linewidth=0.8, zorder=0)
+            info = result["info"]
+            ax.set_title(f"{result['model']} ({info.get('layers')} layers, hidden {info.get('hidden')}, "
+                         f"seq {info.get('seq')})", fontsize=9)
+            ax.set_xlabel("retained activation memory, % of none")
+            ax.set_ylabel(unit)
+            if row_index == 0:
+                ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=100)
 
 
 def _timing(args: argparse.Namespace) -> None:
@@ -171,11 +248,15 @@ def _timing(args: argparse.Namespace) -> None:
                            clock=args.clock)
     for budget in args.budgets:
         block, op = report[f"plan:{budget:g}"], report[f"oplevel:{budget:g}"]
-        ratios = [o / b for o, b in zip(op.step_times_s, block.step_times_s)]
+        ratios = sorted(o / b for o, b in zip(op.step_times_s, block.step_times_s))
+        quartiles = statistics.quantiles(ratios, n=4) if len(ratios) >= 2 else [ratios[0]] * 3
         print(f"{budget:.0%}: plan {statistics.median(block.step_times_s) * 1e3:.1f} ms  oplevel "
-              f"{statistics.median(op.step_times_s) * 1e3:.1f} ms  median ratio oplevel/plan {statistics.median(ratios):.4f}"
-              f"  (rounds: {', '.join(f'{r:.3f}' for r in ratios)})  plan {block.details.get('strategies')}"
-              f"  oplevel {op.details.get('strategies')}", flush=True)
+              f"{statistics.median(op.step_times_s) * 1e3:.1f} ms  ratio oplevel/plan: median "
+              f"{statistics.median(ratios):.4f}, quartiles {quartiles[0]:.4f}..{quartiles[2]:.4f}, "
+              f"range {ratios[0]:.4f}..{ratios[-1]:.4f} over {len(ratios)} rounds", flush=True)
+        for label, result in (("plan", block), ("oplevel", op)):
+            print(f"    {label}: {result.details.get('strategies')}; recompute "
+                  f"{(result.measurement.flops - report.baseline.measurement.flops) / 1e9:.3f} GFLOP", flush=True)
     print(f"load average after {os.getloadavg()}")
 
 
@@ -205,11 +286,12 @@ def main(argv: list[str] | None = None) -> int:
         results.append(_figures(name, args))
         lines += _check(results[-1])
     print("\n".join(lines))
+    print(_markdown(results))
     if args.json:
         Path(args.json).write_text(json.dumps({"torch": torch.__version__, "results": results}, indent=1) + "\n")
     if args.plot:
         _plot(results, args.plot)
-    return 0 if all(line.startswith("PASS") for line in lines) else 1
+    return 1 if any(line.startswith("FAIL") for line in lines) else 0
 
 
 if __name__ == "__main__":

@@ -58,18 +58,35 @@ def graph_flops(graph_module: Any) -> int:
     return total
 
 
+def graph_elementwise(graph_module: Any) -> int:
+    """Elementwise output elements of an aten FX graph, counted as :func:`hf_ckpt.measure.flops.count_flops`
+    counts them in eager mode. The partitioned graphs are decomposed (a layer norm is several nodes), so only
+    differences between graphs of the same model compare (``compile:F`` less ``compile:1``)."""
+    from ..measure.flops import elementwise_elements
+    from ._profile import flop_registry
+
+    registry = flop_registry()
+    total = 0
+    for node in graph_module.graph.nodes:
+        if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload):
+            total += elementwise_elements(node.target, node.meta.get("val"), registry)
+    return total
+
+
 class CompiledReference:
     """``torch.compile(model, backend="inductor")`` with ``activation_memory_budget=budget`` during partitioning."""
 
     def __init__(self, budget: float) -> None:
         self.budget = budget
         self.graph_flops: list[int] = []
+        self.graph_elementwise: list[int] = []
         self._compiled: "weakref.WeakKeyDictionary[nn.Module, Callable[..., Any]]" = weakref.WeakKeyDictionary()
 
     def _inner(self, graph: Any, example_inputs: Any, **kwargs: Any) -> Any:
         from torch._inductor.compile_fx import compile_fx_inner
 
         self.graph_flops.append(graph_flops(graph))
+        self.graph_elementwise.append(graph_elementwise(graph))
         return compile_fx_inner(graph, example_inputs, **kwargs)
 
     def _backend(self, graph: Any, example_inputs: Any) -> Any:
@@ -93,6 +110,7 @@ class CompiledReference:
             raise RuntimeError(f"compile:{self.budget:g} cannot run: {reason}")
         torch._dynamo.reset()
         self.graph_flops.clear()
+        self.graph_elementwise.clear()
         self._compiled[model] = torch.compile(model._call_impl, backend=self._backend)
         self.apply(model)
         try:

@@ -4,7 +4,10 @@
    under the block-level strategies; :func:`profile_ops` profiles one block per twin group op by op.
 2. **Menu.** Each block's options: the block-level strategies, plus every point of its type's op-level frontier
    (:func:`~hf_ckpt.oplevel.frontier`), predicted as ``full`` plus the kept bytes and ``full``'s recompute less the
-   avoided FLOPs.
+   avoided recompute; points that avoid no FLOPs are left out (they would trade plain checkpointing for per-op
+   selective dispatch to save elementwise work only). An option's cost is its recompute FLOPs plus its recompute elementwise output elements (one
+   each, :mod:`hf_ckpt.measure.flops`): ``none`` costs 0, ``full`` the whole block's recompute, ``selective``
+   the measured FLOPs plus the elementwise ops its policy does not keep (the op profile asks the policy).
 3. **Solve.** A multiple-choice knapsack over blocks, solved exactly by dynamic programming over savings
    quantised *down* (so memory is never understated), as the block-level planner does; ties go to fewer
    checkpointed blocks, then to plain ``full`` over a selective policy (less dispatch overhead).
@@ -25,7 +28,7 @@ from .._target import target_model
 from ..blocks import find_blocks
 from ..plans import CheckpointPlan
 from ._profile import BlockOpProfile, capture_inputs, profile_block
-from ._solver import frontier
+from ._solver import MAX_POINTS, frontier
 
 _QUANTA = 4096
 _VERIFY_ROUNDS = 4
@@ -33,13 +36,17 @@ _VERIFY_ROUNDS = 4
 _OVERHEAD = {"none": 0, "full": 1}
 
 
-def profile_ops(model: nn.Module, sample_inputs: Mapping[str, Any], *, loss_fn: Any = None) -> list[BlockOpProfile]:
+def profile_ops(
+    model: nn.Module, sample_inputs: Mapping[str, Any], *, loss_fn: Any = None, policy: Any = None
+) -> list[BlockOpProfile]:
     """Profile, op by op, the first block of each group of twin blocks (see :mod:`hf_ckpt.oplevel._profile`).
 
-    The model is left as found (checkpointing setting, mode, gradients, RNG state).
+    ``policy`` is the block-level selective policy (default ``"matmuls_and_attention"``): each op records whether
+    it keeps the op's output. The model is left as found (checkpointing setting, mode, gradients, RNG state).
     """
     from ..core import remove
     from ..profiling import left_as_found, loss_of_sample, twin_groups
+    from ..selective import check_policy, policy_function
 
     if not isinstance(sample_inputs, Mapping):
         raise TypeError(
@@ -49,6 +56,8 @@ def profile_ops(model: nn.Module, sample_inputs: Mapping[str, Any], *, loss_fn: 
     blocks = find_blocks(target)
     if not blocks:
         raise ValueError(f"{type(target).__name__} has no repeated blocks to profile")
+    check_policy(policy)
+    selective_fn = policy_function(policy)
     groups = twin_groups(blocks)
     firsts = [blocks[group[0]] for group in groups]
     profiles = []
@@ -64,45 +73,61 @@ def profile_ops(model: nn.Module, sample_inputs: Mapping[str, Any], *, loss_fn: 
                 continue  # the block never ran on this batch (a decoder without decoder inputs)
             torch.manual_seed(0)
             args, kwargs = captured[block.index]
-            profiles.append(profile_block(block, args, kwargs, tuple(group)))
+            profiles.append(profile_block(block, args, kwargs, tuple(group), selective_fn))
     return profiles
 
 
-def _menu(block_profile: Any, op_profiles: list[BlockOpProfile]) -> tuple[list[list[tuple[str, int, int, int]]], dict[str, tuple[str, ...]]]:
-    """Per block, the options (strategy, predicted bytes, predicted recompute FLOPs, overhead rank)."""
+#: One option of a block: (strategy, predicted bytes, predicted recompute cost, overhead rank, recompute FLOPs).
+Option = tuple[str, int, int, int, int]
+
+
+def _elementwise(profile: BlockOpProfile | None, strategy: str) -> int:
+    """Recompute elementwise elements of a block-level strategy, from the op profile (0 without one)."""
+    if profile is None or strategy == "none":
+        return 0
+    return profile.selective_elementwise if strategy == "selective" else profile.recompute_elementwise
+
+
+def _menu(block_profile: Any, op_profiles: list[BlockOpProfile]) -> tuple[list[list[Option]], dict[str, tuple[str, ...]]]:
+    """Per block, the options: strategy, predicted bytes, predicted recompute cost (FLOPs plus elementwise
+    elements), overhead rank and the recompute FLOPs alone."""
     num_blocks = len(block_profile.retained["none"])
-    menu: list[list[tuple[str, int, int, int]]] = [[] for _ in range(num_blocks)]
+    of_block = {i: profile for profile in op_profiles for i in profile.blocks}
+    menu: list[list[Option]] = [[] for _ in range(num_blocks)]
     for strategy, retained in block_profile.retained.items():
         for i in range(num_blocks):
-            menu[i].append((strategy, retained[i], block_profile.recompute_flops[strategy][i], _OVERHEAD.get(strategy, 3)))
+            flops = block_profile.recompute_flops[strategy][i]
+            cost = flops + _elementwise(of_block.get(i), strategy)
+            menu[i].append((strategy, retained[i], cost, _OVERHEAD.get(strategy, 3), flops))
     policies: dict[str, tuple[str, ...]] = {}
     used_names: set[str] = set()
     for number, profile in enumerate(op_profiles):
         prefix = profile.block_type if profile.block_type not in used_names else f"{profile.block_type}{number}"
         used_names.add(prefix)
-        for k, point in enumerate(frontier(profile)):
-            if not point.saved:
-                continue  # saving nothing is plain "full"
+        for k, point in enumerate(frontier(profile, max_points=MAX_POINTS)):
+            if not point.avoided_flops:
+                # Saving nothing is plain "full". A policy that avoids elementwise work only would swap plain
+                # checkpointing for per-op selective dispatch, which can cost more time than it saves.
+                continue
             name = f"{prefix}-{k}"
             policies[name] = point.saved
             for i in profile.blocks:
+                flops = max(0, block_profile.recompute_flops["full"][i] - point.avoided_flops)
+                elementwise = profile.recompute_elementwise - point.avoided_elementwise
                 menu[i].append((
-                    f"oplevel:{name}",
-                    block_profile.retained["full"][i] + point.bytes,
-                    max(0, block_profile.recompute_flops["full"][i] - point.avoided_flops),
-                    2,
+                    f"oplevel:{name}", block_profile.retained["full"][i] + point.bytes, flops + elementwise, 2, flops
                 ))
     return menu, policies
 
 
-def _solve(menu: list[list[tuple[str, int, int, int]]], base: int, budget_bytes: int) -> tuple[str, ...]:
-    """The options of least total (recompute FLOPs, checkpointed blocks, overhead) whose bytes fit the budget."""
-    none = [next(bytes_ for name, bytes_, _, _ in options if name == "none") for options in menu]
+def _solve(menu: list[list[Option]], base: int, budget_bytes: int) -> tuple[str, ...]:
+    """The options of least total (recompute cost, checkpointed blocks, overhead) whose bytes fit the budget."""
+    none = [next(option[1] for option in options if option[0] == "none") for options in menu]
     baseline = base + sum(none)
     required = baseline - budget_bytes
     if required <= 0:
         return ("none",) * len(menu)
-    smallest = base + sum(min(b for _, b, _, _ in options) for options in menu)
+    smallest = base + sum(min(option[1] for option in options) for options in menu)
     if smallest > budget_bytes:
         raise ValueError(
             f"no plan fits a budget of {budget_bytes / 2**20:.2f} MiB: the smallest activation memory reachable is "
@@ -119,7 +144,7 @@ def _solve(menu: list[list[tuple[str, int, int, int]]], base: int, budget_bytes:
         for k, cost in enumerate(best):
             if cost[0] == math.inf:
                 continue
-            for name, bytes_, flops, overhead in options:
+            for name, bytes_, flops, overhead, _ in options:
                 reach = min(target, k + max(0, (none[i] - bytes_) // unit))
                 candidate = (cost[0] + flops, cost[1] + (name != "none"), cost[2] + overhead)
                 if candidate < step[reach]:
@@ -174,7 +199,7 @@ def plan_oplevel(
         model, sample_inputs, strategies=block_strategies, policy=policy, loss_fn=loss_fn, **checkpoint_kwargs
     )
     budget_bytes = in_bytes(budget, block_profile.baseline_bytes)
-    op_profiles = profile_ops(model, sample_inputs, loss_fn=loss_fn)
+    op_profiles = profile_ops(model, sample_inputs, loss_fn=loss_fn, policy=policy)
     menu, policies = _menu(block_profile, op_profiles)
     allowed = set(strategies) - {"oplevel"}
     menu = [
@@ -195,9 +220,7 @@ def plan_oplevel(
             f"no plan fits a budget of {budget_bytes / 2**20:.2f} MiB: the best plan found retains "
             f"{measured / 2**20:.2f} MiB when measured"
         )
-    recompute = sum(
-        next(flops for name, _, flops, _ in menu[i] if name == strategy) for i, strategy in enumerate(chosen)
-    )
+    recompute = sum(next(o[4] for o in menu[i] if o[0] == strategy) for i, strategy in enumerate(chosen))
     return CheckpointPlan(
         strategies=chosen,
         policies=candidate.policies,

@@ -54,7 +54,15 @@ class OpPolicy:
         object.__setattr__(self, "saved", tuple(sorted(set(saved), key=_sort_key)))
 
     def context_fn(self) -> Callable[[], Any]:
-        """A ``context_fn`` for ``torch.utils.checkpoint.checkpoint`` applying this policy (picklable)."""
+        """A ``context_fn`` for ``torch.utils.checkpoint.checkpoint`` applying this policy (picklable).
+
+        A policy that saves nothing is plain checkpointing: it gets torch's no-op contexts, without the selective
+        machinery's per-op dispatch.
+        """
+        if not self.saved:
+            from torch.utils.checkpoint import noop_context_fn
+
+            return noop_context_fn
         return functools.partial(_op_contexts, frozenset(self.saved))
 
 
@@ -63,27 +71,46 @@ def _sort_key(key: str) -> tuple[str, int]:
     return name, int(occurrence)
 
 
+def _occurrences(saved: frozenset) -> dict[str, frozenset[int]]:
+    """``{"aten.mm.default": {0, 4}}`` from ``{"aten.mm.default#0", "aten.mm.default#4"}``."""
+    by_op: dict[str, set[int]] = {}
+    for key in saved:
+        name, _, occurrence = key.rpartition("#")
+        by_op.setdefault(name, set()).add(int(occurrence))
+    return {name: frozenset(occurrences) for name, occurrences in by_op.items()}
+
+
 class _Counting:
     """The policy function: counts op occurrences per pass and answers MUST_SAVE for the listed ones.
 
     PyTorch >= 2.9 calls the policy in forward only; older releases call it in the recompute too, with
-    ``ctx.is_recompute`` set. Each pass has its own counter, so both see the same numbering.
+    ``ctx.is_recompute`` set. Each pass has its own counter, so both see the same numbering. It runs for every op
+    of the block: the saved occurrences are looked up per op object (its name is spelled once per op, not per
+    call).
     """
 
-    def __init__(self, saved: frozenset) -> None:
-        self.saved = saved
-        self.counts: dict[bool, Counter] = {False: Counter(), True: Counter()}
-        self.last: tuple[Any, bool] = (None, False)
+    _EMPTY: frozenset[int] = frozenset()
 
-    def __call__(self, ctx: Any, func: Any, *args: Any, **kwargs: Any) -> Any:
+    def __init__(self, saved: frozenset) -> None:
         from torch.utils.checkpoint import CheckpointPolicy
 
+        self.saved = saved
+        self._by_name = _occurrences(saved)
+        self._by_op: dict[Any, frozenset[int]] = {}
+        self.counts: dict[bool, Counter] = {False: Counter(), True: Counter()}
+        self.last: tuple[Any, bool] = (None, False)
+        self._answers = (CheckpointPolicy.PREFER_RECOMPUTE, CheckpointPolicy.MUST_SAVE)
+
+    def __call__(self, ctx: Any, func: Any, *args: Any, **kwargs: Any) -> Any:
         counts = self.counts[bool(getattr(ctx, "is_recompute", False))]
         occurrence = counts[func]
-        counts[func] += 1
-        keep = op_key(func, occurrence) in self.saved
+        counts[func] = occurrence + 1
+        wanted = self._by_op.get(func)
+        if wanted is None:
+            wanted = self._by_op[func] = self._by_name.get(str(func), self._EMPTY)
+        keep = occurrence in wanted
         self.last = (func, keep)
-        return CheckpointPolicy.MUST_SAVE if keep else CheckpointPolicy.PREFER_RECOMPUTE
+        return self._answers[keep]
 
 
 def _op_contexts(saved: frozenset) -> tuple[Any, Any]:

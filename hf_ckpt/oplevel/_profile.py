@@ -12,10 +12,15 @@ two ``TorchDispatchMode`` recorders as its ``context_fn``:
   :class:`~hf_ckpt.SelectiveRecomputeError`).
 * in the recompute that backward triggers, the FLOPs of each op that actually runs again (checkpointing stops
   the recompute early once every tensor backward needs is back, so the tail of a block costs nothing), counted
-  with ``torch.utils.flop_counter``'s formulas (plus hf_ckpt's CPU attention formulas).
+  with ``torch.utils.flop_counter``'s formulas (plus hf_ckpt's CPU attention formulas), and, for the ops without
+  a formula (norms, activations, softmax, dropout, pointwise arithmetic), their output elements
+  (:func:`hf_ckpt.measure.flops.elementwise_elements`): the part of the recompute FLOP counts are blind to.
+
+The forward recorder also asks the block-level selective policy which ops it keeps, so the price of
+``strategy="selective"`` (the ops it reruns) is known op by op too.
 
 Under a policy that saves a set of ops, the recompute returns their stored outputs instead of running them and
-runs every other op as before, so recompute FLOPs are additive per op: ``recompute(S) = full - sum(f_i, i in S)``.
+runs every other op as before, so recompute costs are additive per op: ``recompute(S) = full - sum(f_i, i in S)``.
 """
 
 from __future__ import annotations
@@ -46,6 +51,11 @@ class OpRecord:
         recompute_flops: FLOPs it spends in the recompute (0 for ops without a formula and for the tail the
             recompute never reaches).
         written: A later op of the block writes into its output in place: it must not be saved.
+        recompute_elementwise: Output elements it writes in the recompute when it has no FLOP formula (0 for
+            matmul-class ops, views, allocations and the tail the recompute never reaches).
+        mutates: It writes into one of its inputs (``add_``, ``bernoulli_``): code goes on with the input, not
+            with the op's return value, so saving its output would not stand in for running it.
+        selective: The block-level selective policy (``strategy="selective"``) keeps its output.
     """
 
     key: str
@@ -53,6 +63,14 @@ class OpRecord:
     storages: tuple[int, ...]
     recompute_flops: int
     written: bool = False
+    recompute_elementwise: int = 0
+    mutates: bool = False
+    selective: bool = False
+
+    @property
+    def recompute_cost(self) -> int:
+        """What the planner minimises: FLOPs plus elementwise output elements (one each)."""
+        return self.recompute_flops + self.recompute_elementwise
 
 
 @dataclass(frozen=True)
@@ -76,6 +94,16 @@ class BlockOpProfile:
         """FLOPs of the recompute with nothing saved (plain checkpointing of the block)."""
         return sum(op.recompute_flops for op in self.ops)
 
+    @property
+    def recompute_elementwise(self) -> int:
+        """Elementwise output elements of the recompute with nothing saved."""
+        return sum(op.recompute_elementwise for op in self.ops)
+
+    @property
+    def selective_elementwise(self) -> int:
+        """Elementwise output elements the block-level selective policy still recomputes."""
+        return sum(op.recompute_elementwise for op in self.ops if not op.selective)
+
     def saved_bytes(self, keys: set[str] | frozenset[str] | tuple[str, ...]) -> int:
         """Bytes that saving the op occurrences ``keys`` keeps (aliased storages counted once)."""
         wanted = set(keys)
@@ -86,6 +114,11 @@ class BlockOpProfile:
         """Recompute FLOPs that saving ``keys`` avoids."""
         wanted = set(keys)
         return sum(op.recompute_flops for op in self.ops if op.key in wanted)
+
+    def saved_elementwise(self, keys: set[str] | frozenset[str] | tuple[str, ...]) -> int:
+        """Recompute elementwise output elements that saving ``keys`` avoids."""
+        wanted = set(keys)
+        return sum(op.recompute_elementwise for op in self.ops if op.key in wanted)
 
 
 def flop_registry() -> dict[Any, Callable[..., int]]:
@@ -115,8 +148,10 @@ def _storage(value: Any) -> torch.UntypedStorage | None:
 
 
 class _ForwardRecorder(TorchDispatchMode):
-    def __init__(self, foreign: set[int], module_name: Callable[[], str], registry: Mapping[Any, Any]) -> None:
+    def __init__(self, foreign: set[int], module_name: Callable[[], str], registry: Mapping[Any, Any],
+                 selective_fn: Callable[..., Any] | None = None) -> None:
         super().__init__()
+        self.selective_fn = selective_fn
         self.foreign = foreign
         self.module_name = module_name
         self.registry = registry
@@ -167,8 +202,18 @@ class _ForwardRecorder(TorchDispatchMode):
             "module": self.module_name(),
             "storages": tuple(dict.fromkeys(storages)),
             "written": False,
+            "mutates": bool(getattr(getattr(func, "_schema", None), "is_mutable", False)),
+            "selective": self._selective(func, args, kwargs),
         })
         return out
+
+    def _selective(self, func: Any, args: tuple, kwargs: dict) -> bool:
+        if self.selective_fn is None:
+            return False
+        from torch.utils.checkpoint import CheckpointPolicy, SelectiveCheckpointContext
+
+        decision = self.selective_fn(SelectiveCheckpointContext(is_recompute=False), func, *args, **kwargs)
+        return decision in (CheckpointPolicy.MUST_SAVE, CheckpointPolicy.PREFER_SAVE)
 
 
 class _RecomputeRecorder(TorchDispatchMode):
@@ -178,14 +223,19 @@ class _RecomputeRecorder(TorchDispatchMode):
         self.ignored = ignored_ops()
         self.counts: Counter = Counter()
         self.flops: dict[str, int] = {}
+        self.elementwise: dict[str, int] = {}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        from ..measure.flops import elementwise_elements
+
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         if func not in self.ignored:
             occurrence = self.counts[func]
             self.counts[func] += 1
-            self.flops[op_key(func, occurrence)] = _flops(self.registry, func, args, kwargs, out)
+            key = op_key(func, occurrence)
+            self.flops[key] = _flops(self.registry, func, args, kwargs, out)
+            self.elementwise[key] = elementwise_elements(func, out, self.registry)
         return out
 
 
@@ -246,8 +296,12 @@ def _tensors(value: Any) -> list[torch.Tensor]:
     return []
 
 
-def profile_block(block: Block, args: tuple, kwargs: dict, group: tuple[int, ...]) -> BlockOpProfile:
-    """Run ``block`` once, checkpointed, on its captured inputs and record its ops (see the module docstring)."""
+def profile_block(block: Block, args: tuple, kwargs: dict, group: tuple[int, ...],
+                  selective_fn: Callable[..., Any] | None = None) -> BlockOpProfile:
+    """Run ``block`` once, checkpointed, on its captured inputs and record its ops (see the module docstring).
+
+    ``selective_fn`` is the block-level selective policy function, asked which ops it keeps.
+    """
     from torch.utils.checkpoint import checkpoint
 
     module = block.module
@@ -255,7 +309,7 @@ def profile_block(block: Block, args: tuple, kwargs: dict, group: tuple[int, ...
     foreign = {s.data_ptr() for s in (_storage(v) for v in tree_leaves((args, kwargs))) if s is not None}
     foreign |= {s.data_ptr() for s in (_storage(t) for t in (*module.parameters(), *module.buffers())) if s is not None}
     with _module_names(module) as module_name:
-        forward = _ForwardRecorder(foreign, module_name, registry)
+        forward = _ForwardRecorder(foreign, module_name, registry, selective_fn)
         recompute = _RecomputeRecorder(registry)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -271,6 +325,8 @@ def profile_block(block: Block, args: tuple, kwargs: dict, group: tuple[int, ...
         OpRecord(
             key=op["key"], module=op["module"], storages=op["storages"],
             recompute_flops=recompute.flops.get(op["key"], 0), written=op["written"],
+            recompute_elementwise=recompute.elementwise.get(op["key"], 0), mutates=op["mutates"],
+            selective=op["selective"],
         )
         for op in forward.ops
     )
