@@ -74,7 +74,8 @@ class StepMeasurement:
         retained_bytes: Bytes on ``device`` of the storages created during forward that are still alive when
             forward has returned (the loss included): what backward holds. The activation memory.
         peak_bytes: The most bytes on ``device`` of storages created during the step alive at once (forward
-            and backward: activations, temporaries, recomputed activations, gradients).
+            and backward: activations, temporaries, recomputed activations, gradients); None where not measured
+            (a ``compile:F`` setting: its compiled graphs are measured, not the step).
         retained_bytes_by_device / peak_bytes_by_device: The same per device; offloaded copies appear under
             ``"cpu"`` when the model is on an accelerator.
         flops: FLOPs of the whole step (forward, recompute, backward), by ``FlopCounterMode``.
@@ -88,7 +89,7 @@ class StepMeasurement:
 
     device: str
     retained_bytes: int
-    peak_bytes: int
+    peak_bytes: int | None  # None where not measured (a torch.compile setting's row)
     retained_bytes_by_device: dict[str, int]
     peak_bytes_by_device: dict[str, int]
     flops: int
