@@ -57,7 +57,7 @@ def describe(budget: float | int | str) -> str:
         return AUTO
     if isinstance(budget, float):
         return f"{100 * budget:g}%"
-    return format_bytes(budget)
+    return format_bytes(budget) if budget >= 2**20 else f"{budget} bytes"
 
 
 def host_memory() -> tuple[int, int]:

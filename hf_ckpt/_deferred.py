@@ -117,11 +117,6 @@ def _check_options(config: CheckpointConfig) -> None:
     ) if active]
     if chosen:
         raise ValueError(f"budget makes the plan itself: give it without {', '.join(chosen)}")
-    if config.policy is not None:
-        raise ValueError(
-            "budget without sample_inputs is planned by the estimator, which models the default selective policy: "
-            "drop policy, or plan with hf_ckpt.plan(model, batch, budget, policy=...) and pass plan="
-        )
 
 
 def _check_model(target: nn.Module, config: CheckpointConfig) -> None:
