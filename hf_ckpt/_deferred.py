@@ -291,7 +291,8 @@ def _make_plan(target: nn.Module, request: DeferredBudget, shape: tuple[int, int
 
     made, device = estimate_for(target, shape, _strategies(request))
     budget: float | int = request.budget  # type: ignore[assignment]
-    where = f"{type(target).__name__} at batch {shape[0]} x seq {shape[1]} ({made.dtype} on {made.device})"
+    trained = f", {made.peft}" if made.peft else ""
+    where = f"{type(target).__name__} at batch {shape[0]} x seq {shape[1]} ({made.dtype} on {made.device}{trained})"
     if request.budget == _budget.AUTO:
         if request.auto_bytes is None:
             transient = max(made.transient_bytes.values())

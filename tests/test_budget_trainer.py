@@ -115,6 +115,25 @@ def test_enable_budget_gradients_equal_no_checkpointing_and_probe_measures_the_p
     assert max_grad_diff(reference, grads) <= 1e-5
 
 
+def test_peft_model_is_planned_with_its_adapters(budget_log):
+    peft = pytest.importorskip("peft")  # in the test extra: installed wherever the suite runs in CI
+
+    def lora():
+        config = peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"], lora_dropout=0.0)
+        return peft.get_peft_model(tiny_llama(), config)
+
+    reference = train_step(lora(), _batch())
+    model = hf_ckpt.enable(lora(), budget=0.5)
+    with BlockRunCounter(model) as runs:
+        grads = train_step(model, _batch())
+    plan = _plan_of(model.get_base_model())
+    assert _planned_blocks(plan) and runs.recomputed_in_backward() == _planned_blocks(plan)
+    assert max_grad_diff(reference, grads) <= 1e-5
+    full_finetuning = _deferred.estimate_for(tiny_llama(), (2, SEQ), ("none", "full", "selective"))[0]
+    assert plan.baseline_bytes < profile_of(full_finetuning).baseline_bytes  # frozen base: less is kept
+    assert "(float32 on cpu, LORA)" in budget_log()[0]
+
+
 def test_mixin_budget_in_the_kwargs_dict(budget_log):
     import warnings
 
