@@ -10,7 +10,9 @@ Whoever applies checkpointing (``hf_ckpt.enable``, the mixin, the patched ``tran
   dropped, hooks and all, at the next look (:func:`get_state`);
 * ``hooks``: every hook hf_ckpt added, removable and re-installable (:class:`Hooks`);
 * ``undo``: further actions that take back what was done (switching ``distributed.apply``'s wrappers off);
-* ``measured``: the blocks that the first training step actually recomputed, once known.
+* ``measured``: the blocks that the first training step actually recomputed, once known;
+* ``budget``: a budget planned from the first training batch (:mod:`hf_ckpt._deferred`). Until that batch the
+  record binds nothing and holds only the hook that will plan; after it, the plan is bound as any other setting.
 
 Profiling (the planner) runs inside :func:`suspended`, which takes the record and every hook off the model and
 puts them back, with the attributes, exactly as they were.
@@ -101,6 +103,11 @@ class Hooks:
                 hook.handle.remove()
             self._hooks.remove(hook)
 
+    def registered(self, module: nn.Module, register: str) -> list[tuple[Callable[..., Any], dict[str, Any]]]:
+        """The ``(function, options)`` of the installed hooks registered on ``module`` with ``register``."""
+        return [(h.function, h.options) for h in self._hooks if h.module is module and h.register == register
+                and h.handle is not None]
+
     def __len__(self) -> int:
         return len(self._hooks)
 
@@ -116,6 +123,7 @@ class CheckpointState:
     hooks: Hooks = field(default_factory=Hooks)
     undo: list[Callable[[], None]] = field(default_factory=list)
     measured: tuple[int, ...] | None = None
+    budget: Any = None  # a budget planned at the first batch (hf_ckpt._deferred.DeferredBudget), pending or planned
 
     def is_current(self) -> bool:
         """Whether every attribute hf_ckpt set still holds the value it set."""

@@ -125,9 +125,12 @@ def enable(
         policy: The selective policy: a name, a list of aten ops to save, or a callable.
         plan: A :class:`~hf_ckpt.CheckpointPlan` (or the path of one saved as JSON, ``str`` or ``os.PathLike``):
             a strategy per block.
-        budget: With ``sample_inputs``: make a plan that fits this activation-memory budget and apply it. Bytes
-            (int, or a string with a unit: ``"512MiB"``), or a fraction of the no-checkpointing activation memory
-            (float in ``(0, 1]``, or ``"50%"``).
+        budget: Make the cheapest plan that fits this activation-memory budget and apply it. Bytes (int, or a
+            string with a unit: ``"512MiB"``), a fraction of the no-checkpointing activation memory (float in
+            ``(0, 1]``, or ``"50%"``), or, without ``sample_inputs``, ``"auto"`` (the device's free memory minus
+            a headroom, see :mod:`hf_ckpt._budget`). With ``sample_inputs`` the plan is profiled on that batch
+            now; without, it is estimated from the first training batch's shapes just before that step runs,
+            logged, and re-made when a later batch is larger (see :mod:`hf_ckpt._deferred`).
         sample_inputs: A representative batch (a dict of the model's keyword arguments) for ``budget``'s
             profiling step.
         offload: Keep the inputs saved for the recompute in pinned host memory. Without an accelerator there is
@@ -160,13 +163,19 @@ def enable(
     for the input embeddings of every tower, so LoRA weights get gradients whichever order the model was wrapped
     and enabled in.
     """
-    if (budget is None) != (sample_inputs is None):
-        raise ValueError("budget and sample_inputs go together: the budget is fitted by profiling sample_inputs")
+    if sample_inputs is not None and budget is None:
+        raise ValueError("sample_inputs is the batch a budget is profiled on: give budget too, or drop sample_inputs")
     options = dict(
         every_n_layers=every_n_layers, layers=layers, num_layers=num_layers, method=method,
         strategy=None if strategy == "full" else strategy, policy=policy, plan=plan, offload=offload,
         checkpoint_fn=checkpoint_fn,
     )
+    if budget is not None and sample_inputs is None:
+        if plan is not None:
+            raise ValueError("give either plan or budget (which makes a plan), not both")
+        from ._deferred import defer  # planned from the first training batch's shapes
+
+        return defer(model, budget, checkpoint_kwargs, "checkpoint_kwargs", options)
     config = CheckpointConfig.from_arguments(checkpoint_kwargs, dict_name="checkpoint_kwargs", **options)
     if budget is not None:
         if plan is not None:

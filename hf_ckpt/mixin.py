@@ -22,6 +22,13 @@ from .core import apply_config, remove
 
 
 def _enable(model: Any, kwargs_dict: dict[str, Any] | None, dict_name: str, **options: Any) -> None:
+    if "budget" in options or (isinstance(kwargs_dict, dict) and "budget" in kwargs_dict):
+        from ._deferred import defer, split_budget  # planned from the first training batch's shapes
+
+        budget, kwargs_dict, options = split_budget(kwargs_dict, options)
+        if budget is not None:
+            defer(model, budget, kwargs_dict, dict_name, options)
+            return
     config = CheckpointConfig.from_arguments(kwargs_dict, dict_name=dict_name, **options)
     apply_config(model, config)
 
@@ -79,7 +86,9 @@ class GradientCheckpointingMixin:
         Args:
             gradient_checkpointing_kwargs: Keyword arguments for ``torch.utils.checkpoint.checkpoint``; may also
                 hold hf_ckpt's own options (``every_n_layers``, ``offload``, ``layers``, ``num_layers``,
-                ``method``, ``strategy``, ``policy``, ``plan``), which are taken out before the rest is passed on.
+                ``method``, ``strategy``, ``policy``, ``plan``, ``budget``), which are taken out before the rest is
+                passed on. ``budget`` (``"40GiB"``, ``0.5``, ``"50%"``, ``"auto"``) plans from the first training
+                batch's shapes (see :func:`hf_ckpt.enable`).
             every_n_layers: Recompute blocks ``0, n, 2n, ...``; default 1 (every block).
             offload: Keep the inputs saved for the recompute in pinned host memory; default False.
             **options: hf_ckpt's other options, as keywords (``layers=[0, 3]``, ``strategy="selective"``, ...).

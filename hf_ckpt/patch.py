@@ -2,8 +2,10 @@
 
 After :func:`patch_transformers`, ``TrainingArguments(gradient_checkpointing=True,
 gradient_checkpointing_kwargs={"every_n_layers": 2})`` works with the stock ``Trainer`` (and TRL's trainers,
-which pass the same kwargs) on every supported release. :func:`unpatch_transformers` puts upstream's methods
-back, identical objects included.
+which pass the same kwargs) on every supported release; ``{"budget": "40GiB"}`` (or ``0.5``, ``"auto"``) plans
+from the first batch and saves the plan in the Trainer's ``output_dir`` (the patch adds
+:class:`~hf_ckpt.integrations.trainer.BudgetPlanCallback` to the Trainer's default callbacks).
+:func:`unpatch_transformers` puts upstream's methods back, identical objects included, and takes the callback out.
 """
 
 from __future__ import annotations
@@ -28,6 +30,14 @@ def _patchable_names() -> list[str]:
     return [name for name in _PATCHED_NAMES if name in PreTrainedModel.__dict__]
 
 
+def _trainer_callback(action: str) -> None:
+    try:
+        from .integrations import trainer
+    except ImportError:  # no Trainer in this environment (it needs accelerate)
+        return
+    getattr(trainer, action)()
+
+
 def is_patched() -> bool:
     """Whether :func:`patch_transformers` is in effect."""
     return bool(_originals)
@@ -46,6 +56,7 @@ def patch_transformers() -> None:
     for name in _patchable_names():
         _originals[name] = PreTrainedModel.__dict__[name]
         setattr(PreTrainedModel, name, GradientCheckpointingMixin.__dict__[name])
+    _trainer_callback("install")  # a budget's plan is saved in the Trainer's output_dir
 
 
 def unpatch_transformers() -> None:
@@ -64,6 +75,7 @@ def unpatch_transformers() -> None:
         else:
             replaced.append(name)
     _originals.clear()
+    _trainer_callback("uninstall")
     if replaced:
         warn_once(
             f"unpatch_transformers left PreTrainedModel.{', '.join(replaced)} as it is: another library patched "

@@ -140,8 +140,8 @@ def test_plan_errors():
         hf_ckpt.enable(tiny_llama(), plan="missing.json")
     with pytest.raises(ValueError, match="plan and strategy select blocks in different ways"):
         hf_ckpt.enable(tiny_llama(), plan=CheckpointPlan(strategies=("full",) * 4), strategy="selective")
-    with pytest.raises(ValueError, match=re.escape("budget and sample_inputs go together")):
-        hf_ckpt.enable(tiny_llama(), budget=0.5)
+    with pytest.raises(ValueError, match=re.escape("sample_inputs is the batch a budget is profiled on: give budget too")):
+        hf_ckpt.enable(tiny_llama(), sample_inputs={"input_ids": None})
 
 
 def test_trainer_style_dict_carries_the_new_options():

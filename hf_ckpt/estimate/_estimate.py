@@ -91,10 +91,15 @@ def retained_bytes(traced: Trace, representative: Sequence[int], per_block: Sequ
     block's strategy, plus each block's bytes given its own strategy and its neighbours'."""
     last = len(per_block) - 1
     total = traced.base_bytes[per_block[0]]
+    full_of: dict[int, int] = {}  # a traced position -> the first full-model block it represents
+    for i, traced_position in enumerate(representative):
+        full_of.setdefault(traced_position, i)
     for i, strategy in enumerate(per_block):
         previous = per_block[i - 1] if i > 0 else None
         following = per_block[i + 1] if i < last else None
-        total += traced.block_bytes(representative[i], previous, strategy, following)
+        head = traced.head_of(representative[i])
+        head_strategy = per_block[full_of[head]] if head is not None and head in full_of else None
+        total += traced.block_bytes(representative[i], previous, strategy, following, head_strategy)
     return total
 
 

@@ -35,7 +35,10 @@ class MemoryEstimate:
         optimizer_bytes: Bytes of the optimizer states on the device.
         activation_bytes: Bytes retained at the end of forward, per strategy (what backward holds).
         peak_bytes: Predicted peak of the step per strategy: fixed part + activations + the largest transient.
-        recompute_flops: FLOPs spent recomputing in backward, per strategy.
+        recompute_flops: FLOPs the strategy adds to the step, per strategy: the recompute in backward, plus any
+            change of kernel a checkpointed block makes (T5's attention takes SDPA's math path in checkpointed
+            blocks, where its zero position bias requires grad, and counts fewer FLOPs there: this term can be
+            below zero).
         step_flops: FLOPs of the whole step (forward, recompute, backward) per strategy.
         flops_ratio: ``step_flops[strategy] / step_flops["none"]``.
         num_blocks: Repeated blocks of the model (encoder then decoder).

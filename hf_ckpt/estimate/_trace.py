@@ -44,49 +44,67 @@ class Trace:
     op saves it (an fp32 norm does in fp32, not in bf16, where it saves its own upcast copy). So memory is
     traced for each strategy on all blocks, then for each ordered pair of strategies alternating, and each block's
     bytes are kept with its neighbours' strategies (the last block of a stack also depends on the one before it).
+    Where the first block of a stack is a type of its own (T5's, which computes the position bias every later
+    block of the stack reads), a block also depends on that head's strategy: the alternations are traced again
+    with each head on each strategy, and the head's strategy is part of the key.
 
     Attributes:
         base_bytes: ``base_bytes[s]``: bytes retained outside the blocks when the first block runs ``s``.
-        block_bytes_seen: ``[(j, p, s, t)]``: bytes traced block ``j`` retains running ``s`` when block ``j - 1``
-            runs ``p`` and block ``j + 1`` runs ``t`` (None at the ends).
+        block_bytes_seen: ``[(j, p, s, t, h)]``: bytes traced block ``j`` retains running ``s`` when block
+            ``j - 1`` runs ``p``, block ``j + 1`` runs ``t`` (None at the ends) and the head of its stack runs ``h``
+            (None where the stack has no head of its own type).
         transient: ``transient[s]``: the step's peak above the bytes retained at the end of forward with every
             block on ``s`` (gradients excluded: they are counted apart).
         step_flops: FLOPs of the reduced step without checkpointing.
         block_flops: Forward and backward FLOPs of each traced block without checkpointing.
-        recompute_flops: ``recompute_flops[s][j]``: FLOPs traced block ``j`` spends recomputing under ``s``.
+        recompute_flops: ``recompute_flops[s][j]``: FLOPs traced block ``j`` adds to the step under ``s`` (its
+            recompute, and any change of kernel checkpointing makes in it: may be below zero).
         unusable: Strategies that cannot run on this model, with the reason.
         used_parameters: Names of the traced model's parameters that received a gradient (the others, a vision
             tower trained on text, a pooler no loss reaches, get neither gradient nor optimizer state).
+        heads: ``heads[j]``: the position of the head of traced block ``j``'s stack (its first block, where that
+            block is a type of its own), or None.
     """
 
     base_bytes: dict[str, int]
-    block_bytes_seen: dict[tuple[int, str | None, str, str | None], int]
+    block_bytes_seen: dict[tuple[int, str | None, str, str | None, str | None], int]
     transient: dict[str, int]
     step_flops: int
     block_flops: tuple[int, ...]
     recompute_flops: dict[str, tuple[int, ...]]
     unusable: dict[str, str]
     used_parameters: frozenset[str] = frozenset()
+    heads: tuple[int | None, ...] = ()
 
     @property
     def strategies(self) -> tuple[str, ...]:
         return tuple(self.recompute_flops)
 
-    def block_bytes(self, block: int, previous: str | None, strategy: str, following: str | None) -> int:
+    def block_bytes(self, block: int, previous: str | None, strategy: str, following: str | None,
+                    head: str | None = None) -> int:
         """Bytes traced block ``block`` retains under ``strategy`` between blocks running ``previous`` and
-        ``following``; where that combination was not traced, the largest traced with the same next block, else
-        the largest for the strategy (never an understatement)."""
-        exact = self.block_bytes_seen.get((block, previous, strategy, following))
+        ``following``, the head of its stack running ``head``; where that combination was not traced, the
+        largest traced with the same neighbours, else with the same next block, else the largest for the
+        strategy (never an understatement)."""
+        exact = self.block_bytes_seen.get((block, previous, strategy, following, head))
         if exact is not None:
             return exact
-        same_next = [v for (j, _p, s, t), v in self.block_bytes_seen.items() if (j, s, t) == (block, strategy, following)]
+        seen = self.block_bytes_seen.items()
+        same_neighbours = [v for (j, p, s, t, _h), v in seen if (j, p, s, t) == (block, previous, strategy, following)]
+        if same_neighbours:
+            return max(same_neighbours)
+        same_next = [v for (j, _p, s, t, _h), v in seen if (j, s, t) == (block, strategy, following)]
         if same_next:
             return max(same_next)
         return self.largest(block, strategy)
 
     def largest(self, block: int, strategy: str) -> int:
         """The most traced block ``block`` retains under ``strategy``, whatever its neighbours run."""
-        return max(v for (j, _p, s, _t), v in self.block_bytes_seen.items() if j == block and s == strategy)
+        return max(v for (j, _p, s, _t, _h), v in self.block_bytes_seen.items() if j == block and s == strategy)
+
+    def head_of(self, block: int) -> int | None:
+        """The traced position of the head of traced block ``block``'s stack, or None."""
+        return self.heads[block] if block < len(self.heads) else None
 
 
 @contextlib.contextmanager
@@ -311,13 +329,36 @@ def _twins(blocks: list[Block]) -> list[list[int]]:
     return list(groups.values())
 
 
-def _patterns(strategies: tuple[str, ...], count: int, mixed: bool) -> list[tuple[str, ...]]:
-    """Each strategy on every block, then (``mixed``) each ordered pair alternating: every neighbour pair occurs."""
+def stack_heads(blocks: list[Block]) -> tuple[int | None, ...]:
+    """For each traced block, the position of the first block of its stack when that block is a type of its own
+    (T5's first block, which owns the relative position bias), else None."""
+    alone = {group[0] for group in _twins(blocks) if len(group) == 1}
+    heads: list[int | None] = []
+    first_of: dict[str, int] = {}
+    for position, block in enumerate(blocks):
+        stack = block.name.rsplit(".", 1)[0]
+        first = first_of.setdefault(stack, position)
+        heads.append(first if first in alone else None)
+    return tuple(heads)
+
+
+def _patterns(strategies: tuple[str, ...], count: int, mixed: bool,
+              heads: tuple[int | None, ...] = ()) -> list[tuple[str, ...]]:
+    """Each strategy on every block, then (``mixed``) each ordered pair alternating: every neighbour pair occurs;
+    with stack heads, each alternation again with every head on each strategy."""
     patterns = [(s,) * count for s in strategies]
+    alternations = []
     for first in strategies:
         for second in strategies:
             if mixed and first != second and count > 1:
-                patterns.append(tuple(first if j % 2 == 0 else second for j in range(count)))
+                alternations.append(tuple(first if j % 2 == 0 else second for j in range(count)))
+    patterns += alternations
+    positions = sorted({h for h in heads if h is not None})
+    for pattern in alternations if positions else ():
+        for strategy in strategies:
+            varied = tuple(strategy if j in positions else s for j, s in enumerate(pattern))
+            if varied not in patterns:
+                patterns.append(varied)
     return patterns
 
 
@@ -330,14 +371,16 @@ def trace(
     ``mixed``, their alternations, for plans that mix strategies)."""
     count = len(blocks)
     base: dict[str, int] = {}
-    seen: dict[tuple[int, str | None, str, str | None], int] = {}
+    seen: dict[tuple[int, str | None, str, str | None, str | None], int] = {}
     transient: dict[str, int] = {}
     recompute: dict[str, tuple[int, ...]] = {}
     unusable: dict[str, str] = {}
     usable = list(dict.fromkeys(("none", *strategies)))
+    heads = stack_heads(blocks)
     _preallocate_grads(model, mode)
     with _quiet(), _untraced_dispatch():
-        for pattern in _patterns(tuple(usable), count, mixed):
+        plain = len(_patterns(tuple(usable), count, mixed))
+        for number, pattern in enumerate(_patterns(tuple(usable), count, mixed, heads)):
             if any(s in unusable for s in pattern):
                 continue
             _apply(model, pattern)
@@ -356,7 +399,10 @@ def trace(
             for j in range(count):
                 previous = pattern[j - 1] if j > 0 else None
                 following = pattern[j + 1] if j + 1 < count else None
-                seen[(j, previous, pattern[j], following)] = per_block[j]
+                head = pattern[heads[j]] if heads[j] is not None else None
+                key = (j, previous, pattern[j], following, head)
+                if number < plain or key not in seen:  # a head variant adds contexts, never replaces one
+                    seen[key] = per_block[j]
         remove(model)
         used: set[str] = set()
         step_flops, _per_module = _flops_step(model, inputs, mode, used)
@@ -373,11 +419,12 @@ def trace(
                 plan = tuple(strategy if j in group else "none" for j in range(count))
                 _apply(model, plan)
                 total, _ = _flops_step(model, inputs, mode)
-                share, remainder = divmod(max(0, total - step_flops), len(group))
+                # not clamped at 0: a checkpointed block may run another kernel (T5 attention, below)
+                share, remainder = divmod(total - step_flops, len(group))
                 for position, j in enumerate(group):
                     per_block[j] = share + (1 if position < remainder else 0)
             recompute[strategy] = tuple(per_block)
         remove(model)
     for parameter in model.parameters():
         parameter.grad = None
-    return Trace(base, seen, transient, step_flops, block_flops, recompute, unusable, frozenset(used))
+    return Trace(base, seen, transient, step_flops, block_flops, recompute, unusable, frozenset(used), heads)

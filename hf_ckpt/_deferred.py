@@ -1,0 +1,358 @@
+"""A budget without ``sample_inputs``: planned from the first real training batch's shapes, before its step.
+
+``hf_ckpt.enable(model, budget=...)``, the mixin and the patched methods (so the stock ``Trainer`` and TRL, with
+``gradient_checkpointing_kwargs={"budget": ...}``) come here when no sample batch is given:
+
+1. **At the call** the budget (:mod:`hf_ckpt._budget`) and every other option are checked, the model too (its
+   checkpointing flags, a token input); a call that raises changes nothing. The previous setting is taken back
+   and a record (:class:`~hf_ckpt._state.CheckpointState`, its ``budget`` a :class:`DeferredBudget`) holds one
+   forward pre-hook per ``PreTrainedModel`` level (PEFT calls the inner ``forward`` directly). Nothing is
+   checkpointed yet; ``disable`` takes the record back like any other.
+2. **At the first training forward** (training mode, grad enabled) the hook reads the batch size and sequence
+   length from the forward's arguments (the model's ``main_input_name``, ``inputs_embeds``, decoder inputs and
+   labels: the longest sequence), estimates the step with :func:`hf_ckpt.estimate.estimate` on meta and fake
+   tensors (no real step, no allocation), solves the cheapest plan within the budget and applies it through
+   the normal binding, before any block of this step runs; the first step's recompute probe measures it as it
+   measures any setting. One INFO line on the ``hf_ckpt`` logger gives the budget, the shapes, the plan and its
+   predicted activation memory; the plan is saved as JSON (:data:`PLAN_FILE`, the format ``enable(plan=path)``
+   reads) in the Trainer's ``output_dir`` (told by :class:`hf_ckpt.integrations.trainer.BudgetPlanCallback`).
+   Where no plan fits, the error names the budget and the smallest activation memory reachable.
+3. **A later batch larger** in batch size or sequence length than any planned for **re-plans** for the largest
+   of each seen so far (a plan for larger shapes fits smaller ones; keeping a plan made for smaller shapes would
+   exceed a byte budget), logged the same way, the JSON rewritten. Smaller batches keep the plan. Estimates are
+   cached per shape, so a re-plan for shapes seen before costs no trace.
+
+Enabling again on the same model with the same budget and options re-applies the plan made for it at once (TRL's
+DPO trainer disables and re-enables checkpointing within every step).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import weakref
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import torch
+from torch import nn
+
+from . import _budget
+from ._binding import resolve
+from ._compat import has_peft_adapters
+from ._state import CheckpointState, get_state, set_state, take_back
+from ._target import target_model
+from ._units import format_bytes
+from .config import CheckpointConfig
+
+logger = logging.getLogger("hf_ckpt")
+
+#: The plan's file name in the Trainer's ``output_dir``.
+PLAN_FILE = "hf_ckpt_plan.json"
+_GROUP = "budget"
+_SEQUENCE_INPUTS = ("inputs_embeds", "decoder_input_ids", "decoder_inputs_embeds", "labels")
+_ESTIMATE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+_CACHE_SIZE = 16
+_estimates: dict[tuple, Any] = {}
+_last: "weakref.WeakKeyDictionary[nn.Module, DeferredBudget]" = weakref.WeakKeyDictionary()
+
+
+@dataclass(eq=False)
+class DeferredBudget:
+    """A budget planned at the first training batch, and what it planned (see the module docstring).
+
+    Attributes:
+        budget: ``"auto"``, a fraction (float) or bytes (int), as :func:`hf_ckpt._budget.check_budget` made it.
+        options: hf_ckpt's other options (``offload``, ``checkpoint_fn``, ...), as given.
+        checkpoint_kwargs: The keyword arguments for ``torch.utils.checkpoint.checkpoint``, as given.
+        dict_name: Where ``checkpoint_kwargs`` came from, for messages.
+        output_dir: Where the plan JSON is saved (the Trainer's ``output_dir``); None: not saved.
+        shape: ``(batch, seq)`` the current plan was made for; None until the first batch.
+        plan: The plan in effect; None until the first batch.
+        auto_bytes: ``"auto"`` resolved to activation bytes at the first batch.
+        plan_path: Where the plan was last saved.
+    """
+
+    budget: float | int | str
+    options: dict[str, Any]
+    checkpoint_kwargs: dict[str, Any]
+    dict_name: str
+    output_dir: str | None = None
+    shape: tuple[int, int] | None = None
+    plan: Any = None
+    auto_bytes: int | None = None
+    plan_path: str | None = None
+
+    def same_request(self, other: "DeferredBudget") -> bool:
+        return (self.budget, self.dict_name) == (other.budget, other.dict_name) and _same(
+            self.options, other.options) and _same(self.checkpoint_kwargs, other.checkpoint_kwargs)
+
+    def config(self, plan: Any = None) -> CheckpointConfig:
+        return CheckpointConfig.from_arguments(self.checkpoint_kwargs, dict_name=self.dict_name, plan=plan, **self.options)
+
+
+def _same(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    return a.keys() == b.keys() and all(a[k] is b[k] or a[k] == b[k] for k in a)
+
+
+def split_budget(kwargs_dict: Mapping[str, Any] | None, options: dict[str, Any]) -> tuple[Any, Any, dict[str, Any]]:
+    """Take ``budget`` out of a kwargs dict (a copy) and the keyword options: ``(budget, kwargs_dict, options)``."""
+    in_dict = None
+    if isinstance(kwargs_dict, Mapping) and "budget" in kwargs_dict:
+        kwargs_dict = dict(kwargs_dict)
+        in_dict = kwargs_dict.pop("budget")
+    argument = options.pop("budget", None)
+    if argument is not None and in_dict is not None and argument != in_dict:
+        raise ValueError(f"budget was given twice with different values: budget={argument!r} and {in_dict!r} in the dict. Give it once.")
+    return (argument if argument is not None else in_dict), kwargs_dict, options
+
+
+def _check_options(config: CheckpointConfig) -> None:
+    chosen = [name for name, active in (
+        ("every_n_layers", config.every_n_layers != 1), ("layers", config.layers is not None),
+        ("num_layers", config.num_layers is not None), ("plan", config.plan is not None),
+        ("strategy", config.strategy != "full"),
+    ) if active]
+    if chosen:
+        raise ValueError(f"budget makes the plan itself: give it without {', '.join(chosen)}")
+
+
+def _check_model(target: nn.Module, config: CheckpointConfig) -> None:
+    resolve(target, config)  # a model that cannot be checkpointed fails here, as enable would
+    main = getattr(target, "main_input_name", "input_ids")
+    if main != "input_ids":
+        raise ValueError(
+            f"budget without sample_inputs plans from token shapes, and {type(target).__name__} reads {main!r}: "
+            "make a plan with hf_ckpt.plan(model, batch, budget) on a sample batch and pass plan= (or, with "
+            "hf_ckpt.enable, give sample_inputs=)"
+        )
+
+
+def defer(model: nn.Module, budget: Any, kwargs_dict: Mapping[str, Any] | None, dict_name: str,
+          options: dict[str, Any]) -> nn.Module:
+    """Check everything, then leave ``model`` with a record that plans ``budget`` at the first training batch."""
+    target = target_model(model)
+    checked = _budget.check_budget(budget)
+    config = CheckpointConfig.from_arguments(kwargs_dict, dict_name=dict_name, **options)
+    _check_options(config)
+    _check_model(target, config)
+    request = DeferredBudget(checked, {k: v for k, v in options.items() if v is not None},
+                             dict(kwargs_dict or {}), dict_name)
+    previous = _last.get(target)
+    if previous is not None and previous.same_request(request):
+        request = previous  # the plan made for this model and budget (TRL re-enables within every step)
+    elif previous is not None:
+        request.output_dir = previous.output_dir
+    _last[target] = request
+    if request.plan is not None:
+        _apply(model, target, request, request.plan)
+        return model
+    before = take_back(target)
+    state = CheckpointState(config=config, before=before, bound=[], source="budget", budget=request)
+    _watch(state, model, target, request)
+    set_state(target, state)
+    return model
+
+
+def _watch(state: CheckpointState, model: nn.Module, target: nn.Module, request: DeferredBudget) -> None:
+    from transformers import PreTrainedModel
+
+    levels = {id(model): model}
+    for module in target.modules():
+        if isinstance(module, PreTrainedModel):
+            levels.setdefault(id(module), module)
+    hook = functools.partial(_on_forward, request, model)
+    for module in levels.values():
+        state.hooks.add(module, "register_forward_pre_hook", hook, group=_GROUP, with_kwargs=True)
+
+
+def _tensor(value: Any) -> torch.Tensor | None:
+    return value if isinstance(value, torch.Tensor) and value.dim() >= 1 else None
+
+
+def batch_shape(module: nn.Module, args: tuple, kwargs: Mapping[str, Any]) -> tuple[int, int] | None:
+    """``(batch, seq)`` of a forward's inputs: the batch of the main input (or ``inputs_embeds``), the longest
+    sequence among the main input, ``inputs_embeds``, decoder inputs and labels; None when there is no token input."""
+    main = getattr(module, "main_input_name", "input_ids")
+    first = _tensor(kwargs.get(main))
+    if first is None and args:
+        first = _tensor(args[0])
+    if first is None:
+        first = _tensor(kwargs.get("inputs_embeds"))
+    if first is None or first.dim() < 2:
+        return None
+    lengths = [first.shape[1]]
+    lengths += [t.shape[1] for t in map(_tensor, (kwargs.get(k) for k in _SEQUENCE_INPUTS)) if t is not None and t.dim() >= 2]
+    return int(first.shape[0]), int(max(lengths))
+
+
+def _on_forward(request: DeferredBudget, model: nn.Module, module: nn.Module, args: tuple, kwargs: dict) -> Any:
+    if not (module.training and torch.is_grad_enabled()):
+        return None
+    shape = batch_shape(module, args, kwargs)
+    if shape is None:
+        return None
+    target = target_model(model)
+    state = get_state(target)
+    if state is None or state.budget is not request:
+        return None
+    planned = request.shape
+    if planned is not None and shape[0] <= planned[0] and shape[1] <= planned[1]:
+        return None
+    wanted = shape if planned is None else (max(shape[0], planned[0]), max(shape[1], planned[1]))
+    plan, summary = _make_plan(target, request, wanted)
+    request.shape = wanted
+    new_state = _apply(model, target, request, plan)
+    _log(target, request, summary, replanned=planned)
+    return _run_new_pre_hooks(new_state, module, args, kwargs)
+
+
+def _run_new_pre_hooks(state: CheckpointState, module: nn.Module, args: tuple, kwargs: dict) -> tuple:
+    """The pre-hooks the plan put on ``module`` were not there when this call began: run them for it."""
+    for function, options in state.hooks.registered(module, "register_forward_pre_hook"):
+        if isinstance(function, functools.partial) and function.func is _on_forward:
+            continue
+        if options.get("with_kwargs"):
+            result = function(module, args, kwargs)
+            if result is not None:
+                args, kwargs = result
+        else:
+            result = function(module, args)
+            if result is not None:
+                args = result if isinstance(result, tuple) else (result,)
+    return args, kwargs
+
+
+def _apply(model: nn.Module, target: nn.Module, request: DeferredBudget, plan: Any) -> CheckpointState:
+    from .core import apply_config
+
+    apply_config(model, request.config(plan))
+    request.plan = plan
+    state = get_state(target)
+    assert state is not None
+    state.budget = request
+    state.source = "budget"
+    _watch(state, model, target, request)
+    return state
+
+
+# -- the plan --------------------------------------------------------------------------------------------------
+
+
+def _dtype_and_device(target: nn.Module) -> tuple[torch.dtype, torch.device]:
+    sizes: Counter = Counter()
+    device = None
+    for parameter in target.parameters():
+        if parameter.is_floating_point():
+            sizes[parameter.dtype] += parameter.numel()
+            device = device or parameter.device
+    dtype = sizes.most_common(1)[0][0] if sizes else torch.float32
+    return (dtype if dtype in _ESTIMATE_DTYPES else torch.float32), (device or torch.device("cpu"))
+
+
+def _peft_config(target: nn.Module) -> Any:
+    configs = target.__dict__.get("peft_config") if has_peft_adapters(target) else None
+    if not isinstance(configs, Mapping) or not configs:
+        return None
+    return configs.get("default") or next(iter(configs.values()))
+
+
+def _strategies(request: DeferredBudget) -> tuple[str, ...]:
+    from .selective import selective_supported
+
+    config = request.config()
+    selective = config.checkpoint_fn is None and not config.use_reentrant and selective_supported()
+    return ("none", "full", "selective") if selective else ("none", "full")
+
+
+def estimate_for(target: nn.Module, shape: tuple[int, int], strategies: tuple[str, ...]) -> Any:
+    """The estimator's :class:`~hf_ckpt.estimate.MemoryEstimate` for ``target`` at ``shape``, cached."""
+    from .estimate import estimate
+    from .estimate._model import build_on_meta
+
+    dtype, device = _dtype_and_device(target)
+    estimated_on = "cuda" if device.type == "cuda" else "cpu"
+    peft_config = _peft_config(target)
+    key = (type(target), target.config.to_json_string(), shape, dtype, estimated_on, repr(peft_config), strategies)
+    if key not in _estimates:
+        meta = build_on_meta(type(target), target.config, dtype)
+        made = estimate(meta, batch_size=shape[0], seq_len=shape[1], dtype=dtype, device=estimated_on,
+                        peft_config=peft_config, strategies=strategies)
+        while len(_estimates) >= _CACHE_SIZE:
+            _estimates.pop(next(iter(_estimates)))
+        _estimates[key] = made
+    return _estimates[key], device
+
+
+def _make_plan(target: nn.Module, request: DeferredBudget, shape: tuple[int, int]) -> tuple[Any, str]:
+    from .estimate import plan_from_estimate
+
+    made, device = estimate_for(target, shape, _strategies(request))
+    budget: float | int = request.budget  # type: ignore[assignment]
+    trained = f", {made.peft}" if made.peft else ""
+    where = f"{type(target).__name__} at batch {shape[0]} x seq {shape[1]} ({made.dtype} on {made.device}{trained})"
+    if request.budget == _budget.AUTO:
+        if request.auto_bytes is None:
+            transient = max(made.transient_bytes.values())
+            still = made.gradients_bytes + made.optimizer_bytes + transient
+            details = (f"gradients {format_bytes(made.gradients_bytes)}, AdamW states {format_bytes(made.optimizer_bytes)}, "
+                       f"transients {format_bytes(transient)}")
+            try:
+                request.auto_bytes = _budget.auto_activation_bytes(device, still, details)
+            except ValueError as error:
+                raise ValueError(f"{error} (first training batch: {where})") from None
+        budget = request.auto_bytes
+    try:
+        plan = plan_from_estimate(made, budget)
+    except ValueError as error:
+        raise ValueError(f"budget={_budget.describe(request.budget)}"
+                         f"{'' if request.auto_bytes is None else f' ({format_bytes(request.auto_bytes)})'} "
+                         f"for {where}: {error}") from None
+    return plan, where
+
+
+def _summary(plan: Any) -> str:
+    counts = Counter(plan.strategies)
+    return ", ".join(f"{counts[s]} {s}" for s in ("full", "selective", "none") if counts[s])
+
+
+def _log(target: nn.Module, request: DeferredBudget, where: str, replanned: tuple[int, int] | None) -> None:
+    plan = request.plan
+    saved = save_plan(request)
+    budget = _budget.describe(request.budget)
+    if request.auto_bytes is not None:
+        budget += f" ({format_bytes(request.auto_bytes)} for activations)"
+    logger.info(
+        "%sbudget %s for %s: plan %s; predicted activation memory %s of %s without checkpointing%s",
+        f"re-planned (batch {replanned[0]} x seq {replanned[1]} was planned before) " if replanned else "",
+        budget, where, _summary(plan), format_bytes(plan.predicted_bytes), format_bytes(plan.baseline_bytes),
+        f"; saved to {saved}" if saved else "",
+    )
+
+
+def save_plan(request: DeferredBudget) -> str | None:
+    """Write the plan in effect to ``output_dir``/:data:`PLAN_FILE`; its path, or None when there is no
+    plan or no ``output_dir``."""
+    if request.plan is None or not request.output_dir:
+        return None
+    os.makedirs(request.output_dir, exist_ok=True)
+    path = os.path.join(request.output_dir, PLAN_FILE)
+    request.plan.save(path)
+    request.plan_path = path
+    return path
+
+
+def set_output_dir(model: nn.Module, output_dir: str | os.PathLike | None) -> None:
+    """Save ``model``'s budget plan in ``output_dir`` (now, if it is made already); no-op without a budget."""
+    try:
+        target = target_model(model)
+    except TypeError:
+        return
+    state = get_state(target)
+    request = getattr(state, "budget", None)
+    if not isinstance(request, DeferredBudget):
+        return
+    request.output_dir = os.fspath(output_dir) if output_dir is not None else None
+    save_plan(request)

@@ -1,0 +1,50 @@
+"""The stock ``Trainer`` (and TRL's trainers) with a budget: where the plan made at the first batch is saved.
+
+``gradient_checkpointing_kwargs={"budget": ...}`` is planned at the first training batch
+(:mod:`hf_ckpt._deferred`); :class:`BudgetPlanCallback` tells it the Trainer's ``output_dir`` at
+``on_train_begin`` (after the Trainer enabled checkpointing, before the first batch), so the plan is saved there
+as ``hf_ckpt_plan.json`` (on the process that saves checkpoints). :func:`hf_ckpt.patch_transformers` adds the
+callback to every ``Trainer`` made after it (``transformers.trainer.DEFAULT_CALLBACKS``);
+:func:`hf_ckpt.unpatch_transformers` takes it out. Without the patch, pass it yourself:
+``Trainer(..., callbacks=[BudgetPlanCallback()])``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from transformers.trainer_callback import TrainerCallback
+
+
+class BudgetPlanCallback(TrainerCallback):
+    """Saves the plan of a ``budget`` given in ``gradient_checkpointing_kwargs`` in ``args.output_dir``."""
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
+        from .._deferred import set_output_dir
+
+        if model is None or not getattr(args, "should_save", True):
+            return
+        set_output_dir(model, getattr(args, "output_dir", None))
+
+
+def _default_callbacks() -> list | None:
+    try:
+        from transformers import trainer
+    except ImportError:  # the Trainer needs accelerate; without it there is no Trainer to tell
+        return None
+    callbacks = getattr(trainer, "DEFAULT_CALLBACKS", None)
+    return callbacks if isinstance(callbacks, list) else None
+
+
+def install() -> None:
+    """Add :class:`BudgetPlanCallback` to the callbacks every ``Trainer`` starts with (idempotent)."""
+    callbacks = _default_callbacks()
+    if callbacks is not None and BudgetPlanCallback not in callbacks:
+        callbacks.append(BudgetPlanCallback)
+
+
+def uninstall() -> None:
+    """Take :class:`BudgetPlanCallback` out of the ``Trainer``'s default callbacks."""
+    callbacks = _default_callbacks()
+    while callbacks is not None and BudgetPlanCallback in callbacks:
+        callbacks.remove(BudgetPlanCallback)

@@ -1,0 +1,98 @@
+"""TRL 1.16's SFTTrainer (and DPOTrainer) with ``gradient_checkpointing_kwargs={"budget": ...}`` after
+``hf_ckpt.patch_transformers()``: the plan is made from the first real batch's shapes, saved in ``output_dir``,
+logged once, and it is what backward recomputes.
+
+Runs in the clients environment (``python ci/clients.py``); skipped where TRL is not installed.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+trl = pytest.importorskip("trl")
+datasets = pytest.importorskip("datasets")
+
+import hf_ckpt  # noqa: E402
+from hf_ckpt import _deferred  # noqa: E402
+from hf_ckpt._state import get_state  # noqa: E402
+from hf_ckpt.counting import BlockRunCounter  # noqa: E402
+from helpers import max_grad_diff, tiny_llama, train_step  # noqa: E402
+
+from _tiny_text import sentences, tiny_tokenizer  # noqa: E402
+
+COMMON = dict(
+    max_steps=1, per_device_train_batch_size=2, learning_rate=0.0, report_to=[], use_cpu=True,
+    save_strategy="no", logging_strategy="no", dataloader_num_workers=0, seed=0,
+)
+
+
+@pytest.fixture
+def patched():
+    hf_ckpt.patch_transformers()
+    yield
+    hf_ckpt.unpatch_transformers()
+
+
+@pytest.fixture
+def budget_log(caplog):
+    caplog.set_level(logging.INFO, logger="hf_ckpt")
+    return lambda: [r.getMessage() for r in caplog.records if r.name == "hf_ckpt" and r.levelno == logging.INFO]
+
+
+def _model():
+    model = tiny_llama()
+    tokenizer = tiny_tokenizer()
+    model.config.pad_token_id = tokenizer.pad_token_id
+    model.config.eos_token_id = tokenizer.eos_token_id
+    return model, tokenizer
+
+
+def _planned(model) -> list[int]:
+    return [i for i, s in enumerate(get_state(model).budget.plan.strategies) if s != "none"]
+
+
+def test_sft_budget_plans_the_first_batch(patched, tmp_path, budget_log):
+    model, tokenizer = _model()
+    config = trl.SFTConfig(
+        output_dir=str(tmp_path), gradient_checkpointing=True, gradient_checkpointing_kwargs={"budget": "50%"},
+        max_length=16, **COMMON,
+    )
+    dataset = datasets.Dataset.from_dict({"text": sentences()})
+    trainer = trl.SFTTrainer(model=model, args=config, train_dataset=dataset, processing_class=tokenizer)
+    with BlockRunCounter(model) as runs:
+        trainer.train()
+    expected = _planned(model)
+    assert expected and runs.recomputed_in_backward() == expected
+    assert hf_ckpt.checkpointed_layers(model) == expected
+    saved = hf_ckpt.CheckpointPlan.load(tmp_path / _deferred.PLAN_FILE)
+    assert list(saved.strategies) == list(get_state(model).budget.plan.strategies)
+    messages = budget_log()
+    assert len(messages) == 1 and messages[0].startswith("budget 50% for LlamaForCausalLM at batch 2 x seq "), messages
+
+    batch = next(iter(trainer.get_train_dataloader()))
+    batch = {key: batch[key] for key in ("input_ids", "attention_mask", "labels") if key in batch}
+    checkpointed = train_step(model, batch)
+    hf_ckpt.disable(model)
+    assert max_grad_diff(train_step(model, batch), checkpointed) <= 1e-5
+
+
+def test_dpo_budget_plans_once_though_trl_re_enables(patched, tmp_path, budget_log):
+    model, tokenizer = _model()
+    config = trl.DPOConfig(
+        output_dir=str(tmp_path), gradient_checkpointing=True, gradient_checkpointing_kwargs={"budget": 0.5},
+        max_length=24, **dict(COMMON, max_steps=2),
+    )
+    reference, _ = _model()
+    texts = sentences(8)
+    dataset = datasets.Dataset.from_dict({"prompt": texts, "chosen": [" yes good"] * 8, "rejected": [" no bad"] * 8})
+    trainer = trl.DPOTrainer(model=model, ref_model=reference, args=config, train_dataset=dataset,
+                             processing_class=tokenizer)
+    with BlockRunCounter(model) as runs:
+        trainer.train()
+    expected = _planned(model)
+    assert expected and runs.recomputed_in_backward() == expected
+    assert hf_ckpt.checkpointed_layers(model) == expected
+    assert (tmp_path / _deferred.PLAN_FILE).is_file()
+    assert 1 <= len(budget_log()) <= 2  # the first batch, and a re-plan only if the second is longer

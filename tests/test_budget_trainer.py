@@ -1,0 +1,287 @@
+"""A budget without ``sample_inputs``: planned from the first real batch's shapes, before that step runs.
+
+The stock ``Trainer`` after ``hf_ckpt.patch_transformers()`` with ``gradient_checkpointing_kwargs={"budget": ...}``,
+the mixin, and ``hf_ckpt.enable(model, budget=...)``. Measured: the blocks backward recomputed
+(``BlockRunCounter``) against the plan, the gradients against no checkpointing, the plan JSON in ``output_dir``,
+the one log line, re-planning on a larger batch, and that a bad value or a disable leaves the model as it was.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+
+import pytest
+import torch
+
+import hf_ckpt
+from hf_ckpt import _budget, _deferred
+from hf_ckpt._state import AttributeSnapshot, get_state
+from hf_ckpt.counting import BlockRunCounter
+from hf_ckpt.estimate import profile_of
+from helpers import VOCAB, max_grad_diff, tiny_llama, train_step
+
+SEQ = 16
+
+
+def _batch(batch: int = 2, seq: int = SEQ, seed: int = 1) -> dict[str, torch.Tensor]:
+    ids = torch.randint(1, VOCAB, (batch, seq), generator=torch.Generator().manual_seed(seed))
+    return {"input_ids": ids, "labels": ids.clone()}
+
+
+def _planned_blocks(plan) -> list[int]:
+    return [i for i, s in enumerate(plan.strategies) if s != "none"]
+
+
+def _plan_of(model) -> hf_ckpt.CheckpointPlan:
+    return get_state(model).budget.plan
+
+
+def _hook_count(model) -> int:
+    return sum(len(m._forward_pre_hooks) + len(m._forward_hooks) for m in model.modules())
+
+
+@pytest.fixture
+def budget_log(caplog):
+    caplog.set_level(logging.INFO, logger="hf_ckpt")
+    return lambda: [r.getMessage() for r in caplog.records if r.name == "hf_ckpt" and r.levelno == logging.INFO]
+
+
+@pytest.fixture
+def free_memory():
+    """Inject the free memory ``budget="auto"`` reads: ``free_memory(free, total)``."""
+    previous = _budget.set_free_memory_source(None)
+    yield lambda free, total: _budget.set_free_memory_source(lambda device: (free, total))
+    _budget.set_free_memory_source(previous)
+
+
+class _Tokens(torch.utils.data.Dataset):
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        ids = torch.randint(1, VOCAB, (SEQ,), generator=torch.Generator().manual_seed(i))
+        return {"input_ids": ids, "labels": ids.clone()}
+
+
+@pytest.fixture
+def patched():
+    hf_ckpt.patch_transformers()
+    yield
+    hf_ckpt.unpatch_transformers()
+
+
+def test_stock_trainer_plans_the_first_batch_logs_once_and_saves_the_plan(patched, tmp_path, budget_log):
+    from transformers import Trainer, TrainingArguments
+
+    model = tiny_llama()
+    args = TrainingArguments(
+        output_dir=str(tmp_path), gradient_checkpointing=True, gradient_checkpointing_kwargs={"budget": 0.5},
+        max_steps=2, per_device_train_batch_size=2, learning_rate=0.0, report_to=[], use_cpu=True,
+        save_strategy="no", logging_strategy="no", dataloader_num_workers=0,
+    )
+    trainer = Trainer(model=model, args=args, train_dataset=_Tokens())
+    with BlockRunCounter(model) as runs:
+        trainer.train()
+
+    plan = _plan_of(model)
+    expected = _planned_blocks(plan)
+    assert expected  # half the memory: the estimate checkpoints some blocks (selective ones are recomputed too)
+    assert runs.recomputed_in_backward() == expected
+    # two real steps and nothing more: each block ran forward twice, once more per step where recomputed
+    assert dict(runs.counts) == {i: 2 * (2 if i in expected else 1) for i in range(4)}
+    assert hf_ckpt.checkpointed_layers(model) == expected
+    assert plan.predicted_bytes <= 0.5 * plan.baseline_bytes
+
+    saved = tmp_path / _deferred.PLAN_FILE
+    assert hf_ckpt.CheckpointPlan.load(saved).strategies == plan.strategies
+    messages = budget_log()
+    assert len(messages) == 1, messages
+    assert messages[0].startswith("budget 50% for LlamaForCausalLM at batch 2 x seq 16 (float32 on cpu): plan ")
+    assert f"predicted activation memory {hf_ckpt._units.format_bytes(plan.predicted_bytes)}" in messages[0]
+    assert messages[0].endswith(f"saved to {saved}")
+
+
+def test_enable_budget_gradients_equal_no_checkpointing_and_probe_measures_the_plan():
+    reference = train_step(tiny_llama(), _batch())
+    model = hf_ckpt.enable(tiny_llama(), budget="50%")
+    assert hf_ckpt.checkpointed_layers(model) == []  # nothing is checkpointed before the first batch
+    with BlockRunCounter(model) as runs:
+        grads = train_step(model, _batch())
+    expected = _planned_blocks(_plan_of(model))
+    assert expected and runs.recomputed_in_backward() == expected
+    assert get_state(model).measured == tuple(expected)  # the probe measured the first step
+    assert max_grad_diff(reference, grads) <= 1e-5
+
+
+def test_peft_model_is_planned_with_its_adapters(budget_log):
+    peft = pytest.importorskip("peft")  # in the test extra: installed wherever the suite runs in CI
+
+    def lora():
+        config = peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"], lora_dropout=0.0)
+        return peft.get_peft_model(tiny_llama(), config)
+
+    reference = train_step(lora(), _batch())
+    model = hf_ckpt.enable(lora(), budget=0.5)
+    with BlockRunCounter(model) as runs:
+        grads = train_step(model, _batch())
+    plan = _plan_of(model.get_base_model())
+    assert _planned_blocks(plan) and runs.recomputed_in_backward() == _planned_blocks(plan)
+    assert max_grad_diff(reference, grads) <= 1e-5
+    full_finetuning = _deferred.estimate_for(tiny_llama(), (2, SEQ), ("none", "full", "selective"))[0]
+    assert plan.baseline_bytes < profile_of(full_finetuning).baseline_bytes  # frozen base: less is kept
+    assert "(float32 on cpu, LORA)" in budget_log()[0]
+
+
+def test_mixin_budget_in_the_kwargs_dict(budget_log):
+    import warnings
+
+    cls = type("BudgetLlama", (hf_ckpt.GradientCheckpointingMixin, type(tiny_llama())), {})
+    model = tiny_llama(cls=cls)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # the deprecated name on transformers >= 5.23
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"budget": "50%", "use_reentrant": False})
+    with BlockRunCounter(model) as runs:
+        train_step(model, _batch())
+    expected = _planned_blocks(_plan_of(model))
+    assert expected and runs.recomputed_in_backward() == expected
+    assert len(budget_log()) == 1
+
+
+def test_byte_budget_larger_batch_replans_smaller_keeps(tmp_path, budget_log):
+    model = tiny_llama()
+    small = profile_of(_deferred.estimate_for(model, (2, 8), ("none", "full", "selective"))[0]).baseline_bytes
+    # everything fits at batch 2 x seq 8; at seq 32 the same bytes need checkpointing
+    hf_ckpt.enable(model, budget=small)
+    _deferred.set_output_dir(model, tmp_path)
+    train_step(model, _batch(seq=8))
+    assert _plan_of(model).strategies == ("none",) * 4 and hf_ckpt.checkpointed_layers(model) == []
+
+    with BlockRunCounter(model) as runs:
+        train_step(model, _batch(seq=32))
+    replanned = _plan_of(model)
+    assert _planned_blocks(replanned) and runs.recomputed_in_backward() == _planned_blocks(replanned)
+    assert replanned.predicted_bytes <= small
+    assert hf_ckpt.CheckpointPlan.load(tmp_path / _deferred.PLAN_FILE).strategies == replanned.strategies
+
+    train_step(model, _batch(seq=8))  # smaller again: the plan for the larger batch stays
+    assert _plan_of(model) is replanned
+    messages = budget_log()
+    assert len(messages) == 2, messages
+    assert messages[1].startswith("re-planned (batch 2 x seq 8 was planned before) budget ")
+    assert "at batch 2 x seq 32" in messages[1]
+
+
+def test_auto_is_free_memory_less_headroom_gradients_states_and_transients(free_memory):
+    model = tiny_llama()
+    made = _deferred.estimate_for(model, (2, SEQ), ("none", "full", "selective"))[0]
+    total = 8 * 2**30
+    still = made.gradients_bytes + made.optimizer_bytes + max(made.transient_bytes.values())
+    activations = made.activation_bytes["none"] // 2
+    free_memory(_budget.headroom(total) + still + activations, total)
+    hf_ckpt.enable(model, budget="auto")
+    train_step(model, _batch())
+    request = get_state(model).budget
+    assert request.auto_bytes == activations
+    assert _plan_of(model).predicted_bytes <= activations < made.activation_bytes["none"]
+    assert hf_ckpt.checkpointed_layers(model) == _planned_blocks(_plan_of(model))
+
+
+def test_auto_without_room_fails_at_the_first_batch_and_changes_nothing(free_memory):
+    model = tiny_llama()
+    free_memory(512 * 2**20, 8 * 2**30)  # less than the headroom: 10% of 8 GiB
+    hf_ckpt.enable(model, budget="auto")
+    with pytest.raises(ValueError, match=r"budget='auto': no memory is left for activations on cpu: 512\.00 MiB free, less a headroom of 819\.20 MiB"):
+        train_step(model, _batch())
+    assert hf_ckpt.checkpointed_layers(model) == [] and get_state(model).budget.plan is None
+
+
+def test_no_plan_fits_names_the_budget_and_the_smallest_reachable():
+    model = hf_ckpt.enable(tiny_llama(), budget="1KiB")
+    with pytest.raises(ValueError) as raised:
+        train_step(model, _batch())
+    message = str(raised.value)
+    assert message.startswith("budget=1024 bytes for LlamaForCausalLM at batch 2 x seq 16 (float32 on cpu): no plan fits")
+    assert "for LlamaForCausalLM at batch 2 x seq 16" in message
+    assert re.search(r"the smallest activation memory reachable with none, selective, full is [0-9.]+ MiB", message)
+    assert hf_ckpt.checkpointed_layers(model) == []
+
+
+@pytest.mark.parametrize("budget, error, expected", [
+    (2.0, ValueError, "a budget as a fraction must be in (0, 1]; got 2.0"),
+    ("lots", ValueError, "got 'lots'"),
+    (0, ValueError, "budget in bytes must be positive; got 0"),
+    (True, TypeError, "got True"),
+    ([0.5], TypeError, "got [0.5] of type list"),
+])
+def test_bad_budget_fails_at_the_call_and_changes_nothing(budget, error, expected):
+    model = hf_ckpt.enable(tiny_llama(), every_n_layers=2)
+    before, hooks = AttributeSnapshot.take(model).entries, _hook_count(model)
+    with pytest.raises(error) as raised:
+        hf_ckpt.enable(model, budget=budget)
+    assert str(raised.value).startswith(f"budget must be {_budget.DEFERRED_BUDGET_FORMS}; ")
+    assert expected in str(raised.value)
+    assert AttributeSnapshot.take(model).entries == before and _hook_count(model) == hooks
+    assert hf_ckpt.checkpointed_layers(model) == [0, 2]
+
+
+def test_budget_with_a_selection_or_policy_fails_at_the_call():
+    model = tiny_llama()
+    with pytest.raises(ValueError, match="budget makes the plan itself: give it without layers"):
+        hf_ckpt.enable(model, budget=0.5, layers=[0])
+    with pytest.raises(ValueError, match="budget makes the plan itself: give it without strategy"):
+        hf_ckpt.enable(model, budget=0.5, strategy="selective", policy="matmuls")
+    cls = type("BudgetLlama", (hf_ckpt.GradientCheckpointingMixin, type(model)), {})
+    mixed = tiny_llama(cls=cls)
+    with pytest.raises(ValueError, match="budget makes the plan itself: give it without every_n_layers"):
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            mixed.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"budget": 0.5, "every_n_layers": 2})
+    assert get_state(model) is None and get_state(mixed) is None
+
+
+def test_disable_restores_exactly_before_and_after_the_plan():
+    model = tiny_llama()
+    before, hooks = AttributeSnapshot.take(model).entries, _hook_count(model)
+    hf_ckpt.enable(model, budget=0.5)
+    assert get_state(model).budget is not None and _hook_count(model) > hooks
+    hf_ckpt.disable(model)
+    assert AttributeSnapshot.take(model).entries == before and _hook_count(model) == hooks
+    assert get_state(model) is None
+
+    hf_ckpt.enable(model, budget=0.25)
+    train_step(model, _batch())
+    assert hf_ckpt.checkpointed_layers(model)
+    hf_ckpt.disable(model)
+    assert AttributeSnapshot.take(model).entries == before and _hook_count(model) == hooks
+    with BlockRunCounter(model) as runs:
+        train_step(model, _batch())
+    assert runs.recomputed_in_backward() == []
+
+
+def test_enabling_again_with_the_same_budget_reapplies_its_plan_at_once(budget_log):
+    model = hf_ckpt.enable(tiny_llama(), budget=0.5)
+    train_step(model, _batch())
+    plan = _plan_of(model)
+    hf_ckpt.disable(model)
+    hf_ckpt.enable(model, budget=0.5)  # TRL's DPO trainer does this within every step
+    assert hf_ckpt.checkpointed_layers(model) == _planned_blocks(plan) and _plan_of(model) is plan
+    assert len(budget_log()) == 1
+
+
+def test_patch_adds_the_callback_and_unpatch_takes_it_out():
+    from transformers import trainer
+
+    from hf_ckpt.integrations.trainer import BudgetPlanCallback
+
+    hf_ckpt.patch_transformers()
+    try:
+        assert trainer.DEFAULT_CALLBACKS.count(BudgetPlanCallback) == 1
+        hf_ckpt.patch_transformers()
+        assert trainer.DEFAULT_CALLBACKS.count(BudgetPlanCallback) == 1
+    finally:
+        hf_ckpt.unpatch_transformers()
+    assert BudgetPlanCallback not in trainer.DEFAULT_CALLBACKS
