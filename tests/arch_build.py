@@ -250,8 +250,8 @@ def tiny_kwargs(cls: type, defaults: dict[str, Any], tokens: _Tokens,
         if isinstance(value, dict) and "model_type" in value:
             sub = _sub_config_class(cls, name, value)
             if sub is not None:
-                kwargs[name] = {**value, **tiny_kwargs(sub, value, tokens, widths=widths),
-                                **OVERRIDES.get(value["model_type"], {})}  # a sub-model's own overrides
+                tiny = {**value, **tiny_kwargs(sub, value, tokens, widths=widths)}
+                kwargs[name] = _merge(tiny, OVERRIDES.get(value["model_type"], {}))  # a sub-model's own overrides
             continue
         if isinstance(value, dict) and value and all(str(k).isdigit() for k in value) and (
                 layers is None or max(int(k) for k in value) < layers):
@@ -575,7 +575,10 @@ def _inputs(model: torch.nn.Module, seed: int, pixels: bool = False, image_token
                                                        (BATCH_SIZE, SEQUENCE_LENGTH, channels), generator=generator)
     rule = INPUT_RULES.get(getattr(model, "_sweep_model_type", getattr(config, "model_type", "")))
     if rule is not None:
+        generic = (batch.get("input_features"), batch.get("input_features_mask"))
         batch.update(rule(model, batch, generator) or {})
+        if batch.get("input_features") is not generic[0] and batch.get("input_features_mask") is generic[1]:
+            batch.pop("input_features_mask", None)  # the generic mask fits the generic features, not the rule's
     for name, value in (("use_cache", False), ("return_dict", True)):
         if name in parameters:
             batch[name] = value

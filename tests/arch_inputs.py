@@ -22,7 +22,7 @@ from arch_tiny import AUDIO_SAMPLES, BATCH_SIZE, FIRST_ID, IMAGE_SIZE, PATCH_SIZ
 def _frames_first(model: torch.nn.Module, batch: dict, generator: torch.Generator, stack: int = 1) -> dict:
     """Features as ``(batch, frames, num_mel_bins * stack)``: conformer encoders read time first (Whisper-style
     encoders read ``(batch, num_mel_bins, frames)``, the generic layout); ``stack`` frames stacked per row."""
-    bins = find(model.config, "num_mel_bins", "feature_size", default=16)
+    bins = find(model.config, "num_mel_bins", "feature_size", "input_feat_per_channel", default=16)
     frames = 2 * (find(model.config, "max_source_positions", default=16) or 16)
     return {"input_features": torch.randn(BATCH_SIZE, frames, bins * stack, generator=generator)}
 
