@@ -40,6 +40,7 @@ import torch
 from torch import nn
 
 from . import _budget
+from ._apply import apply_config
 from ._binding import resolve
 from ._compat import has_peft_adapters
 from ._state import CheckpointState, get_state, set_state, take_back
@@ -226,8 +227,6 @@ def _run_new_pre_hooks(state: CheckpointState, module: nn.Module, args: tuple, k
 
 
 def _apply(model: nn.Module, target: nn.Module, request: DeferredBudget, plan: Any) -> CheckpointState:
-    from .core import apply_config
-
     apply_config(model, request.config(plan))
     request.plan = plan
     state = get_state(target)

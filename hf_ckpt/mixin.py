@@ -18,7 +18,7 @@ from typing import Any
 
 from ._compat import has_activation_checkpointing_names
 from .config import CheckpointConfig
-from .core import apply_config, remove
+from ._apply import apply_config, remove
 
 
 def _enable(model: Any, kwargs_dict: dict[str, Any] | None, dict_name: str, **options: Any) -> None:

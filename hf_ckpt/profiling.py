@@ -27,7 +27,7 @@ from ._state import suspended
 from ._target import target_model
 from .blocks import Block, find_blocks
 from .config import CheckpointConfig
-from .core import apply_config, remove
+from ._apply import apply_config, remove
 from .measure.step import LossFn, loss_of, model_device
 from .plans import CheckpointPlan
 from .selective import SelectiveRecomputeError

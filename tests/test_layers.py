@@ -17,9 +17,6 @@ PACKAGE = Path(__file__).resolve().parents[1] / "hf_ckpt"
 _LAZY_CYCLES = {
     # enable(budget=...) makes a plan; the planner profiles through the core's enable/disable.
     ("hf_ckpt.core", "hf_ckpt.planner"),
-    # enable(budget=...) without sample_inputs defers the plan to the first batch, which applies it through the
-    # core's apply_config.
-    ("hf_ckpt.core", "hf_ckpt._deferred"),
 }
 
 

@@ -1,0 +1,69 @@
+"""Applying one :class:`~hf_ckpt.CheckpointConfig` to a model, and taking it back: the layer every entry point
+(``hf_ckpt.enable``, the mixin, the patch, the planner's profiling, a budget planned at the first batch) shares.
+
+:func:`apply_config` resolves the config on the model first (everything that can fail fails there, before any
+change), restores a previous hf_ckpt setting, binds, adds the hooks and records it all in the one
+:class:`~hf_ckpt._state.CheckpointState`; :func:`remove` puts back exactly what that record says the model had.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from . import _hooks
+from ._binding import bind, resolve, run_model_logic, uses_legacy_signature
+from ._state import CheckpointState, get_state, set_state, take_back
+from ._target import target_model
+from ._warnings import warn_once
+from .config import CheckpointConfig
+from .distributed.checks import install as install_guard
+from .integrations.deepspeed import warn_ignored_config
+
+
+def _warn_legacy(target: nn.Module) -> None:
+    warn_once(
+        f"{type(target).__name__} defines _set_gradient_checkpointing(module, value), a signature transformers "
+        "deprecated in 4.35. hf_ckpt calls it the old way so the model's own logic runs, then binds the "
+        "checkpoint function itself so your settings still apply. Remove that method from the modeling file "
+        "to silence this warning.",
+        key="legacy-signature",
+        owner=target,
+    )
+
+
+def apply_config(model: nn.Module, config: CheckpointConfig) -> nn.Module:
+    """Enable checkpointing on ``model`` as ``config`` says. The shared implementation of every entry point."""
+    target = target_model(model)
+    binding = resolve(target, config)  # everything that can fail on this model fails here, before any change
+    if binding.legacy:
+        _warn_legacy(target)
+    warn_ignored_config(model, config.checkpoint_fn, owner=target)  # a DeepSpeed "activation_checkpointing" block
+    before = take_back(target)
+    try:
+        bound = bind(target, binding)
+    except BaseException:
+        before.restore()
+        raise
+    state = CheckpointState(config=config, before=before, bound=bound)
+    _hooks.add_checkpointing_hooks(state, target, binding, needs_input_grads=target is not model)
+    guard = install_guard(target)  # one checkpoint per block under any engine; the DDP trap
+    if guard is not None:
+        state.undo.append(guard.remove)
+    set_state(target, state)
+    return model
+
+
+def remove(model: nn.Module) -> nn.Module:
+    """Disable checkpointing on ``model``: hf_ckpt's setting is taken back to what the model had before it; a
+    model hf_ckpt never set up (or whose setting was replaced behind its back) is switched off, as upstream's
+    ``gradient_checkpointing_disable`` does."""
+    target = target_model(model)
+    if get_state(target) is not None:
+        take_back(target)
+        return model
+    if uses_legacy_signature(target):
+        run_model_logic(target, False, None)
+    for module in target.modules():
+        if getattr(module, "gradient_checkpointing", False):
+            module.gradient_checkpointing = False
+    return model
