@@ -103,7 +103,8 @@ def test_budget_in_bytes_and_an_impossible_budget(workload):
     assert profile.predicted_bytes(solve(profile, smallest)) <= smallest
     with pytest.raises(ValueError, match=re.escape("no plan fits a budget of")) as raised:
         solve(profile, smallest - 1)
-    assert f"the smallest activation memory reachable with none, selective, full is {smallest / 2**20:.2f} MiB" in str(raised.value)
+    message = str(raised.value)  # what the budget would have to be, and with which per-block strategies
+    assert f"{smallest / 2**20:.2f} MiB" in message and "none, selective, full" in message
 
 
 @pytest.mark.parametrize(
@@ -146,5 +147,5 @@ def test_a_model_that_cannot_run_selective_is_planned_without_it():
         profile = profile_blocks(model, batch_for(model))
         plan = hf_ckpt.plan(model, batch_for(model), 0.5)
     assert set(profile.retained) == {"none", "full"}
-    assert "modifies in place the output of aten.addmm.default" in profile.unusable["selective"]
+    assert "aten.addmm.default" in profile.unusable["selective"]  # the reason names the op
     assert "selective" not in plan.strategies
