@@ -4,7 +4,7 @@
     PYTHONPATH=. python benchmarks/oplevel_budget.py --models llama --no-compile
     PYTHONPATH=. python benchmarks/oplevel_budget.py --timing --hidden 1024   # step time, oplevel vs plan, interleaved
 
-Figures mode measures one step of every strategy on the same model and batch (``hf_ckpt.measure.measure_step``:
+Figures mode measures one step of every setting on the same model and batch (``hf_ckpt.measure.measure_step``:
 retained bytes when forward returns, FLOPs by ``FlopCounterMode``) and checks, per budget F:
 
 * ``oplevel:F`` retains at most F of ``none``'s memory;
@@ -30,7 +30,7 @@ import torch
 import hf_ckpt
 from hf_ckpt.measure import measure_step
 from hf_ckpt.measure.bench import run_benchmark
-from hf_ckpt.measure.strategies import parse_strategy
+from hf_ckpt.measure.settings import parse_setting
 from hf_ckpt.measure.workload import build_workload
 
 BUDGETS = (0.25, 0.5, 0.75)
@@ -51,28 +51,28 @@ def _figures(name: str, args: argparse.Namespace) -> dict:
         specs += [f"plan:{budget:g}", f"oplevel:{budget:g}"] + ([] if args.no_compile else [f"compile:{budget:g}"])
     rows = {}
     for spec in specs:
-        strategy = parse_strategy(spec)
+        setting = parse_setting(spec)
         started = time.perf_counter()
         try:
-            if strategy.prepare is not None:
-                strategy.prepare(model, batch)
+            if setting.prepare is not None:
+                setting.prepare(model, batch)
         except RuntimeError as error:
             print(f"  {spec}: skipped: {error}", flush=True)
             continue
         if spec.startswith("compile:"):  # measured in prepare, see hf_ckpt/oplevel/_compiled.py
-            retained, flops = strategy.details["saved_bytes"], strategy.details["graph_flops"]
+            retained, flops = setting.details["saved_bytes"], setting.details["graph_flops"]
         else:
-            strategy.apply(model)
+            setting.apply(model)
             try:
                 measured = measure_step(model, batch, loss_fn=work.loss_fn)
             finally:
-                strategy.remove(model)
+                setting.remove(model)
             retained, flops = measured.retained_bytes, measured.flops
         model.zero_grad(set_to_none=True)
         rows[spec] = {
             "retained_bytes": retained,
             "flops": flops,
-            "details": {k: v for k, v in strategy.details.items()},
+            "details": {k: v for k, v in setting.details.items()},
             "seconds": round(time.perf_counter() - started, 1),
         }
         print(f"  {spec:<14} retained {retained / 2**20:8.2f} MiB  flops {flops / 1e9:8.3f} G"

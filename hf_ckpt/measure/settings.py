@@ -1,10 +1,16 @@
-"""Checkpointing strategies by name: the small registry behind ``hf-ckpt bench --strategies``.
+"""Bench settings by name: the small registry behind ``hf-ckpt bench --settings``.
 
-A strategy is spelled ``NAME`` or ``NAME:ARGUMENT`` (``none``, ``full``, ``every_n:2``, ``upstream:every_n:2``).
-Each name maps to a factory that parses the argument and returns a :class:`Strategy`: how to switch the setting
-on a model and off again. Later features register theirs with :func:`register_strategy`::
+A *setting* is one named configuration the bench compares (``none``, ``full``, ``every_n:2``,
+``upstream:every_n:2``, ``plan:0.5``, ...), spelled ``NAME`` or ``NAME:ARGUMENT``. It is not a per-block
+strategy (:class:`hf_ckpt.BlockStrategy`: ``none``/``selective``/``full`` for one block): a setting may assign
+different per-block strategies to different blocks (``plan:0.5``), or not be hf_ckpt at all (``upstream:full``,
+``compile:0.5``). Each name maps to a factory that parses the argument and returns a :class:`Setting`: how to
+switch it on a model and off again. Later features register theirs with :func:`register_setting`::
 
-    register_strategy("selective", _selective, syntax="selective", help="...")
+    register_setting("selective", _selective, syntax="selective", help="...")
+
+Until 0.3 the old names (``Strategy``, ``parse_strategy``, ``parse_strategies``, ``register_strategy``,
+``available_strategies``, module ``hf_ckpt.measure.strategies``) keep working with a ``FutureWarning``.
 """
 
 from __future__ import annotations
@@ -20,8 +26,8 @@ from ..core import disable, enable
 
 
 @dataclass(frozen=True)
-class Strategy:
-    """A checkpointing setting the benchmark can switch on and off.
+class Setting:
+    """A named configuration the benchmark can switch on and off (``"every_n:2"``, ``"plan:0.5"``).
 
     Attributes:
         name: The canonical spelling (``"every_n:2"``); the key of the results.
@@ -29,8 +35,8 @@ class Strategy:
         apply: Switches the setting on for a model (with checkpointing off).
         remove: Switches it off again, leaving the model as ``apply`` found it.
         prepare: Called once with the model (checkpointing off) and the batch before anything is measured, for
-            strategies that need to look at the workload first (``plan:F`` profiles it to make its plan).
-        details: Figures a strategy wants reported next to its measurements (a plan's predicted bytes).
+            settings that need to look at the workload first (``plan:F`` profiles it to make its plan).
+        details: Figures a setting wants reported next to its measurements (a plan's predicted bytes).
     """
 
     name: str
@@ -43,7 +49,7 @@ class Strategy:
 
 @dataclass(frozen=True)
 class _Entry:
-    factory: Callable[[str | None], Strategy]
+    factory: Callable[[str | None], Setting]
     syntax: str
     help: str
 
@@ -51,19 +57,19 @@ class _Entry:
 _REGISTRY: dict[str, _Entry] = {}
 
 
-def register_strategy(name: str, factory: Callable[[str | None], Strategy], *, syntax: str, help: str) -> None:
+def register_setting(name: str, factory: Callable[[str | None], Setting], *, syntax: str, help: str) -> None:
     """Make ``NAME`` and ``NAME:ARGUMENT`` parse to ``factory(argument)`` (``argument`` is None without a colon).
 
     The factory raises ``ValueError`` with a message naming the accepted values when the argument is wrong.
     Registering a name again replaces the previous factory.
     """
     if not name or ":" in name:
-        raise ValueError(f"a strategy name must be non-empty and contain no ':'; got {name!r}")
+        raise ValueError(f"a setting name must be non-empty and contain no ':'; got {name!r}")
     _REGISTRY[name] = _Entry(factory, syntax, help)
 
 
-def available_strategies() -> dict[str, str]:
-    """``{syntax: help}`` for every registered strategy, in registration order."""
+def available_settings() -> dict[str, str]:
+    """``{syntax: help}`` for every registered setting, in registration order."""
     return {entry.syntax: entry.help for entry in _REGISTRY.values()}
 
 
@@ -71,37 +77,37 @@ def _accepted() -> str:
     return ", ".join(entry.syntax for entry in _REGISTRY.values())
 
 
-def parse_strategy(spec: str) -> Strategy:
-    """The :class:`Strategy` spelled ``spec``.
+def parse_setting(spec: str) -> Setting:
+    """The :class:`Setting` spelled ``spec``.
 
     Raises:
         ValueError: The name is not registered, or its argument is wrong; the message lists what is accepted.
     """
     if not isinstance(spec, str) or not spec.strip():
-        raise ValueError(f"a strategy must be a non-empty string, one of: {_accepted()}; got {spec!r}")
+        raise ValueError(f"a setting must be a non-empty string, one of: {_accepted()}; got {spec!r}")
     name, colon, argument = spec.strip().partition(":")
     entry = _REGISTRY.get(name)
     if entry is None:
-        raise ValueError(f"unknown strategy {spec!r}; accepted: {_accepted()}")
+        raise ValueError(f"unknown setting {spec!r}; accepted: {_accepted()}")
     return entry.factory(argument if colon else None)
 
 
-def parse_strategies(specs: str) -> list[Strategy]:
+def parse_settings(specs: str) -> list[Setting]:
     """Parse a comma-separated list (``"none,full,every_n:2"``); names must not repeat."""
-    strategies = [parse_strategy(spec) for spec in specs.split(",")]
-    names = [strategy.name for strategy in strategies]
+    settings = [parse_setting(spec) for spec in specs.split(",")]
+    names = [setting.name for setting in settings]
     repeated = sorted({name for name in names if names.count(name) > 1})
     if repeated:
-        raise ValueError(f"strategy given more than once: {', '.join(repeated)}")
-    return strategies
+        raise ValueError(f"setting given more than once: {', '.join(repeated)}")
+    return settings
 
 
-# -- the built-in strategies ----------------------------------------------------------------------------------
+# -- the built-in settings -- ----------------------------------------------------------------------------------
 
 
 def _no_argument(name: str, argument: str | None) -> None:
     if argument is not None:
-        raise ValueError(f"strategy {name!r} takes no argument; got {name}:{argument}")
+        raise ValueError(f"setting {name!r} takes no argument; got {name}:{argument}")
 
 
 def _every_n(argument: str | None, spelled: str = "every_n") -> int:
@@ -116,19 +122,19 @@ def _every_n(argument: str | None, spelled: str = "every_n") -> int:
     return value
 
 
-def _none(argument: str | None) -> Strategy:
+def _none(argument: str | None) -> Setting:
     _no_argument("none", argument)
-    return Strategy("none", "no checkpointing", apply=disable, remove=disable)
+    return Setting("none", "no checkpointing", apply=disable, remove=disable)
 
 
-def _full(argument: str | None) -> Strategy:
+def _full(argument: str | None) -> Setting:
     _no_argument("full", argument)
-    return Strategy("full", "hf_ckpt.enable(model): every block", apply=enable, remove=disable)
+    return Setting("full", "hf_ckpt.enable(model): every block", apply=enable, remove=disable)
 
 
-def _every_n_strategy(argument: str | None) -> Strategy:
+def _every_n_setting(argument: str | None) -> Setting:
     n = _every_n(argument)
-    return Strategy(
+    return Setting(
         f"every_n:{n}",
         f"hf_ckpt.enable(model, every_n_layers={n})",
         apply=lambda model: enable(model, every_n_layers=n),
@@ -136,9 +142,9 @@ def _every_n_strategy(argument: str | None) -> Strategy:
     )
 
 
-def _offload(argument: str | None) -> Strategy:
+def _offload(argument: str | None) -> Setting:
     _no_argument("offload", argument)
-    return Strategy(
+    return Setting(
         "offload",
         "hf_ckpt.enable(model, offload=True): every block, saved inputs in host memory",
         apply=lambda model: enable(model, offload=True),
@@ -157,7 +163,7 @@ def _upstream_functions() -> tuple[str, Any, Any]:
     return name, original(name), original(f"{prefix}_checkpointing_disable")
 
 
-def _upstream(argument: str | None) -> Strategy:
+def _upstream(argument: str | None) -> Setting:
     import transformers
 
     accepted = "upstream:full or upstream:every_n:N"
@@ -194,14 +200,14 @@ def _upstream(argument: str | None) -> Strategy:
     def remove(model: nn.Module) -> None:
         upstream_disable(model)
         # Upstream's enable may register an input-grads hook on every call, which its disable keeps outside PEFT:
-        # take away the one this apply added, so that switching strategies does not pile hooks up.
+        # take away the one this apply added, so that switching settings does not pile hooks up.
         if added_input_hooks.pop(model, False) and hasattr(model, "disable_input_require_grads"):
             model.disable_input_require_grads()
             for attribute in ("_require_grads_hook", "_require_grads_hooks"):
                 model.__dict__.pop(attribute, None)
 
     setting = "every block" if n == 1 else f"every_n_layers={n}"
-    return Strategy(
+    return Setting(
         f"upstream:{'full' if n == 1 else f'every_n:{n}'}",
         f"transformers' own {method} ({setting}, use_reentrant=False)",
         apply=apply,
@@ -218,18 +224,18 @@ def upstream_supports(argument: str) -> bool:
     return True
 
 
-register_strategy("none", _none, syntax="none", help="no checkpointing (the baseline every ratio is relative to)")
-register_strategy("full", _full, syntax="full", help="hf_ckpt.enable(model): recompute every block")
-register_strategy(
+register_setting("none", _none, syntax="none", help="no checkpointing (the baseline every ratio is relative to)")
+register_setting("full", _full, syntax="full", help="hf_ckpt.enable(model): recompute every block")
+register_setting(
     "every_n",
-    _every_n_strategy,
+    _every_n_setting,
     syntax="every_n:N",
     help="hf_ckpt.enable(model, every_n_layers=N): blocks 0, N, 2N, ...",
 )
-register_strategy(
+register_setting(
     "offload", _offload, syntax="offload", help="hf_ckpt.enable(model, offload=True): every block, inputs kept on host"
 )
-register_strategy(
+register_setting(
     "upstream",
     _upstream,
     syntax="upstream:full|upstream:every_n:N",
@@ -237,7 +243,7 @@ register_strategy(
 )
 
 
-def _selective(argument: str | None) -> Strategy:
+def _selective(argument: str | None) -> Setting:
     from ..selective import SELECTIVE_POLICIES
 
     if argument is not None and argument not in SELECTIVE_POLICIES:
@@ -245,7 +251,7 @@ def _selective(argument: str | None) -> Strategy:
             f"selective takes a policy name, one of {', '.join(sorted(SELECTIVE_POLICIES))}; got selective:{argument}"
         )
     policy = argument
-    return Strategy(
+    return Setting(
         "selective" if policy is None else f"selective:{policy}",
         f"hf_ckpt.enable(model, strategy='selective'{'' if policy is None else f', policy={policy!r}'}): every "
         "block, matmul and attention outputs kept, cheap ops recomputed",
@@ -267,44 +273,52 @@ def _fraction(argument: str | None, name: str = "plan") -> float:
     return value
 
 
-def _plan(argument: str | None) -> Strategy:
+def _planned(name: str, fraction: float, description: str, strategies: tuple[str, ...] | None = None) -> Setting:
+    """A setting that makes an ``hf_ckpt.plan`` for ``fraction`` of none's memory on the bench's batch (in
+    ``prepare``) and applies it; the plan's per-block strategies and predictions go into ``details``."""
     from ..planner import plan as make_plan
 
-    fraction = _fraction(argument)
     made: dict[str, Any] = {}
+    details: dict[str, Any] = {}
 
     def prepare(model: nn.Module, batch: Mapping[str, Any]) -> None:
-        made["plan"] = make_plan(model, batch, fraction)
+        options = {} if strategies is None else {"strategies": strategies}
+        plan = made["plan"] = make_plan(model, batch, fraction, **options)
+        details.update(strategies=list(plan.strategies))
+        if strategies is not None and "oplevel" in strategies:
+            details.update(policies={key: list(saved) for key, saved in plan.policies.items()})
         details.update(
-            strategies=list(made["plan"].strategies),
-            predicted_bytes=made["plan"].predicted_bytes,
-            predicted_recompute_flops=made["plan"].predicted_recompute_flops,
-            budget_bytes=made["plan"].budget_bytes,
+            predicted_bytes=plan.predicted_bytes,
+            predicted_recompute_flops=plan.predicted_recompute_flops,
+            budget_bytes=plan.budget_bytes,
         )
 
     def apply(model: nn.Module) -> None:
         if "plan" not in made:
-            raise RuntimeError(f"plan:{fraction:g} was applied before it was prepared on a batch")
+            raise RuntimeError(f"{name}:{fraction:g} was applied before it was prepared on a batch")
         enable(model, plan=made["plan"])
 
-    details: dict[str, Any] = {}
-    return Strategy(
-        f"plan:{fraction:g}",
-        f"hf_ckpt.plan(model, batch, {fraction:g}): the least recompute within {fraction:.0%} of none's memory",
-        apply=apply,
-        remove=disable,
-        prepare=prepare,
-        details=details,
+    return Setting(
+        f"{name}:{fraction:g}", description, apply=apply, remove=disable, prepare=prepare, details=details
     )
 
 
-register_strategy(
+def _plan(argument: str | None) -> Setting:
+    fraction = _fraction(argument)
+    return _planned(
+        "plan",
+        fraction,
+        f"hf_ckpt.plan(model, batch, {fraction:g}): the least recompute within {fraction:.0%} of none's memory",
+    )
+
+
+register_setting(
     "selective",
     _selective,
     syntax="selective[:POLICY]",
     help="hf_ckpt.enable(model, strategy='selective'): keep matmul/attention outputs, recompute the cheap ops",
 )
-register_strategy(
+register_setting(
     "plan",
     _plan,
     syntax="plan:F",
@@ -312,40 +326,18 @@ register_strategy(
 )
 
 
-def _oplevel(argument: str | None) -> Strategy:
-    from ..planner import plan as make_plan
-
+def _oplevel(argument: str | None) -> Setting:
     fraction = _fraction(argument, "oplevel")
-    made: dict[str, Any] = {}
-    details: dict[str, Any] = {}
-
-    def prepare(model: nn.Module, batch: Mapping[str, Any]) -> None:
-        made["plan"] = make_plan(model, batch, fraction, strategies=("none", "selective", "full", "oplevel"))
-        details.update(
-            strategies=list(made["plan"].strategies),
-            policies={name: list(saved) for name, saved in made["plan"].policies.items()},
-            predicted_bytes=made["plan"].predicted_bytes,
-            predicted_recompute_flops=made["plan"].predicted_recompute_flops,
-            budget_bytes=made["plan"].budget_bytes,
-        )
-
-    def apply(model: nn.Module) -> None:
-        if "plan" not in made:
-            raise RuntimeError(f"oplevel:{fraction:g} was applied before it was prepared on a batch")
-        enable(model, plan=made["plan"])
-
-    return Strategy(
-        f"oplevel:{fraction:g}",
+    return _planned(
+        "oplevel",
+        fraction,
         f"hf_ckpt.plan(model, batch, {fraction:g}, strategies=(..., 'oplevel')): per block none/full/selective or "
         f"an op-level policy, the least recompute within {fraction:.0%} of none's memory",
-        apply=apply,
-        remove=disable,
-        prepare=prepare,
-        details=details,
+        strategies=("none", "selective", "full", "oplevel"),
     )
 
 
-def _compile(argument: str | None) -> Strategy:
+def _compile(argument: str | None) -> Setting:
     from ..oplevel._compiled import CompiledReference, compile_unavailable
 
     try:
@@ -359,7 +351,7 @@ def _compile(argument: str | None) -> Strategy:
         )
     reason = compile_unavailable()
     if reason is not None:
-        raise ValueError(f"compile:{value:g} cannot run: {reason}; leave it out of --strategies")
+        raise ValueError(f"compile:{value:g} cannot run: {reason}; leave it out of --settings")
     reference = CompiledReference(value)
     details: dict[str, Any] = {}
 
@@ -371,7 +363,7 @@ def _compile(argument: str | None) -> Strategy:
         details.update(saved_bytes=saved_bytes, graph_flops=graph_flops)
         model.zero_grad(set_to_none=True)
 
-    return Strategy(
+    return Setting(
         f"compile:{value:g}",
         f"torch.compile(model, backend='inductor') with activation_memory_budget={value:g} (min-cut partitioner); "
         "under the bench's dispatch modes dynamo runs eagerly, so its memory and FLOPs are in details "
@@ -383,13 +375,13 @@ def _compile(argument: str | None) -> Strategy:
     )
 
 
-register_strategy(
+register_setting(
     "oplevel",
     _oplevel,
     syntax="oplevel:F",
     help="hf_ckpt.plan(..., strategies=(..., 'oplevel')): per-block or per-op policies within F x none's memory",
 )
-register_strategy(
+register_setting(
     "compile",
     _compile,
     syntax="compile:F",
