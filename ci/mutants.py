@@ -42,7 +42,8 @@ class Mutant:
         path: File to mutate, relative to the repository root.
         old: Exact snippet that must occur exactly once in ``path``.
         new: What replaces it.
-        first: Test files run first (the likely killers); the rest of the suite runs after them.
+        first: Test files (or test ids, ``file::test``) run first, the likely killers; the rest of the suite runs
+            after them.
     """
 
     name: str
@@ -150,7 +151,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "hf_ckpt/_hooks.py",
         "    if torch.is_grad_enabled():\n        return\n    values = ",
         "    if True:  # mutant: flags stay on under no_grad\n        return\n    values = ",
-        ("tests/test_enable.py",),
+        ("tests/test_enable.py::test_a_no_grad_forward_in_training_mode_checkpoints_nothing",),
     ),
 )
 
@@ -169,7 +170,11 @@ def check_snippets(root: Path, mutants: tuple[Mutant, ...]) -> list[str]:
                 f"{mutant.name}: the snippet occurs {count} times in {mutant.path} (exactly once is needed); "
                 f"update ci/mutants.py to the code as it is now:\n{mutant.old}"
             )
-        problems += [f"{mutant.name}: {first} does not exist" for first in mutant.first if not (root / first).is_file()]
+        problems += [
+            f"{mutant.name}: {first} does not exist"
+            for first in mutant.first
+            if not (root / first.partition("::")[0]).is_file()
+        ]
     return problems
 
 
@@ -212,7 +217,7 @@ def run_mutant(mutant: Mutant, copy: Path, python: str, timeout: float) -> tuple
     path.write_text(original.replace(mutant.old, mutant.new, 1))
     started = time.perf_counter()
     try:
-        rest = [f"--ignore={first}" for first in mutant.first]
+        rest = [f"--deselect={first}" if "::" in first else f"--ignore={first}" for first in mutant.first]
         for arguments in ([*mutant.first], rest):
             status, output = _run_pytest(python, copy, arguments, timeout)
             if status == 5:  # pytest collected nothing there: no test ran, none failed
