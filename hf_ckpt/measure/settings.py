@@ -224,25 +224,6 @@ def upstream_supports(argument: str) -> bool:
     return True
 
 
-register_setting("none", _none, syntax="none", help="no checkpointing (the baseline every ratio is relative to)")
-register_setting("full", _full, syntax="full", help="hf_ckpt.enable(model): recompute every block")
-register_setting(
-    "every_n",
-    _every_n_setting,
-    syntax="every_n:N",
-    help="hf_ckpt.enable(model, every_n_layers=N): blocks 0, N, 2N, ...",
-)
-register_setting(
-    "offload", _offload, syntax="offload", help="hf_ckpt.enable(model, offload=True): every block, inputs kept on host"
-)
-register_setting(
-    "upstream",
-    _upstream,
-    syntax="upstream:full|upstream:every_n:N",
-    help="the same setting through transformers' own activation/gradient_checkpointing_enable",
-)
-
-
 def _selective(argument: str | None) -> Setting:
     from ..selective import SELECTIVE_POLICIES
 
@@ -312,20 +293,6 @@ def _plan(argument: str | None) -> Setting:
     )
 
 
-register_setting(
-    "selective",
-    _selective,
-    syntax="selective[:POLICY]",
-    help="hf_ckpt.enable(model, strategy='selective'): keep matmul/attention outputs, recompute the cheap ops",
-)
-register_setting(
-    "plan",
-    _plan,
-    syntax="plan:F",
-    help="hf_ckpt.plan(model, batch, F): per-block plan fitting F x none's activation memory at the least recompute",
-)
-
-
 def _oplevel(argument: str | None) -> Setting:
     fraction = _fraction(argument, "oplevel")
     return _planned(
@@ -375,15 +342,26 @@ def _compile(argument: str | None) -> Setting:
     )
 
 
-register_setting(
-    "oplevel",
-    _oplevel,
-    syntax="oplevel:F",
-    help="hf_ckpt.plan(..., strategies=(..., 'oplevel')): per-block or per-op policies within F x none's memory",
+#: The built-in settings, in the order ``available_settings`` lists them: (name, factory, syntax, help).
+_BUILT_IN = (
+    ("none", _none, "none",
+     "no checkpointing (the baseline every ratio is relative to)"),
+    ("full", _full, "full",
+     "hf_ckpt.enable(model): recompute every block"),
+    ("every_n", _every_n_setting, "every_n:N",
+     "hf_ckpt.enable(model, every_n_layers=N): blocks 0, N, 2N, ..."),
+    ("offload", _offload, "offload",
+     "hf_ckpt.enable(model, offload=True): every block, inputs kept on host"),
+    ("upstream", _upstream, "upstream:full|upstream:every_n:N",
+     "the same setting through transformers' own activation/gradient_checkpointing_enable"),
+    ("selective", _selective, "selective[:POLICY]",
+     "hf_ckpt.enable(model, strategy='selective'): keep matmul/attention outputs, recompute the cheap ops"),
+    ("plan", _plan, "plan:F",
+     "hf_ckpt.plan(model, batch, F): per-block plan fitting F x none's activation memory at the least recompute"),
+    ("oplevel", _oplevel, "oplevel:F",
+     "hf_ckpt.plan(..., strategies=(..., 'oplevel')): per-block or per-op policies within F x none's memory"),
+    ("compile", _compile, "compile:F",
+     "torch.compile (inductor) with torch._functorch.config.activation_memory_budget=F, the min-cut reference"),
 )
-register_setting(
-    "compile",
-    _compile,
-    syntax="compile:F",
-    help="torch.compile (inductor) with torch._functorch.config.activation_memory_budget=F, the min-cut reference",
-)
+for _name, _factory, _syntax, _help in _BUILT_IN:
+    register_setting(_name, _factory, syntax=_syntax, help=_help)
