@@ -39,7 +39,7 @@ from hf_ckpt.measure import measure_step
 from hf_ckpt.measure.bench import run_benchmark
 from hf_ckpt.measure.flops import count_flops
 from hf_ckpt.measure.step import training_step
-from hf_ckpt.measure.strategies import parse_strategy
+from hf_ckpt.measure.settings import parse_setting
 from hf_ckpt.measure.workload import build_workload
 from hf_ckpt.oplevel._compiled import CompiledReference
 
@@ -94,12 +94,12 @@ def _figures(name: str, args: argparse.Namespace) -> dict:
     specs = ["none", "full", *(f"every_n:{n}" for n in range(2, sizes["layers"] + 1))]
     for spec in specs:
         started = time.perf_counter()
-        strategy = parse_strategy(spec)
-        strategy.apply(model)
+        setting = parse_setting(spec)
+        setting.apply(model)
         try:
             _row(rows, spec, _eager(model, batch, loss_fn), started, {})
         finally:
-            strategy.remove(model)
+            setting.remove(model)
     compile_ok = not args.no_compile
     if compile_ok:
         try:

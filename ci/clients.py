@@ -20,9 +20,6 @@ The last line is pytest's summary; the exit status is pytest's (a build failure 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import fcntl
-import hashlib
 import json
 import os
 import shutil
@@ -31,9 +28,11 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _venvs import DEFAULT_CACHE, build_steps, fingerprint, locked, read_pins, remove_stale  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 PINS = ROOT / "ci" / "pins" / "clients.txt"
-DEFAULT_CACHE = Path(os.environ.get("HF_CKPT_MATRIX_CACHE", "~/.cache/hf_ckpt/venvs")).expanduser()
 #: Bump to rebuild the environment after a change to how it is built.
 RECIPE_VERSION = "1"
 STAMP = ".hf_ckpt-clients-stamp.json"
@@ -43,26 +42,12 @@ CLIENTS = ("transformers", "trl", "sentence-transformers", "peft", "accelerate",
 
 
 def pin_lines() -> list[str]:
-    lines = (line.split("#", 1)[0].strip() for line in PINS.read_text().splitlines())
-    return [line for line in lines if line]
+    return read_pins(PINS)
 
 
 def env_dir(cache: Path) -> Path:
-    digest = hashlib.sha256()
-    for part in (RECIPE_VERSION, f"{sys.version_info.major}.{sys.version_info.minor}", "\n".join(pin_lines())):
-        digest.update(part.encode() + b"\0")
-    return cache / f"clients-{digest.hexdigest()[:12]}"
-
-
-@contextlib.contextmanager
-def locked(path: Path):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    return cache / f"clients-{fingerprint(RECIPE_VERSION, version, chr(10).join(pin_lines()))}"
 
 
 def build(cache: Path, rebuild: bool) -> Path:
@@ -72,14 +57,8 @@ def build(cache: Path, rebuild: bool) -> Path:
             return path
         shutil.rmtree(path, ignore_errors=True)
         python = str(path / "bin" / "python")
-        pip = [python, "-m", "pip", "install", "--no-input", "-q", "-c", str(PINS)]
         torch_pin = next(line for line in pin_lines() if line.startswith("torch=="))
-        for step in (
-            [sys.executable, "-m", "venv", str(path)],
-            pip + [torch_pin],  # first and alone: the CPU build, not a multi-GB CUDA one
-            pip + [line for line in pin_lines() if line != torch_pin],
-            [python, "-m", "pip", "check"],
-        ):
+        for step in build_steps(path, PINS, torch_pin, [line for line in pin_lines() if line != torch_pin]):
             print("$", " ".join(step), flush=True)
             if subprocess.run(step).returncode != 0:
                 raise RuntimeError(f"environment build failed at: {' '.join(step)}")
@@ -89,9 +68,7 @@ def build(cache: Path, rebuild: bool) -> Path:
             capture_output=True, text=True, check=True,
         ).stdout
         (path / STAMP).write_text(versions)
-        for stale in cache.glob("clients-*"):
-            if stale != path and stale.is_dir():
-                shutil.rmtree(stale, ignore_errors=True)
+        remove_stale(cache, "clients-*", keep=path)
         return path
 
 

@@ -27,9 +27,6 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import contextlib
-import fcntl
-import hashlib
 import json
 import os
 import shutil
@@ -42,9 +39,11 @@ import xml.etree.ElementTree as ElementTree
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _venvs import DEFAULT_CACHE, build_steps, fingerprint, locked, read_pins, remove_stale  # noqa: E402,F401
+
 ROOT = Path(__file__).resolve().parents[1]
 PINS_DIR = ROOT / "ci" / "pins"
-DEFAULT_CACHE = Path(os.environ.get("HF_CKPT_MATRIX_CACHE", "~/.cache/hf_ckpt/venvs")).expanduser()
 
 #: Supported releases, oldest first; each needs ``ci/pins/transformers-<release>.txt``.
 RELEASES = ("4.45.2", "4.51.3", "4.57.6", "5.0.0", "5.15.1", "5.22.2", "5.24.0")
@@ -77,8 +76,7 @@ def requirements() -> list[str]:
 
 def pin_lines(release: str) -> list[str]:
     """``release``'s pins, without comments."""
-    lines = (line.split("#", 1)[0].strip() for line in pins_file(release).read_text().splitlines())
-    return [line for line in lines if line]
+    return read_pins(pins_file(release))
 
 
 def pinned(release: str, package: str) -> str | None:
@@ -90,16 +88,12 @@ def pinned(release: str, package: str) -> str | None:
 
 
 def env_hash(release: str) -> str:
-    digest = hashlib.sha256()
-    for part in (
+    return fingerprint(
         RECIPE_VERSION,
         f"{sys.implementation.name}-{sys.version_info.major}.{sys.version_info.minor}",
         "\n".join(pin_lines(release)),  # comments may change without a rebuild
         "\n".join(requirements()),
-    ):
-        digest.update(part.encode())
-        digest.update(b"\0")
-    return digest.hexdigest()[:12]
+    )
 
 
 def env_dir(cache: Path, release: str) -> Path:
@@ -114,18 +108,6 @@ def env_is_built(path: Path) -> bool:
         return json.loads(stamp.read_text()).get("hash") == path.name.rsplit("-", 1)[-1]
     except json.JSONDecodeError:
         return False
-
-
-@contextlib.contextmanager
-def locked(path: Path):
-    """An exclusive lock on ``path`` (two CI runs on one machine must not build the same environment at once)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def run_logged(command: list[str], log, env: dict[str, str] | None = None, echo: bool = False) -> int:
@@ -151,16 +133,7 @@ def build_env(cache: Path, release: str, log, echo: bool, rebuild: bool) -> tupl
             return path, False
         shutil.rmtree(path, ignore_errors=True)
         python = path / "bin" / "python"
-        pins = str(pins_file(release))
-        pip = [str(python), "-m", "pip", "install", "--no-input", "--disable-pip-version-check", "-q"]
-        steps = [
-            [sys.executable, "-m", "venv", str(path)],
-            # torch first and alone: pip then takes the CPU build on local disk, not a multi-GB CUDA build.
-            pip + ["-c", pins, pinned(release, "torch") or "torch"],
-            pip + ["-c", pins, *requirements()],
-            [str(python), "-m", "pip", "check"],
-        ]
-        for step in steps:
+        for step in build_steps(path, pins_file(release), pinned(release, "torch") or "torch", requirements()):
             if run_logged(step, log, echo=echo) != 0:
                 raise RuntimeError(f"environment build failed at: {' '.join(step)}")
         versions = subprocess.run(
@@ -172,9 +145,7 @@ def build_env(cache: Path, release: str, log, echo: bool, rebuild: bool) -> tupl
         if installed["transformers"] != release:
             raise RuntimeError(f"environment has transformers {installed['transformers']}, expected {release}")
         (path / STAMP).write_text(json.dumps({"hash": path.name.rsplit("-", 1)[-1], **installed}) + "\n")
-        for stale in cache.glob(f"matrix-{release}-*"):
-            if stale != path and stale.is_dir():
-                shutil.rmtree(stale, ignore_errors=True)
+        remove_stale(cache, f"matrix-{release}-*", keep=path)
         return path, True
 
 

@@ -9,9 +9,6 @@ import hf_ckpt
 from hf_ckpt.config import CheckpointConfig
 from helpers import tiny_llama
 
-EVERY_N = "every_n_layers must be a positive int (1 checkpoints every block, 2 every other block, ...); got "
-
-
 @pytest.mark.parametrize(
     "value, error, shown",
     [
@@ -24,11 +21,12 @@ EVERY_N = "every_n_layers must be a positive int (1 checkpoints every block, 2 e
 )
 def test_every_n_layers(value, error, shown):
     model = tiny_llama()
-    with pytest.raises(error, match=re.escape(EVERY_N + shown)):
+    named = "every_n_layers.*positive int.*got " + re.escape(shown)  # the argument, what it takes, what it got
+    with pytest.raises(error, match=named):
         hf_ckpt.enable(model, every_n_layers=value)
-    with pytest.raises(error, match=re.escape(EVERY_N + shown)):
+    with pytest.raises(error, match=named):
         hf_ckpt.GradientCheckpointingMixin.gradient_checkpointing_enable(model, every_n_layers=value)
-    with pytest.raises(error, match=re.escape(EVERY_N + shown)):
+    with pytest.raises(error, match=named):
         hf_ckpt.GradientCheckpointingMixin.gradient_checkpointing_enable(
             model, gradient_checkpointing_kwargs={"every_n_layers": value}
         )
@@ -36,7 +34,7 @@ def test_every_n_layers(value, error, shown):
 
 
 def test_offload_must_be_bool():
-    with pytest.raises(TypeError, match=re.escape("offload must be True or False; got 'yes' of type str")):
+    with pytest.raises(TypeError, match=r"offload.*True or False.*'yes'.*\bstr\b"):
         hf_ckpt.enable(tiny_llama(), offload="yes")
 
 
@@ -44,32 +42,28 @@ def test_unknown_checkpoint_kwarg_names_the_key_and_the_accepted_ones():
     with pytest.raises(TypeError) as raised:
         hf_ckpt.enable(tiny_llama(), use_reentrnat=False)
     message = str(raised.value)
-    assert message.startswith("Unknown checkpoint keyword argument 'use_reentrnat' in checkpoint_kwargs. ")
-    for accepted in ("use_reentrant", "preserve_rng_state", "context_fn", "determinism_check", "debug"):
-        assert accepted in message
-    assert message.endswith(
-        "hf_ckpt itself accepts: every_n_layers, layers, num_layers, method, strategy, policy, plan, offload, checkpoint_fn."
-    )
+    assert "'use_reentrnat'" in message and "checkpoint_kwargs" in message  # the key, and where it came from
+    accepted = ("use_reentrant", "preserve_rng_state", "context_fn", "determinism_check", "debug")  # torch's keys
+    own = ("every_n_layers", "layers", "num_layers", "method", "strategy", "policy", "plan", "offload", "checkpoint_fn")
+    assert all(name in message for name in accepted + own)
 
 
 def test_unknown_key_in_the_trainer_style_dict():
     model = tiny_llama()
-    with pytest.raises(TypeError, match=re.escape("Unknown checkpoint keyword argument 'every_n' in gradient_checkpointing_kwargs.")):
+    with pytest.raises(TypeError, match=r"'every_n'.*gradient_checkpointing_kwargs"):  # the key, and the dict it was in
         hf_ckpt.GradientCheckpointingMixin.gradient_checkpointing_enable(model, gradient_checkpointing_kwargs={"every_n": 2})
 
 
 def test_use_reentrant_must_be_bool():
-    with pytest.raises(TypeError, match=re.escape("use_reentrant must be True or False; got 'no' of type str")):
+    with pytest.raises(TypeError, match=r"use_reentrant.*True or False.*'no'.*\bstr\b"):
         hf_ckpt.enable(tiny_llama(), use_reentrant="no")
 
 
 def test_conflicting_values_given_both_ways():
-    message = (
-        "every_n_layers was given twice with different values: every_n_layers=2 and "
-        "gradient_checkpointing_kwargs['every_n_layers']=3. Give it once."
-    )
-    with pytest.raises(ValueError, match=re.escape(message)):
+    with pytest.raises(ValueError) as raised:
         CheckpointConfig.from_arguments({"every_n_layers": 3}, every_n_layers=2)
+    for part in ("every_n_layers=2", "gradient_checkpointing_kwargs['every_n_layers']=3"):  # both values, both places
+        assert part in str(raised.value)
     with pytest.raises(ValueError, match=re.escape("offload was given twice")):
         CheckpointConfig.from_arguments({"offload": True}, offload=False)
     # the same value twice is fine, and the caller's dict is left untouched
@@ -80,25 +74,22 @@ def test_conflicting_values_given_both_ways():
 
 
 def test_kwargs_dict_must_be_a_dict():
-    with pytest.raises(TypeError, match=re.escape("gradient_checkpointing_kwargs must be a dict or None; got list")):
+    with pytest.raises(TypeError, match=r"gradient_checkpointing_kwargs.*dict.*\blist\b"):
         CheckpointConfig.from_arguments([("use_reentrant", False)])
 
 
 def test_model_that_does_not_support_checkpointing():
     model = tiny_llama()
     model.supports_gradient_checkpointing = False
-    message = (
-        "LlamaForCausalLM does not support activation checkpointing: the class sets "
-        "supports_gradient_checkpointing = False."
-    )
-    with pytest.raises(ValueError, match=re.escape(message)):
+    with pytest.raises(ValueError, match=r"LlamaForCausalLM.*supports_gradient_checkpointing = False"):
         hf_ckpt.enable(model)
+    assert hf_ckpt.checkpointed_layers(model) == []
 
 
 def test_not_a_transformers_model():
     import torch
 
-    with pytest.raises(TypeError, match=r"^model must be a transformers PreTrainedModel.*; got Linear$"):
+    with pytest.raises(TypeError, match=r"\bmodel\b.*PreTrainedModel.*\bLinear\b"):  # argument, expected, got
         hf_ckpt.enable(torch.nn.Linear(2, 2))
 
 
@@ -113,7 +104,6 @@ def test_model_without_any_flag():
             del self.gradient_checkpointing
 
     model = tiny_legacy(NoFlagModel)
-    message = "NoFlagModel is not compatible with activation checkpointing: none of its modules has a `gradient_checkpointing` attribute."
-    with pytest.raises(ValueError, match=re.escape(message)):
+    with pytest.raises(ValueError, match=r"NoFlagModel.*`gradient_checkpointing` attribute"):  # the class, what it lacks
         hf_ckpt.enable(model)
     assert "_hf_ckpt_state" not in model.__dict__

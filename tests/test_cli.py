@@ -56,9 +56,9 @@ def no_model_is_built(monkeypatch):
 @pytest.mark.parametrize(
     ("argv", "named"),
     [
-        (["--strategies", "none,bogus"], ("--strategies", "'bogus'", "every_n:N", "plan:F")),
-        (["--strategies", "every_n:x"], ("--strategies", "every_n:x")),
-        (["--strategies", "full,full"], ("--strategies", "full")),
+        (["--settings", "none,bogus"], ("--settings", "'bogus'", "every_n:N", "plan:F")),
+        (["--settings", "every_n:x"], ("--settings", "every_n:x")),
+        (["--settings", "full,full"], ("--settings", "full")),
         (["--batch", "0"], ("--batch", "'0'")),
         (["--dtype", "float8"], ("--dtype", "'float8'", "bfloat16")),
         (["--device", "cuda:99"], ("--device", "'cuda:99'")),
@@ -126,10 +126,10 @@ def test_plan_strategies_are_those_the_planner_accepts():
     assert tuple(getattr(s, "value", s) for s in default) == PLAN_STRATEGIES
 
 
-def test_help_text_matches_the_registered_strategies_and_workload_defaults():
-    from hf_ckpt.measure import available_strategies, workload
+def test_help_text_matches_the_registered_settings_and_workload_defaults():
+    from hf_ckpt.measure import available_settings, workload
 
-    assert bench.STRATEGY_SYNTAX == ", ".join(available_strategies())
+    assert bench.SETTING_SYNTAX == ", ".join(available_settings())
     for name in ("DEFAULT_MODEL", "DEFAULT_LAYERS", "DEFAULT_HIDDEN", "DEFAULT_BATCH", "DEFAULT_SEQ"):
         assert getattr(arguments, name) == getattr(workload, name), name
     assert set(arguments.DTYPES) == set(workload._DTYPES)
@@ -160,11 +160,11 @@ def test_help_and_argument_errors_import_neither_torch_nor_transformers(argv):
 
 
 def test_python_dash_m_reports_errors_in_one_line_without_traceback():
-    done = _python("-m", "hf_ckpt", "bench", "--strategies", "nonsense")
+    done = _python("-m", "hf_ckpt", "bench", "--settings", "nonsense")
     assert done.returncode == 2
     assert done.stdout == ""
     [line] = done.stderr.splitlines()
-    assert line.startswith("hf-ckpt bench: error: argument --strategies: ") and "'nonsense'" in line
+    assert line.startswith("hf-ckpt bench: error: argument --settings: ") and "'nonsense'" in line
 
 
 def test_no_command_prints_help_and_exits_2(capsys):
@@ -252,20 +252,21 @@ def test_model_directory_that_fails_to_load_is_one_line_naming_it(tmp_path):
 
 def test_bench_prints_table_and_checks_and_writes_json(tmp_path, capsys):
     json_path = tmp_path / "bench.json"
-    argv = ["bench", *TINY, "--strategies", "full,every_n:2", "--json", str(json_path)]
+    argv = ["bench", *TINY, "--settings", "full,every_n:2", "--json", str(json_path)]
     code, out, err = run_main(argv, capsys)
     assert code == 0, err
     assert err == ""  # stderr is not a terminal here: no progress bar unless asked
     header = out.splitlines()[4]
-    for column in ("strategy", "retained MiB", "% of none", "peak MiB", "FLOPs ratio", "step ms", "speed", "recomputed blocks"):
-        assert column in header
+    assert [cell.strip() for cell in header.strip("|").split("|")] == [
+        "setting", "retained", "% of none", "peak", "FLOPs ratio", "step ms", "speed", "recomputed blocks"
+    ]
     assert "PASS  every_n:2: recomputed blocks == selected blocks: 0 (limit 0)" in out
 
     data = json.loads(json_path.read_text())
-    assert set(data) == {"info", "repeat", "warmup", "clock", "strategies", "checks"}
+    assert set(data) == {"info", "repeat", "warmup", "clock", "settings", "checks"}
     assert set(data["info"]) >= {"model", "environment", "wall_time_s"}
-    assert [row["strategy"] for row in data["strategies"]] == ["none", "full", "every_n:2"]
-    rows = {row["strategy"]: row for row in data["strategies"]}
+    assert [row["setting"] for row in data["settings"]] == ["none", "full", "every_n:2"]
+    rows = {row["setting"]: row for row in data["settings"]}
     assert rows["full"]["recomputed_blocks"] == [0, 1] and rows["every_n:2"]["recomputed_blocks"] == [0]
     assert rows["full"]["retained_bytes"] < rows["every_n:2"]["retained_bytes"] < rows["none"]["retained_bytes"]
     assert rows["none"]["flops"] < rows["every_n:2"]["flops"] < rows["full"]["flops"]
@@ -282,7 +283,7 @@ def test_bench_check_exits_1_on_a_failed_check_and_a_plain_run_exits_0(failing, 
         return passed + ([report.Check("a criterion that did not hold", "2", "<= 1", False)] if failing else [])
 
     monkeypatch.setattr(report, "checks", outcome)
-    argv = ["bench", *TINY, "--strategies", "full", "--no-progress"]
+    argv = ["bench", *TINY, "--settings", "full", "--no-progress"]
     code, out, err = run_main(argv, capsys)
     assert code == 0 and ("FAIL  a criterion that did not hold" in out) == failing
     code, out, err = run_main([*argv, "--check"], capsys)
@@ -291,7 +292,7 @@ def test_bench_check_exits_1_on_a_failed_check_and_a_plain_run_exits_0(failing, 
 
 
 def test_bench_progress_is_shown_when_forced_with_stderr_redirected(capsys):
-    code, out, err = run_main(["bench", *TINY, "--strategies", "full", "--progress"], capsys)
+    code, out, err = run_main(["bench", *TINY, "--settings", "full", "--progress"], capsys)
     assert code == 0, err
     total = "4/4"  # none and full: one measured step each, then one timed round of both
     assert f"hf-ckpt bench: 100%" in err and total in err
@@ -300,7 +301,7 @@ def test_bench_progress_is_shown_when_forced_with_stderr_redirected(capsys):
 def test_bench_plot_writes_a_png(tmp_path, capsys):
     pytest.importorskip("matplotlib")  # in the bench extra; without it --plot is refused (next test)
     png_path = tmp_path / "bench.png"
-    code, out, err = run_main(["bench", *TINY, "--strategies", "full,upstream:full", "--plot", str(png_path)], capsys)
+    code, out, err = run_main(["bench", *TINY, "--settings", "full,upstream:full", "--plot", str(png_path)], capsys)
     assert code == 0, err
     assert png_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

@@ -1,13 +1,15 @@
 """Gradient parity and the exact set of recomputed blocks, measured, for the four reference architectures."""
 
 import functools
+import warnings
 
 import pytest
 import torch.utils.checkpoint
 
 import hf_ckpt
+from hf_ckpt import HfCkptWarning
 from hf_ckpt.functions import checkpoint_selected_blocks
-from helpers import MODEL_BUILDERS, batch_for, max_grad_diff, recomputed_in_step, train_step
+from helpers import MODEL_BUILDERS, batch_for, max_grad_diff, recomputed_in_step, tiny_legacy, train_step
 
 # name -> number of blocks in global order (T5: 2 encoder + 2 decoder)
 BLOCKS = {"llama": 4, "gpt2": 4, "bert": 4, "t5": 4}
@@ -114,3 +116,28 @@ def test_enable_returns_the_model_and_accepts_eval_mode():
     model = MODEL_BUILDERS["llama"]().eval()
     assert hf_ckpt.enable(model) is model
     assert hf_ckpt.checkpointed_layers(model) == [0, 1, 2, 3]
+
+
+# block flags; stacks that call one function; a model that tests only ``self.training`` (as older releases' code
+# does: on transformers >= 5 the first two also test grad mode themselves)
+@pytest.mark.parametrize("name", ["llama", "t5", "legacy"])
+def test_a_no_grad_forward_in_training_mode_checkpoints_nothing(name):
+    """Under ``torch.no_grad`` the model runs as without checkpointing, even in training mode (evaluation loops
+    inside a training run): no checkpoint call, and the setting is back for the next training step."""
+    calls: list = []
+
+    def counting_checkpoint(function, *args, **kwargs):
+        calls.append(function)
+        return torch.utils.checkpoint.checkpoint(function, *args, use_reentrant=False, **kwargs)
+
+    model = tiny_legacy() if name == "legacy" else MODEL_BUILDERS[name]()
+    batch = batch_for(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", HfCkptWarning)  # the legacy model's deprecated-signature warning
+        hf_ckpt.enable(model, checkpoint_fn=counting_checkpoint)
+    model.train()
+    with torch.no_grad():
+        model(**batch)
+    assert calls == []
+    assert recomputed_in_step(model, batch)[0] == hf_ckpt.checkpointed_layers(model) != []
+    assert calls  # the counter does see checkpointed forwards

@@ -115,6 +115,8 @@ def test_the_deprecation_warning_is_filtered_like_upstreams():
     model = _mixin_llama()
     with warnings.catch_warnings():
         warnings.filterwarnings("error", category=FutureWarning, module="transformers")
+        # The exact text is the contract here: the mixin mirrors upstream's deprecation message on purpose, so that
+        # filters written for upstream's warning catch the mixin's too.
         with pytest.raises(FutureWarning, match="`gradient_checkpointing_enable` is deprecated"):
             model.gradient_checkpointing_enable()
         with pytest.raises(FutureWarning, match="`gradient_checkpointing_enable` is deprecated"):

@@ -11,10 +11,6 @@ from hf_ckpt import HfCkptWarning
 from hf_ckpt.blocks import find_blocks
 from helpers import batch_for, max_grad_diff, recomputed_in_step, tiny_llama, train_step
 
-NO_ACCELERATOR = (
-    "offload=True has no effect on this machine: there is no accelerator, so activations already live in host "
-    "memory. Running plain activation checkpointing."
-)
 
 
 def test_without_accelerator_runs_plain_checkpointing_and_warns_once(monkeypatch):
@@ -26,9 +22,8 @@ def test_without_accelerator_runs_plain_checkpointing_and_warns_once(monkeypatch
         warnings.simplefilter("always")
         hf_ckpt.enable(model, offload=True, every_n_layers=2)
         hf_ckpt.enable(model, offload=True, every_n_layers=2)
-    assert [str(w.message) for w in record if issubclass(w.category, HfCkptWarning) and "offload" in str(w.message)] == [
-        NO_ACCELERATOR
-    ]
+    [warning] = [str(w.message) for w in record if issubclass(w.category, HfCkptWarning) and "offload" in str(w.message)]
+    assert "offload=True" in warning and "no accelerator" in warning  # once, naming the option and why
     assert _bound_checkpoint(model).func is torch.utils.checkpoint.checkpoint
     recomputed, grads = recomputed_in_step(model, batch)
     assert recomputed == [0, 2]

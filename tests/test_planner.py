@@ -103,29 +103,32 @@ def test_budget_in_bytes_and_an_impossible_budget(workload):
     assert profile.predicted_bytes(solve(profile, smallest)) <= smallest
     with pytest.raises(ValueError, match=re.escape("no plan fits a budget of")) as raised:
         solve(profile, smallest - 1)
-    assert f"the smallest activation memory reachable with none, selective, full is {smallest / 2**20:.2f} MiB" in str(raised.value)
+    message = str(raised.value)  # what the budget would have to be, and with which per-block strategies
+    assert f"{smallest / 2**20:.2f} MiB" in message and "none, selective, full" in message
 
 
 @pytest.mark.parametrize(
-    "budget, error, message",
-    [
-        (0.0, ValueError, "budget as a fraction must be in (0, 1]; got 0.0"),
-        (1.5, ValueError, "budget as a fraction must be in (0, 1]; got 1.5"),
-        (-5, ValueError, "budget in bytes must be positive; got -5"),
-        ("150%", ValueError, "budget must be a fraction in (0, 1] such as 0.5, a percentage such as 50%, or a size with a unit such as 40GiB"),
-        ("2 parsecs", ValueError, "got '2 parsecs'"),
-        (True, TypeError, "budget must be a fraction in (0, 1]"),
+    "budget, error, named",
+    [  # the argument, the accepted forms, the offending value
+        (0.0, ValueError, ("budget", "(0, 1]", "0.0")),
+        (1.5, ValueError, ("budget", "(0, 1]", "1.5")),
+        (-5, ValueError, ("budget", "positive", "-5")),
+        ("150%", ValueError, ("budget", "(0, 1]", "50%", "40GiB")),
+        ("2 parsecs", ValueError, ("budget", "'2 parsecs'", "40GiB")),
+        (True, TypeError, ("budget", "(0, 1]", "True")),
     ],
 )
-def test_bad_budget(workload, budget, error, message):
+def test_bad_budget(workload, budget, error, named):
     model, batch = workload
-    with pytest.raises(error, match=re.escape(message)):
+    with pytest.raises(error) as raised:
         hf_ckpt.plan(model, batch, budget)
+    missing = [part for part in named if part not in str(raised.value)]
+    assert not missing, f"{missing} not in: {raised.value}"
 
 
 def test_bad_strategies(workload):
     model, batch = workload
-    with pytest.raises(ValueError, match=re.escape("strategies must be a non-empty subset of none, selective, full, oplevel; got ['half']")):
+    with pytest.raises(ValueError, match=re.escape("none, selective, full, oplevel; got ['half']")):  # accepted, got
         hf_ckpt.plan(model, batch, 0.5, strategies=["half"])
 
 
@@ -146,5 +149,5 @@ def test_a_model_that_cannot_run_selective_is_planned_without_it():
         profile = profile_blocks(model, batch_for(model))
         plan = hf_ckpt.plan(model, batch_for(model), 0.5)
     assert set(profile.retained) == {"none", "full"}
-    assert "modifies in place the output of aten.addmm.default" in profile.unusable["selective"]
+    assert "aten.addmm.default" in profile.unusable["selective"]  # the reason names the op
     assert "selective" not in plan.strategies

@@ -275,7 +275,7 @@ def test_a_fully_frozen_model_is_refused_clearly(call):
     model = tiny_llama()
     model.requires_grad_(False)
     batch = batch_for(model)
-    with pytest.raises(ValueError, match="no parameter of LlamaForCausalLM requires grad"):
+    with pytest.raises(ValueError, match=r"LlamaForCausalLM.*requires grad"):
         hf_ckpt.plan(model, batch, 0.5) if call == "plan" else hf_ckpt.verify(model, batch)
 
 

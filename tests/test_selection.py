@@ -1,6 +1,5 @@
 """``layers``, ``num_layers`` with ``method``, per-block strategies and plans: measured, with exact errors."""
 
-import re
 
 import pytest
 import torch
@@ -36,37 +35,38 @@ def test_selection_is_measured_exactly(name, options, expected):
 
 
 @pytest.mark.parametrize(
-    "options, error, message",
+    "options, error, named",
     [
-        ({"layers": [0], "num_layers": 1}, ValueError,
-         "layers and num_layers select blocks in different ways; give only one of every_n_layers, layers, num_layers (with method) and plan"),
-        ({"every_n_layers": 2, "layers": [0]}, ValueError, "every_n_layers and layers select blocks in different ways"),
-        ({"every_n_layers": 2, "num_layers": 2}, ValueError, "every_n_layers and num_layers select blocks in different ways"),
-        ({"method": "block"}, ValueError, "method only applies together with num_layers; give num_layers too"),
-        ({"num_layers": 2, "method": "random"}, ValueError, "method must be one of 'uniform', 'block'; got 'random'"),
-        ({"layers": [0, 4]}, ValueError,
-         "layers must be block indices in 0..3 (this model has 4 repeated blocks, counted encoder first); got [4] outside that range"),
-        ({"layers": [-1]}, ValueError, "got [-1] outside that range"),
-        ({"layers": [0, 0]}, ValueError, "layers must not repeat an index; got [0, 0]"),
-        ({"layers": []}, ValueError, "layers must name at least one block index; to checkpoint nothing, call hf_ckpt.disable"),
-        ({"layers": "0,1"}, TypeError, "layers must be a list of block indices (ints); got '0,1' of type str"),
-        ({"layers": [0.0]}, TypeError, "layers must be a list of block indices (ints); got 0.0 of type float"),
-        ({"num_layers": 5}, ValueError, "num_layers must be between 1 and 4, the number of repeated blocks of this model; got 5"),
-        ({"num_layers": 0}, ValueError, "num_layers must be a positive int (how many blocks to checkpoint); got 0"),
-        ({"strategy": "half"}, ValueError, "strategy must be one of 'full', 'selective'; got 'half'"),
-        ({"policy": "matmuls"}, ValueError, 'policy only applies to strategy="selective"; set strategy="selective" or drop policy'),
-        ({"strategy": "selective", "policy": "nope"}, ValueError, "policy must be a policy name (attention, matmuls, matmuls_and_attention)"),
-        ({"strategy": "selective", "use_reentrant": True}, ValueError,
-         'strategy="selective" needs use_reentrant=False (selective recompute is non-reentrant only)'),
-        ({"strategy": "selective", "context_fn": lambda: None}, ValueError,
-         'strategy="selective" sets context_fn itself; drop context_fn or use strategy="full"'),
+        # what a user needs from the message: the arguments involved, the offending value, the accepted values
+        ({"layers": [0], "num_layers": 1}, ValueError, ("layers", "num_layers", "every_n_layers", "plan")),
+        ({"every_n_layers": 2, "layers": [0]}, ValueError, ("every_n_layers", "layers")),
+        ({"every_n_layers": 2, "num_layers": 2}, ValueError, ("every_n_layers", "num_layers")),
+        ({"method": "block"}, ValueError, ("method", "num_layers")),
+        ({"num_layers": 2, "method": "random"}, ValueError, ("method", "'random'", "'uniform'", "'block'")),
+        ({"layers": [0, 4]}, ValueError, ("layers", "0..3", "[4]")),
+        ({"layers": [-1]}, ValueError, ("layers", "0..3", "[-1]")),
+        ({"layers": [0, 0]}, ValueError, ("layers", "[0, 0]")),
+        ({"layers": []}, ValueError, ("layers", "hf_ckpt.disable")),
+        ({"layers": "0,1"}, TypeError, ("layers", "'0,1'", "str")),
+        ({"layers": [0.0]}, TypeError, ("layers", "0.0", "float")),
+        ({"num_layers": 5}, ValueError, ("num_layers", "between 1 and 4", "got 5")),
+        ({"num_layers": 0}, ValueError, ("num_layers", "got 0")),
+        ({"strategy": "half"}, ValueError, ("strategy", "'half'", "'full'", "'selective'")),
+        ({"policy": "matmuls"}, ValueError, ("policy", 'strategy="selective"')),
+        ({"strategy": "selective", "policy": "nope"}, ValueError, ("policy", "'nope'", "attention", "matmuls_and_attention")),
+        ({"strategy": "selective", "use_reentrant": True}, ValueError, ('strategy="selective"', "use_reentrant=False")),
+        ({"strategy": "selective", "context_fn": lambda: None}, ValueError, ('strategy="selective"', "context_fn")),
     ],
 )
-def test_bad_selection_fails_at_the_call(options, error, message):
+def test_bad_selection_fails_at_the_call_and_changes_nothing(options, error, named):
     model = tiny_llama()
-    with pytest.raises(error, match=re.escape(message)):
+    hf_ckpt.enable(model, every_n_layers=2)
+    with pytest.raises(error) as raised:
         hf_ckpt.enable(model, **options)
-    assert hf_ckpt.checkpointed_layers(model) == []
+    message = str(raised.value)
+    missing = [part for part in named if part not in message]
+    assert not missing, f"{missing} not in: {message}"
+    assert hf_ckpt.checkpointed_layers(model) == [0, 2]  # the previous setting stands
 
 
 def _mm_flops(model, batch):
@@ -130,17 +130,16 @@ def test_plan_applies_a_strategy_per_block(name, third, tmp_path):
 
 
 def test_plan_errors():
-    with pytest.raises(ValueError, match=re.escape("each plan strategy must be one of 'none', 'selective', 'full'; got 'half'")):
+    with pytest.raises(ValueError) as raised:
         CheckpointPlan(strategies=("half",))
-    with pytest.raises(ValueError, match=re.escape(
-        "plan has a strategy for 2 blocks, but this model has 4 repeated blocks; make the plan on the same architecture"
-    )):
+    assert all(part in str(raised.value) for part in ("'half'", "'none'", "'selective'", "'full'"))
+    with pytest.raises(ValueError, match=r"plan.* 2 blocks.* 4 repeated blocks"):  # the plan's count and the model's
         hf_ckpt.enable(tiny_llama(), plan=CheckpointPlan(strategies=("full", "none")))
-    with pytest.raises(ValueError, match=re.escape("plan file 'missing.json' does not exist")):
+    with pytest.raises(ValueError, match=r"plan.*'missing\.json'"):
         hf_ckpt.enable(tiny_llama(), plan="missing.json")
-    with pytest.raises(ValueError, match="plan and strategy select blocks in different ways"):
+    with pytest.raises(ValueError, match=r"\bplan\b.*\bstrategy\b"):
         hf_ckpt.enable(tiny_llama(), plan=CheckpointPlan(strategies=("full",) * 4), strategy="selective")
-    with pytest.raises(ValueError, match=re.escape("sample_inputs is the batch a budget is profiled on: give budget too")):
+    with pytest.raises(ValueError, match=r"sample_inputs.*budget"):
         hf_ckpt.enable(tiny_llama(), sample_inputs={"input_ids": None})
 
 
@@ -184,12 +183,9 @@ def test_selective_refuses_a_block_that_writes_into_a_saved_output():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         hf_ckpt.enable(model, strategy="selective", layers=[1])
-    message = (
-        "strategy='selective' cannot run on this block: aten.add_.Tensor modifies in place the output of "
-        "aten.addmm.default, which the selective policy saves, so the recompute would apply it twice and the "
-        "gradients would be wrong. Use strategy='full' for this model, or a policy that does not save aten.addmm.default."
-    )
-    with pytest.raises(SelectiveRecomputeError, match=re.escape(message)):
+    with pytest.raises(SelectiveRecomputeError) as raised:
         train_step(model, batch_for(model))
+    for part in ("aten.add_.Tensor", "aten.addmm.default", "strategy='full'"):  # the culprit, its victim, the way out
+        assert part in str(raised.value)
     hf_ckpt.enable(model, strategy="full", layers=[1])
     assert recomputed_in_step(model, batch_for(model))[0] == [1]

@@ -21,13 +21,14 @@ from hf_ckpt.measure.report import plot_tradeoff
 def main(source: str, target: str) -> None:
     with open(source) as handle:
         data = json.load(handle)
+    rows = data["settings"] if "settings" in data else data["strategies"]  # JSON written before the rename to settings
     results = [
         SimpleNamespace(
-            strategy=row["strategy"],
+            setting=row["setting"] if "setting" in row else row["strategy"],
             step_time_s=row["step_time_s"],
             measurement=SimpleNamespace(retained_bytes=row["retained_bytes"]),
         )
-        for row in data["strategies"]
+        for row in rows
     ]
     plot_tradeoff(SimpleNamespace(results=results, clock=data["clock"], info=data["info"]), target)
 

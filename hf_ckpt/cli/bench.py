@@ -1,4 +1,4 @@
-"""``hf-ckpt bench``: the measured trade-off of checkpointing strategies for one model and batch.
+"""``hf-ckpt bench``: the measured trade-off of checkpointing settings for one model and batch.
 
 Builds the workload, runs :func:`~hf_ckpt.measure.run_benchmark` (a progress bar on stderr when it is a terminal,
 or with ``--progress``), prints the table and the checks, and writes the JSON and the plot when asked. Exit status
@@ -11,24 +11,26 @@ import argparse
 import json
 import sys
 import time
+import warnings
 from typing import Any
 
+from .._units import format_bytes
 from .arguments import add_workload_arguments, build_workload_from, non_negative_int, output_file, png_file, positive_int
 from .errors import CommandError
 
 NAME = "bench"
-HELP = "measure the memory, compute and time trade-off of checkpointing strategies"
+HELP = "measure the memory, compute and time trade-off of checkpointing settings"
 
 DEFAULT_REPEAT = 25
 DEFAULT_WARMUP = 1
-#: The built-in strategy spellings, for ``--help`` without importing torch (a test keeps this equal to
-#: ``hf_ckpt.measure.available_strategies()``).
-STRATEGY_SYNTAX = "none, full, every_n:N, offload, upstream:full|upstream:every_n:N, selective[:POLICY], plan:F, oplevel:F, compile:F"
+#: The built-in setting spellings, for ``--help`` without importing torch (a test keeps this equal to
+#: ``hf_ckpt.measure.available_settings()``).
+SETTING_SYNTAX = "none, full, every_n:N, offload, upstream:full|upstream:every_n:N, selective[:POLICY], plan:F, oplevel:F, compile:F"
 
 
-def default_strategies() -> str:
+def default_settings() -> str:
     """``none,full,every_n:2``, each next to the same setting through transformers' own method where it has it."""
-    from ..measure.strategies import upstream_supports
+    from ..measure.settings import upstream_supports
 
     specs = ["none", "full", "upstream:full", "every_n:2"]
     if upstream_supports("every_n:2"):
@@ -36,14 +38,28 @@ def default_strategies() -> str:
     return ",".join(specs)
 
 
-def strategies(text: str) -> list:
-    """``--strategies``: parsed by :func:`hf_ckpt.measure.parse_strategies` (imports torch when given)."""
-    from ..measure.strategies import parse_strategies
+def settings(text: str) -> list:
+    """``--settings``: parsed by :func:`hf_ckpt.measure.parse_settings` (imports torch when given)."""
+    from ..measure.settings import parse_settings
 
     try:
-        return parse_strategies(text)
+        return parse_settings(text)
     except ValueError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
+
+
+class _RenamedOption(argparse.Action):
+    """``--strategies``, the old spelling of ``--settings`` (remove in 0.3): stores into ``settings`` and warns."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        warnings.warn(
+            f"hf-ckpt {NAME} {option_string} is renamed --settings (the bench compares settings; per-block "
+            "strategies are what hf-ckpt plan --strategies takes); the old option will be removed in hf_ckpt 0.3",
+            FutureWarning,
+            stacklevel=2,
+        )
+        setattr(namespace, self.dest, values)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -51,12 +67,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_workload_arguments(parser)
     add = parser.add_argument
     add(
-        "--strategies",
-        type=strategies,
+        "--settings",
+        type=settings,
         default=None,
-        help="comma-separated (default: none,full,upstream:full,every_n:2[,upstream:every_n:2]); none is always "
-        f"measured. Available: {STRATEGY_SYNTAX} (hf_ckpt.measure.available_strategies() describes each)",
+        help="the named configurations to compare, comma-separated (default: "
+        "none,full,upstream:full,every_n:2[,upstream:every_n:2]); none is always measured. Available: "
+        f"{SETTING_SYNTAX} (hf_ckpt.measure.available_settings() describes each)",
     )
+    add("--strategies", dest="settings", type=settings, action=_RenamedOption, help="the old name of --settings")
     add("--repeat", type=positive_int, default=DEFAULT_REPEAT, help="timed rounds (default %(default)s)")
     add("--warmup", type=non_negative_int, default=DEFAULT_WARMUP, help="untimed rounds first (default %(default)s)")
     add(
@@ -125,9 +143,9 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from ..measure import workload
-    from ..measure.strategies import parse_strategies
+    from ..measure.settings import parse_settings
 
-    chosen = args.strategies if args.strategies is not None else parse_strategies(default_strategies())
+    chosen = args.settings if args.settings is not None else parse_settings(default_settings())
     device = args.device if args.device is not None else workload.default_device()
     threads = args.threads if args.threads is not None else (1 if device.type == "cpu" else None)
     previous_threads = torch.get_num_threads()
@@ -153,7 +171,7 @@ def _run(args: argparse.Namespace, chosen: list, device: Any, clock: str) -> int
             exit_code=1,
         )
     info = {"model": work.info, "environment": environment()}
-    count = len(chosen) + (0 if any(strategy.name == "none" for strategy in chosen) else 1)
+    count = len(chosen) + (0 if any(setting.name == "none" for setting in chosen) else 1)
     bar = _progress_bar(steps_of(count, repeat=args.repeat, warmup=args.warmup), args.progress)
     try:
         report = run_benchmark(
@@ -171,8 +189,8 @@ def _run(args: argparse.Namespace, chosen: list, device: Any, clock: str) -> int
         measurement = result.measurement
         elsewhere = {d: b for d, b in measurement.retained_bytes_by_device.items() if d != measurement.device}
         if elsewhere:  # offloaded copies in host memory
-            listed = ", ".join(f"{nbytes / 2**20:.2f} MiB on {where}" for where, nbytes in elsewhere.items())
-            print(f"  {result.strategy}: also retained {listed}")
+            listed = ", ".join(f"{format_bytes(nbytes)} on {where}" for where, nbytes in elsewhere.items())
+            print(f"  {result.setting}: also retained {listed}")
     print()
     print("checks:")
     print(format_checks(report))

@@ -194,8 +194,9 @@ def estimate(
         device: ``"cuda"`` (attention kernels modelled, see :mod:`hf_ckpt.estimate._attention`) or ``"cpu"``.
         optimizer: ``"adamw"``, ``"adam"``, ``"sgd_momentum"`` or ``"sgd"``.
         peft_config: A ``peft.PeftConfig`` (e.g. ``LoraConfig(r=16)``): only the adapters train.
-        strategies: Strategies to report: ``none``, ``full``, ``selective``, ``every_n:K``, or a
-            :class:`~hf_ckpt.CheckpointPlan`. ``none`` is always included (ratios are relative to it).
+        strategies: The settings to report, in ``hf-ckpt bench --settings``'s vocabulary: ``none``, ``full``,
+            ``selective``, ``every_n:K``, or a :class:`~hf_ckpt.CheckpointPlan`. ``none`` is always included
+            (ratios are relative to it).
 
     Returns:
         A :class:`MemoryEstimate`.

@@ -3,21 +3,26 @@
 * :func:`measure_step` / :class:`StepMeasurement`: one training step of a model as it is: the activation memory
   retained at the end of forward and the peak (tensor storages tracked by :class:`StorageTracker`), the FLOPs
   (``FlopCounterMode``, recompute included) and the blocks that were recomputed (counted, not read from flags).
-* :func:`run_benchmark` / :class:`BenchmarkReport`: several strategies (``none``, ``full``, ``every_n:2``,
-  ``upstream:full``, ...) on the same model and batch, with step times as medians over interleaved rounds.
+* :func:`run_benchmark` / :class:`BenchmarkReport`: several *settings* (:class:`Setting`: ``none``, ``full``,
+  ``every_n:2``, ``upstream:full``, ``plan:0.5``, ...) on the same model and batch, with step times as medians over
+  interleaved rounds. A setting is a named configuration of the whole model, not a per-block strategy
+  (:class:`hf_ckpt.BlockStrategy`); the old names (``Strategy``, ``parse_strategies``, ...) warn until 0.3.
 * ``hf-ckpt bench`` (:mod:`hf_ckpt.cli`) runs it all from the command line.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from .._lazy import lazy_exports
+from ._renamed import RENAMED, warn_renamed
 
 #: Public name -> the module that defines it. Loaded on first use (PEP 562): the planner builds on the measuring
-#: primitives (memory, flops, step) while the bench strategies build on the planner, so importing one primitive
+#: primitives (memory, flops, step) while the bench settings build on the planner, so importing one primitive
 #: must not import the bench.
 _EXPORTS = {
     "BenchmarkReport": ".bench",
-    "StrategyResult": ".bench",
+    "SettingResult": ".bench",
     "run_benchmark": ".bench",
     "count_flops": ".flops",
     "StorageTracker": ".memory",
@@ -30,11 +35,11 @@ _EXPORTS = {
     "StepMeasurement": ".step",
     "measure_step": ".step",
     "training_step": ".step",
-    "Strategy": ".strategies",
-    "available_strategies": ".strategies",
-    "parse_strategies": ".strategies",
-    "parse_strategy": ".strategies",
-    "register_strategy": ".strategies",
+    "Setting": ".settings",
+    "available_settings": ".settings",
+    "parse_settings": ".settings",
+    "parse_setting": ".settings",
+    "register_setting": ".settings",
     "interleaved_step_times": ".timing",
     "Workload": ".workload",
     "build_workload": ".workload",
@@ -45,10 +50,10 @@ __all__ = [
     "Check",
     "StepMeasurement",
     "StorageTracker",
-    "Strategy",
-    "StrategyResult",
+    "Setting",
+    "SettingResult",
     "Workload",
-    "available_strategies",
+    "available_settings",
     "build_workload",
     "checks",
     "count_flops",
@@ -56,14 +61,20 @@ __all__ = [
     "format_table",
     "interleaved_step_times",
     "measure_step",
-    "parse_strategies",
-    "parse_strategy",
+    "parse_setting",
+    "parse_settings",
     "plot_tradeoff",
-    "register_strategy",
+    "register_setting",
     "run_benchmark",
     "to_dict",
     "training_step",
 ]
 
 
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+_lazy_getattr, __dir__ = lazy_exports(__name__, _EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in RENAMED:  # not cached in the package, so that every use of an old name warns
+        return warn_renamed(__name__, name, lambda: _lazy_getattr(RENAMED[name]))
+    return _lazy_getattr(name)

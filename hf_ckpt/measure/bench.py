@@ -1,12 +1,13 @@
-"""The benchmark: every strategy on the same model and batch, measured the same way.
+"""The benchmark: every setting on the same model and batch, measured the same way.
 
-For each strategy :func:`run_benchmark` switches the setting on, runs :func:`~hf_ckpt.measure.step.measure_step`
-(memory, recompute, FLOPs) and switches it off again; then it times plain training steps of all strategies,
+For each setting (:class:`~hf_ckpt.measure.settings.Setting`) :func:`run_benchmark` switches it on, runs :func:`~hf_ckpt.measure.step.measure_step`
+(memory, recompute, FLOPs) and switches it off again; then it times plain training steps of all settings,
 interleaved round-robin, and keeps the median. ``none`` is always measured: every ratio is relative to it.
 """
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, Sequence
 
@@ -15,26 +16,26 @@ from torch import nn
 
 from ..core import checkpointed_layers
 from .step import LossFn, StepMeasurement, measure_step, model_device, training_step
-from .strategies import Strategy, parse_strategy
+from .settings import Setting, parse_setting
 from .timing import CLOCKS, interleaved_step_times, median, synchronizer
 
 BASELINE = "none"
 
 
 @dataclass(frozen=True)
-class StrategyResult:
-    """One strategy's measurements.
+class SettingResult:
+    """One setting's measurements (``StrategyResult`` until 0.3: that name warns).
 
     Attributes:
-        strategy: The strategy's canonical name (``"every_n:2"``).
+        setting: The setting's canonical name (``"every_n:2"``); ``.strategy`` until 0.3 (warns).
         description: What it runs.
         selected_blocks: The blocks its flags select for recompute (``hf_ckpt.checkpointed_layers``).
         measurement: The measured step (memory, FLOPs, recomputed blocks).
         step_times_s: The timed steps, in seconds, one per round.
-        details: What the strategy itself reported (a plan's predicted bytes and per-block strategies).
+        details: What the setting itself reported (a plan's predicted bytes and per-block strategies).
     """
 
-    strategy: str
+    setting: str
     description: str
     selected_blocks: list[int]
     measurement: StepMeasurement
@@ -46,62 +47,83 @@ class StrategyResult:
         """The median step time in seconds."""
         return median(self.step_times_s)
 
+    @property
+    def strategy(self) -> str:
+        """The old name of :attr:`setting` (remove in 0.3)."""
+        warnings.warn(
+            "SettingResult.strategy is renamed SettingResult.setting (the bench compares settings; a per-block "
+            "strategy is hf_ckpt.BlockStrategy); the old name will be removed in hf_ckpt 0.3",
+            FutureWarning,
+            stacklevel=2,
+        )
+        return self.setting
+
 
 @dataclass
 class BenchmarkReport:
     """The results of :func:`run_benchmark`, with the ratios people quote.
 
     Attributes:
-        results: One :class:`StrategyResult` per strategy, ``none`` first.
+        results: One :class:`SettingResult` per setting, ``none`` first.
         info: What ran: the workload and the environment (free-form, for the report and the JSON).
         repeat / warmup: Timed and untimed rounds.
         clock: What the step times measure: ``"wall"`` or ``"cpu"`` (process CPU time).
     """
 
-    results: list[StrategyResult]
+    results: list[SettingResult]
     info: dict[str, Any] = field(default_factory=dict)
     repeat: int = 0
     warmup: int = 0
     clock: str = "wall"
 
-    def __getitem__(self, strategy: str) -> StrategyResult:
+    def __getitem__(self, setting: str) -> SettingResult:
         for result in self.results:
-            if result.strategy == strategy:
+            if result.setting == setting:
                 return result
-        raise KeyError(f"no strategy {strategy!r} in this report; it has: {', '.join(self.names)}")
+        raise KeyError(f"no setting {setting!r} in this report; it has: {', '.join(self.names)}")
 
-    def __contains__(self, strategy: object) -> bool:
-        return any(result.strategy == strategy for result in self.results)
+    def __contains__(self, setting: object) -> bool:
+        return any(result.setting == setting for result in self.results)
 
     @property
     def names(self) -> list[str]:
-        return [result.strategy for result in self.results]
+        return [result.setting for result in self.results]
 
     @property
-    def baseline(self) -> StrategyResult:
+    def baseline(self) -> SettingResult:
         return self[BASELINE]
 
-    def retained_fraction(self, strategy: str) -> float:
+    def retained_fraction(self, setting: str) -> float:
         """Activation memory retained at the end of forward, as a fraction of no checkpointing."""
-        return self[strategy].measurement.retained_bytes / max(self.baseline.measurement.retained_bytes, 1)
+        return self[setting].measurement.retained_bytes / max(self.baseline.measurement.retained_bytes, 1)
 
-    def flops_ratio(self, strategy: str) -> float:
+    def flops_ratio(self, setting: str) -> float:
         """FLOPs of the step relative to no checkpointing (1.33 is one extra forward of everything)."""
-        return self[strategy].measurement.flops / max(self.baseline.measurement.flops, 1)
+        return self[setting].measurement.flops / max(self.baseline.measurement.flops, 1)
 
-    def speed_ratio(self, strategy: str) -> float:
-        """Speed relative to no checkpointing: ``time(none) / time(strategy)`` (below 1 is slower)."""
-        return self.baseline.step_time_s / self[strategy].step_time_s
+    def speed_ratio(self, setting: str) -> float:
+        """Speed relative to no checkpointing: ``time(none) / time(setting)`` (below 1 is slower)."""
+        return self.baseline.step_time_s / self[setting].step_time_s
 
 
-def _strategy(spec: Strategy | str) -> Strategy:
-    return spec if isinstance(spec, Strategy) else parse_strategy(spec)
+def _setting(spec: Setting | str) -> Setting:
+    return spec if isinstance(spec, Setting) else parse_setting(spec)
+
+
+def _old_keyword(strategies: Sequence[Setting | str]) -> Sequence[Setting | str]:
+    warnings.warn(
+        "run_benchmark(strategies=...) is renamed run_benchmark(settings=...); the old keyword will be removed in "
+        "hf_ckpt 0.3",
+        FutureWarning,
+        stacklevel=3,  # the caller of run_benchmark
+    )
+    return strategies
 
 
 def run_benchmark(
     model: nn.Module,
     batch: Mapping[str, Any],
-    strategies: Sequence[Strategy | str],
+    settings: Sequence[Setting | str] = (),
     *,
     repeat: int = 5,
     warmup: int = 1,
@@ -109,48 +131,52 @@ def run_benchmark(
     on_step: Callable[[str], None] | None = None,
     info: Mapping[str, Any] | None = None,
     clock: str = "wall",
+    strategies: Sequence[Setting | str] | None = None,
 ) -> BenchmarkReport:
-    """Measure every strategy on ``model`` and ``batch``.
+    """Measure every setting on ``model`` and ``batch``.
 
     Args:
         model: A ``PreTrainedModel`` on its device, checkpointing off; left with checkpointing off.
         batch: Keyword arguments for the model, on its device, with labels (or pass ``loss_fn``).
-        strategies: :class:`~hf_ckpt.measure.strategies.Strategy` objects or their names (``"every_n:2"``);
+        settings: :class:`~hf_ckpt.measure.settings.Setting` objects or their names (``"every_n:2"``);
             ``none`` is added first when missing.
-        repeat: Timed rounds; each round runs one step of every strategy.
+        repeat: Timed rounds; each round runs one step of every setting.
         warmup: Untimed rounds before them.
         loss_fn: Maps the model output to the loss (default ``output.loss``).
         on_step: Called with a short label after every step (a progress bar).
         info: Anything to carry into the report.
         clock: ``"wall"`` (default) or ``"cpu"``, see :data:`hf_ckpt.measure.timing.CLOCKS`.
+        strategies: The old name of ``settings`` (warns; remove in 0.3).
 
     Returns:
         A :class:`BenchmarkReport`.
     """
     if clock not in CLOCKS:
         raise ValueError(f"clock must be one of {', '.join(CLOCKS)}; got {clock!r}")
-    chosen = [_strategy(spec) for spec in strategies]
-    if BASELINE not in [strategy.name for strategy in chosen]:
-        chosen.insert(0, parse_strategy(BASELINE))
+    if strategies is not None:
+        settings = _old_keyword(strategies)
+    chosen = [_setting(spec) for spec in settings]
+    if BASELINE not in [setting.name for setting in chosen]:
+        chosen.insert(0, parse_setting(BASELINE))
     else:
-        chosen.sort(key=lambda strategy: strategy.name != BASELINE)
-    by_name = {strategy.name: strategy for strategy in chosen}
+        chosen.sort(key=lambda setting: setting.name != BASELINE)
+    by_name = {setting.name: setting for setting in chosen}
     notify = on_step or (lambda label: None)
 
-    for strategy in chosen:
-        if strategy.prepare is not None:
-            strategy.prepare(model, batch)
+    for setting in chosen:
+        if setting.prepare is not None:
+            setting.prepare(model, batch)
 
     measured: dict[str, tuple[list[int], StepMeasurement]] = {}
-    for strategy in chosen:
-        strategy.apply(model)
+    for setting in chosen:
+        setting.apply(model)
         try:
             selected = checkpointed_layers(model)
-            measured[strategy.name] = (selected, _own_figures(measure_step(model, batch, loss_fn=loss_fn), strategy.details))
+            measured[setting.name] = (selected, _own_figures(measure_step(model, batch, loss_fn=loss_fn), setting.details))
         finally:
-            strategy.remove(model)
+            setting.remove(model)
         model.zero_grad(set_to_none=True)
-        notify(f"measured {strategy.name}")
+        notify(f"measured {setting.name}")
 
     def before(name: str) -> None:
         model.zero_grad(set_to_none=True)
@@ -172,21 +198,21 @@ def run_benchmark(
     )
     model.zero_grad(set_to_none=True)
     results = [
-        StrategyResult(
-            strategy=strategy.name,
-            description=strategy.description,
-            selected_blocks=measured[strategy.name][0],
-            measurement=measured[strategy.name][1],
-            step_times_s=times[strategy.name],
-            details=dict(strategy.details),
+        SettingResult(
+            setting=setting.name,
+            description=setting.description,
+            selected_blocks=measured[setting.name][0],
+            measurement=measured[setting.name][1],
+            step_times_s=times[setting.name],
+            details=dict(setting.details),
         )
-        for strategy in chosen
+        for setting in chosen
     ]
     return BenchmarkReport(results=results, info=dict(info or {}), repeat=repeat, warmup=warmup, clock=clock)
 
 
 def _own_figures(measurement: StepMeasurement, details: Mapping[str, Any]) -> StepMeasurement:
-    """The figures a strategy measured itself, in place of the eager step's.
+    """The figures a setting measured itself, in place of the eager step's.
 
     ``compile:F``: under the bench's dispatch modes dynamo runs the model eagerly, so the measured step is not the
     compiled one; its row shows the bytes the compiled graphs save for backward and their FLOPs
@@ -202,9 +228,9 @@ def _own_figures(measurement: StepMeasurement, details: Mapping[str, Any]) -> St
     )
 
 
-def steps_of(strategies: int, *, repeat: int, warmup: int) -> int:
+def steps_of(settings: int, *, repeat: int, warmup: int) -> int:
     """How many steps :func:`run_benchmark` calls ``on_step`` for (the length of a progress bar)."""
-    return strategies + strategies * (repeat + warmup)
+    return settings + settings * (repeat + warmup)
 
 
 def environment() -> dict[str, Any]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from .._units import format_bytes
 from .bench import BenchmarkReport
 from .timing import median
 
@@ -35,9 +36,9 @@ class Check:
 
 
 def checks(report: BenchmarkReport) -> list[Check]:
-    """The criteria that apply to the strategies in ``report``.
+    """The criteria that apply to the settings in ``report``.
 
-    * every strategy: the blocks that ran twice are exactly those its flags selected;
+    * every setting: the blocks that ran twice are exactly those its flags selected;
     * ``full``: retains at most 15% of ``none``'s activation memory, and costs at most 1.34x its FLOPs;
     * ``every_n:N``: retains strictly more than ``full`` and strictly less than ``none``;
     * ``upstream:X`` next to ``X``: hf_ckpt's step is at most 2% slower than transformers' own.
@@ -47,7 +48,7 @@ def checks(report: BenchmarkReport) -> list[Check]:
         measured = result.measurement.recomputed_blocks
         found.append(
             Check(
-                f"{result.strategy}: recomputed blocks == selected blocks",
+                f"{result.setting}: recomputed blocks == selected blocks",
                 _blocks(measured),
                 _blocks(result.selected_blocks),
                 measured == result.selected_blocks,
@@ -75,26 +76,26 @@ def checks(report: BenchmarkReport) -> list[Check]:
         full = report["full"].measurement.retained_bytes
         none = report.baseline.measurement.retained_bytes
         for result in report.results:
-            if result.strategy.startswith("every_n:") and result.strategy != "every_n:1":
+            if result.setting.startswith("every_n:") and result.setting != "every_n:1":
                 retained = result.measurement.retained_bytes
                 found.append(
                     Check(
-                        f"{result.strategy}: full < retained < none",
-                        f"{retained / MIB:.2f} MiB",
-                        f"({full / MIB:.2f}, {none / MIB:.2f}) MiB",
+                        f"{result.setting}: full < retained < none",
+                        format_bytes(retained),
+                        f"({format_bytes(full)}, {format_bytes(none)})",
                         full < retained < none,
                     )
                 )
     found.extend(_selective_checks(report))
     found.extend(_plan_checks(report))
     for result in report.results:
-        if result.strategy.startswith("upstream:"):
-            ours = result.strategy.removeprefix("upstream:")
+        if result.setting.startswith("upstream:"):
+            ours = result.setting.removeprefix("upstream:")
             if ours in report:
-                overhead = overhead_vs(report, ours, result.strategy)
+                overhead = overhead_vs(report, ours, result.setting)
                 found.append(
                     Check(
-                        f"{ours}: hf_ckpt step time vs {result.strategy} (median of per-round ratios)",
+                        f"{ours}: hf_ckpt step time vs {result.setting} (median of per-round ratios)",
                         f"{overhead:+.1%}",
                         f"<= +{MAX_OVERHEAD_VS_UPSTREAM:.0%}",
                         overhead <= MAX_OVERHEAD_VS_UPSTREAM,
@@ -119,14 +120,14 @@ def _selective_checks(report: BenchmarkReport) -> list[Check]:
 def _every_n_costs(report: BenchmarkReport) -> dict[str, tuple[int, int]]:
     """(retained bytes, FLOPs) of the every_n_layers settings measured in the report (``full`` is every_n:1)."""
     return {
-        result.strategy: (result.measurement.retained_bytes, result.measurement.flops)
+        result.setting: (result.measurement.retained_bytes, result.measurement.flops)
         for result in report.results
-        if result.strategy in ("full", "none") or result.strategy.startswith("every_n:")
+        if result.setting in ("full", "none") or result.setting.startswith("every_n:")
     }
 
 
 def _plan_checks(report: BenchmarkReport) -> list[Check]:
-    plans = [result for result in report.results if result.strategy.startswith("plan:")]
+    plans = [result for result in report.results if result.setting.startswith("plan:")]
     if not plans:
         return []
     costs = _every_n_costs(report)
@@ -136,17 +137,17 @@ def _plan_checks(report: BenchmarkReport) -> list[Check]:
         measured = result.measurement.retained_bytes
         budget = result.details["budget_bytes"]
         predicted = result.details["predicted_bytes"]
-        found.append(Check(f"{result.strategy}: retained <= budget", f"{measured / MIB:.2f} MiB",
-                           f"<= {budget / MIB:.2f} MiB", measured <= budget))
+        found.append(Check(f"{result.setting}: retained <= budget", format_bytes(measured),
+                           f"<= {format_bytes(budget)}", measured <= budget))
         error = abs(predicted - measured) / measured
-        found.append(Check(f"{result.strategy}: predicted bytes within 10% of measured", f"{error:.1%}",
+        found.append(Check(f"{result.setting}: predicted bytes within 10% of measured", f"{error:.1%}",
                            f"<= {MAX_PLAN_PREDICTION_ERROR:.0%}", error <= MAX_PLAN_PREDICTION_ERROR))
         fitting = {name: flops for name, (retained, flops) in costs.items() if retained <= budget}
         if not fitting:
             continue
         cheapest = min(fitting, key=fitting.get)
         overhead, reference = result.measurement.flops - none_flops, fitting[cheapest] - none_flops
-        found.append(Check(f"{result.strategy}: recompute FLOPs <= cheapest fitting every_n ({cheapest})",
+        found.append(Check(f"{result.setting}: recompute FLOPs <= cheapest fitting every_n ({cheapest})",
                            f"{overhead / 1e9:.3f} GFLOP", f"<= {reference / 1e9:.3f} GFLOP", overhead <= reference))
         strictly_cheaper.append(overhead < reference)
     if strictly_cheaper:
@@ -155,10 +156,10 @@ def _plan_checks(report: BenchmarkReport) -> list[Check]:
     return found
 
 
-def overhead_vs(report: BenchmarkReport, strategy: str, reference: str) -> float:
-    """How much slower ``strategy``'s step is than ``reference``'s: the median over rounds of the ratio of the two
+def overhead_vs(report: BenchmarkReport, setting: str, reference: str) -> float:
+    """How much slower ``setting``'s step is than ``reference``'s: the median over rounds of the ratio of the two
     steps of the same round, less 1. Pairing by round cancels the drift both see (rounds interleave them)."""
-    ratios = [ours / theirs for ours, theirs in zip(report[strategy].step_times_s, report[reference].step_times_s)]
+    ratios = [ours / theirs for ours, theirs in zip(report[setting].step_times_s, report[reference].step_times_s)]
     return median(ratios) - 1
 
 
@@ -170,33 +171,29 @@ def _blocks(blocks: list[int]) -> str:
     return ",".join(str(block) for block in blocks)
 
 
-def _mib(nbytes: int | None) -> str:
-    return "-" if nbytes is None else f"{nbytes / MIB:.2f}"
-
-
 def rows(report: BenchmarkReport) -> list[dict[str, Any]]:
-    """One dict per strategy with every figure of the table (the JSON's ``strategies``)."""
+    """One dict per setting with every figure of the table (the JSON's ``settings``)."""
     table = []
     for result in report.results:
         measurement = result.measurement
         table.append(
             {
-                "strategy": result.strategy,
+                "setting": result.setting,
                 "description": result.description,
                 "recomputed_blocks": measurement.recomputed_blocks,
                 "selected_blocks": result.selected_blocks,
                 "retained_bytes": measurement.retained_bytes,
-                "retained_fraction": report.retained_fraction(result.strategy),
+                "retained_fraction": report.retained_fraction(result.setting),
                 "peak_bytes": measurement.peak_bytes,
                 "retained_bytes_by_device": measurement.retained_bytes_by_device,
                 "peak_bytes_by_device": measurement.peak_bytes_by_device,
                 "allocator_retained_bytes": measurement.allocator_retained_bytes,
                 "allocator_peak_bytes": measurement.allocator_peak_bytes,
                 "flops": measurement.flops,
-                "flops_ratio": report.flops_ratio(result.strategy),
+                "flops_ratio": report.flops_ratio(result.setting),
                 "step_time_s": result.step_time_s,
                 "step_times_s": result.step_times_s,
-                "speed_ratio": report.speed_ratio(result.strategy),
+                "speed_ratio": report.speed_ratio(result.setting),
                 "loss": measurement.loss,
                 "details": result.details,
             }
@@ -211,28 +208,28 @@ def to_dict(report: BenchmarkReport) -> dict[str, Any]:
         "repeat": report.repeat,
         "warmup": report.warmup,
         "clock": report.clock,
-        "strategies": rows(report),
+        "settings": rows(report),
         "checks": [asdict(check) for check in checks(report)],
     }
 
 
 def format_table(report: BenchmarkReport) -> str:
-    """The trade-off table, one row per strategy, as fixed-width text (Markdown-compatible)."""
+    """The trade-off table, one row per setting, as fixed-width text (Markdown-compatible)."""
     with_device = any(result.measurement.allocator_peak_bytes is not None for result in report.results)
-    header = ["strategy", "retained MiB", "% of none", "peak MiB"]
+    header = ["setting", "retained", "% of none", "peak"]
     if with_device:
-        header.append("device peak MiB")
+        header.append("device peak")
     header += ["FLOPs ratio", "step ms", "speed", "recomputed blocks"]
     lines = []
     for row, result in zip(rows(report), report.results):
         cells = [
-            row["strategy"],
-            _mib(row["retained_bytes"]),
+            row["setting"],
+            format_bytes(row["retained_bytes"]),
             f"{row['retained_fraction']:.1%}",
-            _mib(row["peak_bytes"]),
+            format_bytes(row["peak_bytes"]),
         ]
         if with_device:
-            cells.append(_mib(row["allocator_peak_bytes"]))
+            cells.append(format_bytes(row["allocator_peak_bytes"]))
         cells += [
             f"{row['flops_ratio']:.3f}x",
             f"{row['step_time_s'] * 1000:.1f}",
@@ -263,7 +260,7 @@ def format_checks(report: BenchmarkReport) -> str:
 
 
 def plot_tradeoff(report: BenchmarkReport, path: str) -> None:
-    """Write a PNG: retained activation memory against step time, one point per strategy, the Pareto front drawn.
+    """Write a PNG: retained activation memory against step time, one point per setting, the Pareto front drawn.
 
     Needs matplotlib (``pip install hf_ckpt[bench]``); uses the Agg canvas directly, so no GUI and no global
     pyplot state is touched.
@@ -272,7 +269,7 @@ def plot_tradeoff(report: BenchmarkReport, path: str) -> None:
     from matplotlib.figure import Figure
 
     points = [
-        (result.step_time_s * 1000, result.measurement.retained_bytes / MIB, result.strategy)
+        (result.step_time_s * 1000, result.measurement.retained_bytes / MIB, result.setting)
         for result in report.results
     ]
     front = pareto_front([(x, y) for x, y, _ in points])

@@ -1,0 +1,276 @@
+"""Prove that the default suite guards every promised behaviour: break each one, and require a failing test.
+
+Each mutant names a file, an exact source snippet that must stand in it once, and the snippet's replacement (the
+promised behaviour deleted or bent). The script checks every snippet first and stops with status 2, naming the
+mutant, when one no longer matches: a refactor must update this list, it cannot make a mutant silently vanish.
+
+Then, one mutant at a time, in a copy of the repository (the working tree as it is, untracked files included;
+this checkout is never touched): apply it, run the default suite fail-fast with ``python -m pytest -x -q -p
+no:cacheprovider`` and require a failure. To keep that short, the test files most likely to catch the mutant run
+first; if they pass, the rest of the default suite runs (the two runs together are the whole default suite).
+It prints ``mutant | killed by <test id> | seconds`` and exits 1 when any mutant survives.
+
+    python ci/mutants.py                 # every mutant
+    python ci/mutants.py --list          # names only
+    python ci/mutants.py every_n_off_by_one warn_every_time
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PYTEST = ["-m", "pytest", "-x", "-q", "-p", "no:cacheprovider"]
+
+
+@dataclass(frozen=True)
+class Mutant:
+    """One promised behaviour, deleted.
+
+    Attributes:
+        name: Short identifier (command-line selection, the table).
+        promise: The behaviour users rely on that the mutant breaks.
+        path: File to mutate, relative to the repository root.
+        old: Exact snippet that must occur exactly once in ``path``.
+        new: What replaces it.
+        first: Test files (or test ids, ``file::test``) run first, the likely killers; the rest of the suite runs
+            after them.
+    """
+
+    name: str
+    promise: str
+    path: str
+    old: str
+    new: str
+    first: tuple[str, ...]
+
+
+MUTANTS: tuple[Mutant, ...] = (
+    Mutant(
+        "mixin_new_names_removed",
+        "the mixin provides activation_checkpointing_enable/disable where transformers has them (>= 5.23)",
+        "hf_ckpt/mixin.py",
+        "if not has_activation_checkpointing_names():\n"
+        "    # Before transformers 5.23 the new names do not exist upstream; the mixin does not invent them.\n",
+        "if True:  # mutant: the new names are never provided\n",
+        ("tests/test_mixin.py",),
+    ),
+    Mutant(
+        "use_reentrant_default_true",
+        "use_reentrant defaults to False",
+        "hf_ckpt/config.py",
+        'checked.setdefault("use_reentrant", False)',
+        'checked.setdefault("use_reentrant", True)',
+        ("tests/test_enable.py",),
+    ),
+    Mutant(
+        "use_reentrant_not_passed",
+        "use_reentrant is always passed to torch.utils.checkpoint.checkpoint explicitly",
+        "hf_ckpt/functions.py",
+        "return functools.partial(checkpoint, **checkpoint_kwargs)",
+        'return functools.partial(checkpoint, **{k: v for k, v in checkpoint_kwargs.items() if k != "use_reentrant"})',
+        ("tests/test_enable.py",),
+    ),
+    Mutant(
+        "warn_every_time",
+        "a setting that cannot take effect warns once (per model, or per process)",
+        "hf_ckpt/_warnings.py",
+        "    if key in seen:\n        return False\n",
+        "    if False:  # mutant: warn every time\n        return False\n",
+        ("tests/test_use_cache.py", "tests/test_measured_recompute.py"),
+    ),
+    Mutant(
+        "every_n_off_by_one",
+        "every_n_layers=n checkpoints blocks 0, n, 2n, ...",
+        "hf_ckpt/selection.py",
+        "return list(range(0, num_blocks, every_n_layers))",
+        "return list(range(1, num_blocks, every_n_layers))",
+        ("tests/test_enable.py",),
+    ),
+    Mutant(
+        "every_n_selects_every_block",
+        "every_n_layers=n checkpoints blocks 0, n, 2n, ... (not every block)",
+        "hf_ckpt/selection.py",
+        "return list(range(0, num_blocks, every_n_layers))",
+        "return list(range(num_blocks))",
+        ("tests/test_enable.py",),
+    ),
+    Mutant(
+        "disable_restore_skipped",
+        "disable restores what the model had before enable (upstream's setting included)",
+        "hf_ckpt/_state.py",
+        "    clear_state(target)\n    state.before.restore()\n",
+        "    clear_state(target)\n",
+        ("tests/test_disable.py",),
+    ),
+    Mutant(
+        "input_grads_hook_missing",
+        "input grads are turned on where the recompute needs them (reentrant, PEFT adapters)",
+        "hf_ckpt/_hooks.py",
+        'hooks.add(module, "register_forward_hook", _mark_output_requires_grad)',
+        "pass  # mutant: no input-grads hook",
+        ("tests/test_peft.py", "tests/test_enable.py"),
+    ),
+    Mutant(
+        "probe_never_warns",
+        "the first training step measures what was recomputed and warns when it differs from the selection",
+        "hf_ckpt/_probe.py",
+        "        if measured != self.expected:\n",
+        "        if False:  # mutant: the probe never warns\n",
+        ("tests/test_measured_recompute.py",),
+    ),
+    Mutant(
+        "failed_enable_changes_setting",
+        "an enable call that raises changes nothing (the previous setting stays)",
+        "hf_ckpt/core.py",
+        "    binding = resolve(target, config)  # everything that can fail on this model fails here, before any change\n",
+        "    take_back(target)  # mutant: the old setting is undone before the new one is checked\n"
+        "    binding = resolve(target, config)\n",
+        ("tests/test_selection.py",),
+    ),
+    Mutant(
+        "use_cache_left_on",
+        "use_cache is turned off in training steps with checkpointing",
+        "hf_ckpt/_hooks.py",
+        '    kwargs["use_cache"] = False\n    return args, kwargs\n',
+        "    return None  # mutant: use_cache left as it is\n",
+        ("tests/test_use_cache.py",),
+    ),
+    Mutant(
+        "no_grad_still_checkpoints",
+        "under torch.no_grad the model runs exactly as without checkpointing",
+        "hf_ckpt/_hooks.py",
+        "    if torch.is_grad_enabled():\n        return\n    values = ",
+        "    if True:  # mutant: flags stay on under no_grad\n        return\n    values = ",
+        ("tests/test_enable.py::test_a_no_grad_forward_in_training_mode_checkpoints_nothing",),
+    ),
+)
+
+
+def check_snippets(root: Path, mutants: tuple[Mutant, ...]) -> list[str]:
+    """Problems with the list: a snippet that does not occur exactly once, a ``first`` file that is missing."""
+    problems = []
+    for mutant in mutants:
+        path = root / mutant.path
+        if not path.is_file():
+            problems.append(f"{mutant.name}: {mutant.path} does not exist")
+            continue
+        count = path.read_text().count(mutant.old)
+        if count != 1:
+            problems.append(
+                f"{mutant.name}: the snippet occurs {count} times in {mutant.path} (exactly once is needed); "
+                f"update ci/mutants.py to the code as it is now:\n{mutant.old}"
+            )
+        problems += [
+            f"{mutant.name}: {first} does not exist"
+            for first in mutant.first
+            if not (root / first.partition("::")[0]).is_file()
+        ]
+    return problems
+
+
+def _repository_files(root: Path) -> list[str]:
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=root, check=True, capture_output=True, text=True,
+    ).stdout
+    return [name for name in listed.split("\0") if name and (root / name).is_file()]
+
+
+def copy_repository(root: Path, destination: Path) -> None:
+    """The working tree as it is (tracked and untracked, not ignored files) into ``destination``."""
+    for name in _repository_files(root):
+        target = destination / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(root / name, target)
+
+
+_FAILED = re.compile(r"^(?:FAILED|ERROR) (\S+)", re.MULTILINE)
+
+
+def _run_pytest(python: str, copy: Path, arguments: list[str], timeout: float) -> tuple[int, str]:
+    env = dict(os.environ, PYTHONPATH=str(copy), PYTHONDONTWRITEBYTECODE="1")
+    try:
+        done = subprocess.run(
+            [python, *PYTEST, *arguments], cwd=copy, env=env, capture_output=True, text=True, timeout=timeout
+        )
+    except subprocess.TimeoutExpired:
+        return -1, "timed out"
+    return done.returncode, done.stdout + done.stderr
+
+
+def run_mutant(mutant: Mutant, copy: Path, python: str, timeout: float) -> tuple[bool, str, float]:
+    """Apply ``mutant`` in ``copy``, run the suite fail-fast, restore the file.
+
+    Returns whether a test failed, the failing test's id (or why none did) and the seconds taken."""
+    path = copy / mutant.path
+    original = path.read_text()
+    path.write_text(original.replace(mutant.old, mutant.new, 1))
+    started = time.perf_counter()
+    try:
+        rest = [f"--deselect={first}" if "::" in first else f"--ignore={first}" for first in mutant.first]
+        for arguments in ([*mutant.first], rest):
+            status, output = _run_pytest(python, copy, arguments, timeout)
+            if status == 5:  # pytest collected nothing there: no test ran, none failed
+                continue
+            if status == -1:
+                return False, f"TIMED OUT after {timeout:g} s (pytest {' '.join(arguments)})", time.perf_counter() - started
+            if status != 0:
+                found = _FAILED.search(output)
+                killer = found.group(1) if found else f"pytest exit status {status}: {output.strip()[-300:]}"
+                return True, killer, time.perf_counter() - started
+        return False, "SURVIVED", time.perf_counter() - started
+    finally:
+        path.write_text(original)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("names", nargs="*", help="mutants to run (default: all)")
+    parser.add_argument("--list", action="store_true", help="print the mutants and what each breaks, then exit")
+    parser.add_argument("--python", default=sys.executable, help="interpreter with the test dependencies")
+    parser.add_argument("--timeout", type=float, default=1800, help="seconds one pytest run may take")
+    args = parser.parse_args(argv)
+
+    known = {mutant.name: mutant for mutant in MUTANTS}
+    unknown = [name for name in args.names if name not in known]
+    if unknown:
+        parser.error(f"unknown mutant(s) {', '.join(unknown)}; known: {', '.join(known)}")
+    chosen = tuple(known[name] for name in args.names) or MUTANTS
+    if args.list:
+        for mutant in chosen:
+            print(f"{mutant.name}: {mutant.promise} ({mutant.path})")
+        return 0
+    problems = check_snippets(ROOT, chosen)
+    if problems:
+        print("ci/mutants.py: the mutant list no longer matches the code:", *problems, sep="\n  ", file=sys.stderr)
+        return 2
+
+    survivors = []
+    started = time.perf_counter()
+    print(f"{'mutant':<32} | {'killed by':<100} | seconds", flush=True)
+    with tempfile.TemporaryDirectory(prefix="hf_ckpt-mutants-") as temporary:
+        copy = Path(temporary)
+        copy_repository(ROOT, copy)
+        for mutant in chosen:
+            killed, verdict, seconds = run_mutant(mutant, copy, args.python, args.timeout)
+            print(f"{mutant.name:<32} | {verdict:<100} | {seconds:7.1f}", flush=True)
+            if not killed:
+                survivors.append(mutant)
+    print(f"{len(chosen) - len(survivors)}/{len(chosen)} mutants killed in {time.perf_counter() - started:.0f} s")
+    for mutant in survivors:
+        print(f"SURVIVED {mutant.name}: nothing in the default suite fails when {mutant.promise} is broken")
+    return 1 if survivors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
