@@ -131,7 +131,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "failed_enable_changes_setting",
         "an enable call that raises changes nothing (the previous setting stays)",
-        "hf_ckpt/core.py",
+        "hf_ckpt/_apply.py",
         "    binding = resolve(target, config)  # everything that can fail on this model fails here, before any change\n",
         "    take_back(target)  # mutant: the old setting is undone before the new one is checked\n"
         "    binding = resolve(target, config)\n",
