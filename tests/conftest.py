@@ -13,3 +13,13 @@ def _always_unpatched():
 
     yield
     hf_ckpt.unpatch_transformers()
+
+
+@pytest.fixture
+def patched():
+    """``transformers`` patched for the test (the autouse fixture above unpatches it after)."""
+    import hf_ckpt
+
+    hf_ckpt.patch_transformers()
+    yield
+    hf_ckpt.unpatch_transformers()

@@ -9,7 +9,6 @@ the one log line, re-planning on a larger batch, and that a bad value or a disab
 from __future__ import annotations
 
 import logging
-import os
 import re
 
 import pytest
@@ -64,12 +63,6 @@ class _Tokens(torch.utils.data.Dataset):
         ids = torch.randint(1, VOCAB, (SEQ,), generator=torch.Generator().manual_seed(i))
         return {"input_ids": ids, "labels": ids.clone()}
 
-
-@pytest.fixture
-def patched():
-    hf_ckpt.patch_transformers()
-    yield
-    hf_ckpt.unpatch_transformers()
 
 
 def test_stock_trainer_plans_the_first_batch_logs_once_and_saves_the_plan(patched, tmp_path, budget_log):

@@ -26,3 +26,9 @@ def tiny_tokenizer():
 
 def sentences(count: int = 8) -> list[str]:
     return [" ".join(WORDS[(i * 7 + j * 3) % len(WORDS)] for j in range(6 + i % 3)) for i in range(count)]
+
+#: Trainer arguments of the client tests: one quiet CPU step that changes no weight (learning rate 0).
+COMMON = dict(
+    max_steps=1, per_device_train_batch_size=2, learning_rate=0.0, report_to=[], use_cpu=True,
+    save_strategy="no", logging_strategy="no", dataloader_num_workers=0, seed=0,
+)

@@ -22,12 +22,6 @@ from sentence_transformers import SentenceTransformer  # noqa: E402
 from sentence_transformers.sentence_transformer.modules import Pooling, Transformer  # noqa: E402
 
 
-@pytest.fixture
-def patched():
-    hf_ckpt.patch_transformers()
-    yield
-    hf_ckpt.unpatch_transformers()
-
 
 @pytest.fixture(scope="module")
 def tiny_bert_dir(tmp_path_factory):

@@ -20,19 +20,9 @@ import hf_ckpt  # noqa: E402
 from hf_ckpt.counting import BlockRunCounter  # noqa: E402
 from helpers import max_grad_diff, tiny_llama, train_step  # noqa: E402
 
-from _tiny_text import sentences, tiny_tokenizer  # noqa: E402
-
-COMMON = dict(
-    max_steps=1, per_device_train_batch_size=2, learning_rate=0.0, report_to=[], use_cpu=True,
-    save_strategy="no", logging_strategy="no", dataloader_num_workers=0, seed=0,
-)
+from _tiny_text import COMMON, sentences, tiny_tokenizer  # noqa: E402
 
 
-@pytest.fixture
-def patched():
-    hf_ckpt.patch_transformers()
-    yield
-    hf_ckpt.unpatch_transformers()
 
 
 def _model():
