@@ -27,6 +27,18 @@ def tiny_tokenizer():
 def sentences(count: int = 8) -> list[str]:
     return [" ".join(WORDS[(i * 7 + j * 3) % len(WORDS)] for j in range(6 + i % 3)) for i in range(count)]
 
+
+def tiny_llama_with_tokenizer():
+    """The tests' tiny Llama and :func:`tiny_tokenizer`, the model's pad and eos ids set to the tokenizer's."""
+    from helpers import tiny_llama
+
+    model = tiny_llama()
+    tokenizer = tiny_tokenizer()
+    model.config.pad_token_id = tokenizer.pad_token_id
+    model.config.eos_token_id = tokenizer.eos_token_id
+    return model, tokenizer
+
+
 #: Trainer arguments of the client tests: one quiet CPU step that changes no weight (learning rate 0).
 COMMON = dict(
     max_steps=1, per_device_train_batch_size=2, learning_rate=0.0, report_to=[], use_cpu=True,

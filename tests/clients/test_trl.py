@@ -18,19 +18,12 @@ datasets = pytest.importorskip("datasets")
 
 import hf_ckpt  # noqa: E402
 from hf_ckpt.counting import BlockRunCounter  # noqa: E402
-from helpers import max_grad_diff, tiny_llama, train_step  # noqa: E402
+from helpers import max_grad_diff, train_step  # noqa: E402
 
-from _tiny_text import COMMON, sentences, tiny_tokenizer  # noqa: E402
-
-
+from _tiny_text import COMMON, sentences, tiny_llama_with_tokenizer  # noqa: E402
 
 
-def _model():
-    model = tiny_llama()
-    tokenizer = tiny_tokenizer()
-    model.config.pad_token_id = tokenizer.pad_token_id
-    model.config.eos_token_id = tokenizer.eos_token_id
-    return model, tokenizer
+
 
 
 def _train_counting(trainer, model) -> BlockRunCounter:
@@ -51,7 +44,7 @@ def _is_trl_selective(context_fn) -> bool:
 
 
 def _sft(tmp_path, kwargs):
-    model, tokenizer = _model()
+    model, tokenizer = tiny_llama_with_tokenizer()
     config = trl.SFTConfig(
         output_dir=str(tmp_path), gradient_checkpointing=True, gradient_checkpointing_kwargs=kwargs,
         max_length=16, **COMMON,
@@ -110,12 +103,12 @@ def _preference_dataset():
 
 
 def test_dpo_every_n_layers(patched, tmp_path):
-    model, tokenizer = _model()
+    model, tokenizer = tiny_llama_with_tokenizer()
     config = trl.DPOConfig(
         output_dir=str(tmp_path), gradient_checkpointing=True, gradient_checkpointing_kwargs={"every_n_layers": 2},
         max_length=24, **COMMON,
     )
-    reference, _ = _model()  # given: TRL would load the reference from model.config._name_or_path
+    reference, _ = tiny_llama_with_tokenizer()  # given: TRL would load the reference from model.config._name_or_path
     trainer = trl.DPOTrainer(
         model=model, ref_model=reference, args=config, train_dataset=_preference_dataset(), processing_class=tokenizer
     )
@@ -126,7 +119,7 @@ def test_dpo_every_n_layers(patched, tmp_path):
 
 
 def test_grpo_every_n_layers(patched, tmp_path):
-    model, tokenizer = _model()
+    model, tokenizer = tiny_llama_with_tokenizer()
     config = trl.GRPOConfig(
         output_dir=str(tmp_path), gradient_checkpointing=True, gradient_checkpointing_kwargs={"every_n_layers": 2},
         num_generations=2, max_completion_length=4, generation_batch_size=2, beta=0.0, **COMMON,

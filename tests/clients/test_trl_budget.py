@@ -18,9 +18,9 @@ import hf_ckpt  # noqa: E402
 from hf_ckpt import _deferred  # noqa: E402
 from hf_ckpt._state import get_state  # noqa: E402
 from hf_ckpt.counting import BlockRunCounter  # noqa: E402
-from helpers import max_grad_diff, tiny_llama, train_step  # noqa: E402
+from helpers import max_grad_diff, train_step  # noqa: E402
 
-from _tiny_text import COMMON, sentences, tiny_tokenizer  # noqa: E402
+from _tiny_text import COMMON, sentences, tiny_llama_with_tokenizer  # noqa: E402
 
 
 
@@ -31,20 +31,13 @@ def budget_log(caplog):
     return lambda: [r.getMessage() for r in caplog.records if r.name == "hf_ckpt" and r.levelno == logging.INFO]
 
 
-def _model():
-    model = tiny_llama()
-    tokenizer = tiny_tokenizer()
-    model.config.pad_token_id = tokenizer.pad_token_id
-    model.config.eos_token_id = tokenizer.eos_token_id
-    return model, tokenizer
-
 
 def _planned(model) -> list[int]:
     return [i for i, s in enumerate(get_state(model).budget.plan.strategies) if s != "none"]
 
 
 def test_sft_budget_plans_the_first_batch(patched, tmp_path, budget_log):
-    model, tokenizer = _model()
+    model, tokenizer = tiny_llama_with_tokenizer()
     config = trl.SFTConfig(
         output_dir=str(tmp_path), gradient_checkpointing=True, gradient_checkpointing_kwargs={"budget": "50%"},
         max_length=16, **COMMON,
@@ -69,12 +62,12 @@ def test_sft_budget_plans_the_first_batch(patched, tmp_path, budget_log):
 
 
 def test_dpo_budget_plans_once_though_trl_re_enables(patched, tmp_path, budget_log):
-    model, tokenizer = _model()
+    model, tokenizer = tiny_llama_with_tokenizer()
     config = trl.DPOConfig(
         output_dir=str(tmp_path), gradient_checkpointing=True, gradient_checkpointing_kwargs={"budget": 0.5},
         max_length=24, **dict(COMMON, max_steps=2),
     )
-    reference, _ = _model()
+    reference, _ = tiny_llama_with_tokenizer()
     texts = sentences(8)
     dataset = datasets.Dataset.from_dict({"prompt": texts, "chosen": [" yes good"] * 8, "rejected": [" no bad"] * 8})
     trainer = trl.DPOTrainer(model=model, ref_model=reference, args=config, train_dataset=dataset,
