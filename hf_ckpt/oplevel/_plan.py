@@ -206,15 +206,19 @@ def plan_oplevel(
         [o for o in options if o[0] in allowed or (o[0].startswith("oplevel:") and "oplevel" in strategies)]
         for options in menu
     ]
-    target = budget_bytes
+    slack = 0  # what a measured step keeps beyond the per-block prediction (blocks interact a little on some releases)
     for _ in range(_VERIFY_ROUNDS):
-        chosen = _solve(menu, block_profile.base_bytes, target)
+        chosen = _solve(menu, block_profile.base_bytes, budget_bytes - slack)
         used = {s.partition(":")[2] for s in chosen if s.startswith("oplevel:")}
         candidate = CheckpointPlan(strategies=chosen, policies={name: policies[name] for name in sorted(used)})
         measured = _measured(model, candidate, sample_inputs, loss_fn, policy, dict(checkpoint_kwargs))
         if measured <= budget_bytes:
             break
-        target -= measured - budget_bytes
+        predicted = block_profile.base_bytes + sum(
+            next(option[1] for option in menu[i] if option[0] == strategy) for i, strategy in enumerate(chosen)
+        )
+        # at least the overshoot more, so that the next plan differs; at least the prediction's error
+        slack = max(slack + measured - budget_bytes, measured - predicted)
     else:
         raise ValueError(
             f"no plan fits a budget of {budget_bytes / 2**20:.2f} MiB: the best plan found retains "
