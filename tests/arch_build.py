@@ -46,7 +46,8 @@ import torch
 from arch_inputs import EXTRA_INPUTS, IMAGE_SIZES, INPUT_RULES, features_last, time_series
 from arch_overrides import OVERRIDES
 from arch_tiny import (AUDIO_SAMPLES, BATCH_SIZE, BLOCKS, FIRST_ID, IMAGE_SIZE, MAX_PARAMETERS, PATCH_SIZE,
-                       RESERVED_IDS, SEQUENCE_LENGTH, SIZES, VOCAB_SIZE, find, grid_patches, required, token_ids)
+                       RESERVED_IDS, SEQUENCE_LENGTH, SIZES, VOCAB_SIZE, find, grid_patches, required, token_ids,
+                       uninitialized_memory_is_nan)
 
 __all__ = ["AUDIO_SAMPLES", "BATCH_SIZE", "BLOCKS", "FIRST_ID", "IMAGE_SIZE", "MAX_PARAMETERS", "OVERRIDES",
            "PATCH_SIZE", "RESERVED_IDS", "SEQUENCE_LENGTH", "VOCAB_SIZE"]
@@ -382,24 +383,6 @@ class NotTiny(Exception):
     """The generic rule does not make this model type tiny."""
 
 
-@contextlib.contextmanager
-def _uninitialized_is_nan():
-    """``torch.empty`` memory filled with NaN while the model is built, so that a weight the model's own init never
-    writes is found (and seeded) every time, instead of holding whatever the allocator returned (finite garbage,
-    now and then huge: non-finite gradients in one run, none in the next)."""
-    from torch.utils import deterministic
-
-    previous = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
-                deterministic.fill_uninitialized_memory)
-    torch.use_deterministic_algorithms(True, warn_only=True)
-    deterministic.fill_uninitialized_memory = True
-    try:
-        yield
-    finally:
-        torch.use_deterministic_algorithms(previous[0], warn_only=previous[1])
-        deterministic.fill_uninitialized_memory = previous[2]
-
-
 def build(entry: ModelType, seed: int = 0) -> torch.nn.Module:
     """A tiny fp32 instance of ``entry``'s class in training mode; the same ``seed`` gives the same weights."""
     config = tiny_config(entry.model_type)
@@ -412,7 +395,7 @@ def build(entry: ModelType, seed: int = 0) -> torch.nn.Module:
     if parameters > MAX_PARAMETERS:
         raise NotTiny(f"{entry.model_type} still has {parameters} parameters with the tiny config")
     torch.manual_seed(seed)
-    with _uninitialized_is_nan():
+    with uninitialized_memory_is_nan():
         model = model_class(config).float().train()
     model._sweep_model_type = entry.model_type  # the key of INPUT_RULES (a sub-config has a type of its own)
     generator = torch.Generator().manual_seed(seed)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 from typing import Any
 
@@ -101,3 +102,21 @@ def grid_patches(config: Any, generator: torch.Generator) -> tuple[torch.Tensor,
     side = size // patch
     patches = torch.randn(BATCH_SIZE * side * side, channels * temporal * patch * patch, generator=generator)
     return patches, torch.tensor([[1, side, side]] * BATCH_SIZE)
+
+
+@contextlib.contextmanager
+def uninitialized_memory_is_nan():
+    """``torch.empty`` memory filled with NaN while the model is built, so that a weight the model's own init never
+    writes is found (and seeded) every time, instead of holding whatever the allocator returned (finite garbage,
+    now and then huge: non-finite gradients in one run, none in the next)."""
+    from torch.utils import deterministic
+
+    previous = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
+                deterministic.fill_uninitialized_memory)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    deterministic.fill_uninitialized_memory = True
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(previous[0], warn_only=previous[1])
+        deterministic.fill_uninitialized_memory = previous[2]

@@ -18,12 +18,13 @@ few per-architecture settings the generic recipe cannot guess; each carries the 
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import inspect
 from typing import Any
 
 import torch
+
+from arch_tiny import uninitialized_memory_is_nan
 
 CAUSAL_LM = "causal-lm"
 MASKED_LM = "masked-lm"
@@ -243,7 +244,7 @@ def build(arch: Architecture, model_class: type | None = None, seed: int = 0) ->
     if parameters > MAX_PARAMETERS:
         raise NotTiny(f"{arch.model_type} still has {parameters} parameters with the tiny config")
     torch.manual_seed(seed)
-    with _uninitialised_memory_is_nan():
+    with uninitialized_memory_is_nan():
         model = model_class(config).float().train()
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
@@ -251,18 +252,6 @@ def build(arch: Architecture, model_class: type | None = None, seed: int = 0) ->
             if torch.isnan(parameter).any():  # never written by the model's own init
                 parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.02)
     return model
-
-
-@contextlib.contextmanager
-def _uninitialised_memory_is_nan():
-    """Within: ``torch.empty`` memory is filled with NaN (``torch.utils.deterministic.fill_uninitialized_memory``)."""
-    enabled = torch.are_deterministic_algorithms_enabled()
-    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
-    torch.use_deterministic_algorithms(True, warn_only=True)
-    try:
-        yield
-    finally:
-        torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
 
 
 def batch(arch: Architecture, seed: int = 0) -> dict[str, torch.Tensor]:
