@@ -98,16 +98,18 @@ def left_as_found(model: nn.Module) -> Iterator[None]:
 
 
 def measured_bytes(
-    model: nn.Module, strategies: tuple[str, ...], inputs: Mapping[str, Any], loss_fn: LossFn | None,
-    policy: Any, checkpoint_kwargs: dict[str, Any],
+    model: nn.Module, strategies: tuple[str, ...] | CheckpointPlan, inputs: Mapping[str, Any],
+    loss_fn: LossFn | None, policy: Any, checkpoint_kwargs: dict[str, Any],
 ) -> int:
-    """Bytes the plan ``strategies`` retains at the end of forward, measured in one step."""
+    """Bytes the plan (``strategies``, or a whole :class:`CheckpointPlan` with its op-level policies) retains at
+    the end of forward, measured in one step."""
+    plan = strategies if isinstance(strategies, CheckpointPlan) else CheckpointPlan(strategies)
     blocks = find_blocks(target_model(model))
     with left_as_found(model):
         remove(model)
-        options = {"policy": policy} if "selective" in strategies else {}
+        options = {"policy": policy} if "selective" in plan.strategies else {}
         apply_config(model, CheckpointConfig.from_arguments(
-            checkpoint_kwargs, dict_name="checkpoint_kwargs", plan=CheckpointPlan(strategies), **options
+            checkpoint_kwargs, dict_name="checkpoint_kwargs", plan=plan, **options
         ))
         torch.manual_seed(0)
         base, per_block = retained_per_block(model, blocks, inputs, loss_fn)

@@ -162,24 +162,6 @@ def _solve(menu: list[list[Option]], base: int, budget_bytes: int) -> tuple[str,
     return tuple(reversed(chosen))
 
 
-def _measured(model: nn.Module, plan: CheckpointPlan, inputs: Mapping[str, Any], loss_fn: Any, policy: Any,
-              checkpoint_kwargs: dict[str, Any]) -> int:
-    from ..config import CheckpointConfig
-    from ..core import apply_config, remove
-    from ..profiling import left_as_found, retained_per_block
-
-    blocks = find_blocks(target_model(model))
-    with left_as_found(model):
-        remove(model)
-        options = {"policy": policy} if "selective" in plan.strategies else {}
-        apply_config(model, CheckpointConfig.from_arguments(
-            checkpoint_kwargs, dict_name="checkpoint_kwargs", plan=plan, **options
-        ))
-        torch.manual_seed(0)
-        base, per_block = retained_per_block(model, blocks, inputs, loss_fn)
-    return base + sum(per_block)
-
-
 def plan_oplevel(
     model: nn.Module,
     sample_inputs: Mapping[str, Any],
@@ -192,7 +174,7 @@ def plan_oplevel(
 ) -> CheckpointPlan:
     """:func:`hf_ckpt.plan` with op-level policies among the options (``"oplevel"`` in ``strategies``)."""
     from .._solver import budget_bytes as in_bytes
-    from ..profiling import profile_blocks
+    from ..profiling import measured_bytes, profile_blocks
 
     block_strategies = tuple(dict.fromkeys(s for s in (*strategies, "full") if s != "oplevel"))
     block_profile = profile_blocks(
@@ -211,7 +193,7 @@ def plan_oplevel(
         chosen = _solve(menu, block_profile.base_bytes, budget_bytes - slack)
         used = {s.partition(":")[2] for s in chosen if s.startswith("oplevel:")}
         candidate = CheckpointPlan(strategies=chosen, policies={name: policies[name] for name in sorted(used)})
-        measured = _measured(model, candidate, sample_inputs, loss_fn, policy, dict(checkpoint_kwargs))
+        measured = measured_bytes(model, candidate, sample_inputs, loss_fn, policy, dict(checkpoint_kwargs))
         if measured <= budget_bytes:
             break
         predicted = block_profile.base_bytes + sum(
