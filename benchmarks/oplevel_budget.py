@@ -3,6 +3,7 @@
     PYTHONPATH=. python benchmarks/oplevel_budget.py                      # figures: llama, gpt2, bert; 25/50/75%
     PYTHONPATH=. python benchmarks/oplevel_budget.py --models llama --no-compile
     PYTHONPATH=. python benchmarks/oplevel_budget.py --timing --hidden 1024 --clock cpu  # step time, interleaved
+    PYTHONPATH=. python benchmarks/oplevel_budget.py --partition   # op-level plans may also partition blocks' graphs
 
 Figures mode measures one step of every setting on the same model and batch (``hf_ckpt.measure.measure_step``:
 retained bytes when forward returns, FLOPs by ``FlopCounterMode``; then ``count_flops().elementwise``: one per
@@ -83,6 +84,7 @@ def _plan_details(plan) -> dict:
 
 
 def _figures(name: str, args: argparse.Namespace) -> dict:
+    oplevel = (*OPLEVEL, "partition") if args.partition else OPLEVEL
     sizes = dict(SIZES.get(name, dict(layers=6, hidden=256)))
     if args.hidden:
         sizes["hidden"] = args.hidden
@@ -109,7 +111,7 @@ def _figures(name: str, args: argparse.Namespace) -> dict:
             print(f"  compile: skipped: {error}", flush=True)
             compile_ok = False
     for budget in BUDGETS:
-        for label, strategies in ((f"plan:{budget:g}", BLOCK), (f"oplevel:{budget:g}", OPLEVEL)):
+        for label, strategies in ((f"plan:{budget:g}", BLOCK), (f"oplevel:{budget:g}", oplevel)):
             started = time.perf_counter()
             plan = hf_ckpt.plan(model, batch, budget, strategies=strategies, loss_fn=loss_fn)
             hf_ckpt.enable(model, plan=plan)
@@ -125,7 +127,7 @@ def _figures(name: str, args: argparse.Namespace) -> dict:
         if args.no_matched:
             continue
         # Equal memory: plans made for compile:F's measured bytes (an int budget).
-        for label, strategies in ((f"plan@{spec}", BLOCK), (f"oplevel@{spec}", OPLEVEL)):
+        for label, strategies in ((f"plan@{spec}", BLOCK), (f"oplevel@{spec}", oplevel)):
             started = time.perf_counter()
             try:
                 plan = hf_ckpt.plan(model, batch, int(rows[spec]["retained_bytes"]), strategies=strategies,
@@ -243,11 +245,11 @@ def _timing(args: argparse.Namespace) -> None:
     print(f"timing {work.info}; nice {os.nice(0)}; load average {os.getloadavg()}", flush=True)
     specs = []
     for budget in args.budgets:
-        specs += [f"plan:{budget:g}", f"oplevel:{budget:g}"]
+        specs += [f"plan:{budget:g}", f"{'graphplan' if args.partition else 'oplevel'}:{budget:g}"]
     report = run_benchmark(work.model, work.batch, specs, repeat=args.repeat, warmup=1, loss_fn=work.loss_fn,
                            clock=args.clock)
     for budget in args.budgets:
-        block, op = report[f"plan:{budget:g}"], report[f"oplevel:{budget:g}"]
+        block, op = report[f"plan:{budget:g}"], report[f"{'graphplan' if args.partition else 'oplevel'}:{budget:g}"]
         ratios = sorted(o / b for o, b in zip(op.step_times_s, block.step_times_s))
         quartiles = statistics.quantiles(ratios, n=4) if len(ratios) >= 2 else [ratios[0]] * 3
         print(f"{budget:.0%}: plan {statistics.median(block.step_times_s) * 1e3:.1f} ms  oplevel "
@@ -269,6 +271,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--layers", type=int, default=None)
     parser.add_argument("--no-compile", action="store_true", help="leave out compile:F")
     parser.add_argument("--no-matched", action="store_true", help="leave out oplevel planned at compile:F's bytes")
+    parser.add_argument("--partition", action="store_true",
+                        help="op-level plans may also split blocks' graphs with the min-cut partitioner ('partition')")
     parser.add_argument("--json", default=None, help="write the figures here")
     parser.add_argument("--plot", default=None, help="draw memory vs recompute FLOPs here (needs matplotlib)")
     parser.add_argument("--timing", action="store_true", help="time plan:F against oplevel:F instead")

@@ -21,7 +21,7 @@ from torch import nn
 
 from ._warnings import warn_once
 from .blocks import Block, unwrapped
-from .counting import BlockRunCounter, in_backward
+from .counting import BlockRunCounter, block_indices, in_backward, listeners
 
 
 def _compiling() -> bool:
@@ -74,6 +74,16 @@ class RecomputeProbe:
             watched = [m for m in inner.modules() if m is not inner] or [inner]
             for module in watched:
                 register(module, "register_forward_pre_hook", functools.partial(self._count, block.index))
+        self._indices = block_indices(self.counter.blocks)
+        listeners.add(self)  # partitioned blocks report their graph runs (hf_ckpt.counting.note_block_run)
+
+    def block_ran(self, module: nn.Module) -> None:
+        index = self._indices.get(id(module))
+        if index is None or not self._armed or _compiling():
+            return
+        self.counter.counts[index] += 1
+        if in_backward():
+            self.counter.backward_counts[index] += 1
 
     def _count(self, index: int, module: nn.Module, args: Any) -> None:
         if not self._armed or _compiling():
@@ -104,6 +114,7 @@ class RecomputeProbe:
         """Stop for good: the setting it measures was taken back (TRL disables and re-enables checkpointing
         between a forward and its backward). A callback already queued then reports nothing."""
         self.done = True
+        listeners.discard(self)
 
     # -- the verdict -------------------------------------------------------------------------------------------
 
@@ -111,6 +122,7 @@ class RecomputeProbe:
         if self.done:
             return
         self.done = True
+        listeners.discard(self)
         measured = tuple(self.counter.recomputed_in_backward())
         if measured != self.expected:
             warn_once(

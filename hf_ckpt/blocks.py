@@ -19,7 +19,9 @@ encoder-decoder models.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
+from typing import Any, Callable
 
 from torch import nn
 
@@ -119,3 +121,27 @@ def find_blocks(model: nn.Module) -> list[Block]:
         if owner is not None and not _is_inside(name, [b.name for b in blocks]):
             blocks.append(Block(index=len(blocks), name=name, module=module, owner=owner))
     return blocks
+
+
+def module_of(function: Callable[..., Any]) -> nn.Module | None:
+    """The module a stack handed to its checkpoint function, or None when it cannot be told.
+
+    Stacks pass ``layer.__call__`` or ``layer.forward`` (bound methods), ``partial(forward, layer, ...)``
+    (transformers >= 5.23) or a closure over the layer (``create_custom_forward(layer)`` in remote code).
+    """
+    while isinstance(function, functools.partial):
+        for argument in function.args:
+            if isinstance(argument, nn.Module):
+                return argument
+        function = function.func
+    owner = getattr(function, "__self__", None)
+    if isinstance(owner, nn.Module):
+        return owner
+    for cell in getattr(function, "__closure__", None) or ():
+        try:
+            contents = cell.cell_contents
+        except ValueError:  # an empty cell
+            continue
+        if isinstance(contents, nn.Module):
+            return contents
+    return None

@@ -218,6 +218,32 @@ class CheckpointConfig:
         self._check_exclusive()
         self._check_selective()
         self._check_checkpoint_fn()
+        self._check_partition()
+
+    def _check_partition(self) -> None:
+        if self.plan is None or not any(s.startswith("partition:") for s in self.plan.strategies):
+            return
+        from .oplevel._partition import partition_unavailable
+
+        reason = partition_unavailable()
+        if reason is not None:
+            raise ValueError(f"a plan with 'partition:<F>' blocks cannot run: {reason}")
+        refused = [
+            name
+            for name, active in (
+                ("use_reentrant=True", self.use_reentrant),
+                ("offload=True", self.offload),
+                ("checkpoint_fn", self.checkpoint_fn is not None),
+                ("context_fn", "context_fn" in self.checkpoint_kwargs),
+            )
+            if active
+        ]
+        if refused:
+            raise ValueError(
+                f"a plan with 'partition:<F>' blocks cannot be combined with {' and '.join(refused)}: a partitioned "
+                "block runs its own forward and backward graphs, not torch.utils.checkpoint. Drop them, or make the "
+                "plan without partitions."
+            )
 
     def _check_checkpoint_fn(self) -> None:
         if self.checkpoint_fn is None:

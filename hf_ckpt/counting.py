@@ -13,6 +13,7 @@ recompute, whatever the number of forward passes in the window (gradient accumul
 
 from __future__ import annotations
 
+import weakref
 from collections import Counter
 from typing import Any
 
@@ -20,6 +21,25 @@ import torch
 from torch import nn
 
 from .blocks import Block, find_blocks, unwrapped
+
+
+#: Counters and probes watching now. They are told of block runs no submodule hook sees: a partitioned block runs
+#: its forward and backward graphs instead of its submodules (:mod:`hf_ckpt.oplevel._partition`).
+listeners: "weakref.WeakSet[Any]" = weakref.WeakSet()
+
+
+def note_block_run(module: nn.Module) -> None:
+    """Count one run of the block ``module`` for every watching counter: its forward graph ran, or (during
+    backward) its backward graph ran and recomputed forward ops."""
+    for listener in list(listeners):
+        listener.block_ran(module)
+
+
+def block_indices(blocks: list[Block]) -> dict[int, int]:
+    """``id(module) -> block index`` for each block and the module below its wrappers."""
+    indices = {id(block.module): block.index for block in blocks}
+    indices.update({id(unwrapped(block.module)): block.index for block in blocks})
+    return indices
 
 
 def in_backward() -> bool:
@@ -72,9 +92,19 @@ class BlockRunCounter:
             watched = [m for m in inner.modules() if m is not inner] or [inner]
             hook = self._hook(block.index)
             self._handles.extend(m.register_forward_pre_hook(hook) for m in watched)
+        self._indices = block_indices(self.blocks)
+        listeners.add(self)
         return self
 
+    def block_ran(self, module: nn.Module) -> None:
+        index = self._indices.get(id(module))
+        if index is not None:
+            self.counts[index] += 1
+            if in_backward():
+                self.backward_counts[index] += 1
+
     def __exit__(self, *exc_info: Any) -> None:
+        listeners.discard(self)
         for handle in self._handles:
             handle.remove()
         self._handles.clear()

@@ -12,10 +12,9 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable
 
-from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from .blocks import SELECTED_ATTRIBUTE
+from .blocks import SELECTED_ATTRIBUTE, module_of
 from .config import checkpoint_fn_keywords
 from .offload import OverlappedOffload
 from .oplevel._policy import OpPolicy
@@ -32,30 +31,6 @@ def offloaded_checkpoint(
     """
     with offloader:
         return checkpoint(function, *args, **kwargs)
-
-
-def module_of(function: Callable[..., Any]) -> nn.Module | None:
-    """The module a stack handed to its checkpoint function, or None when it cannot be told.
-
-    Stacks pass ``layer.__call__`` or ``layer.forward`` (bound methods), ``partial(forward, layer, ...)``
-    (transformers >= 5.23) or a closure over the layer (``create_custom_forward(layer)`` in remote code).
-    """
-    while isinstance(function, functools.partial):
-        for argument in function.args:
-            if isinstance(argument, nn.Module):
-                return argument
-        function = function.func
-    owner = getattr(function, "__self__", None)
-    if isinstance(owner, nn.Module):
-        return owner
-    for cell in getattr(function, "__closure__", None) or ():
-        try:
-            contents = cell.cell_contents
-        except ValueError:  # an empty cell
-            continue
-        if isinstance(contents, nn.Module):
-            return contents
-    return None
 
 
 def checkpoint_selected_blocks(
@@ -105,8 +80,11 @@ def build_block_functions(
 ) -> dict[int, functools.partial]:
     """One checkpoint function per checkpointed block; blocks of the same strategy share one.
 
-    ``"oplevel:<name>"`` blocks get the selective contexts of ``policies[name]`` (a plan's op-level policies).
+    ``"oplevel:<name>"`` blocks get the selective contexts of ``policies[name]`` (a plan's op-level policies);
+    ``"partition:<F>"`` blocks :func:`~hf_ckpt.oplevel._partition.partitioned_checkpoint` at budget ``F``.
     """
+    from .oplevel._partition import partitioned_checkpoint
+    from .plans import partition_budget
     from .selective import selective_context_fn
 
     by_strategy: dict[str, functools.partial] = {}
@@ -116,5 +94,8 @@ def build_block_functions(
             kwargs["context_fn"] = selective_context_fn(policy)
         elif strategy.startswith("oplevel:"):
             kwargs["context_fn"] = OpPolicy((policies or {})[strategy.partition(":")[2]]).context_fn()
+        elif partition_budget(strategy) is not None:
+            by_strategy[strategy] = functools.partial(partitioned_checkpoint, budget=partition_budget(strategy), **kwargs)
+            continue
         by_strategy[strategy] = build_checkpoint_function(kwargs, offloader=offloader, checkpoint_fn=checkpoint_fn)
     return {index: by_strategy[strategy] for index, strategy in strategies.items()}

@@ -75,7 +75,8 @@ def plan(
             activation memory retained without checkpointing (a float in ``(0, 1]``, or ``"50%"``). Checked before
             any profiling.
         strategies: The strategies the plan may use; add ``"oplevel"`` to let it choose, per block, which single
-            ops keep their outputs (:mod:`hf_ckpt.oplevel`).
+            ops keep their outputs (:mod:`hf_ckpt.oplevel`), and ``"partition"`` to let it split blocks' graphs
+            with torch's min-cut partitioner at one of several budgets, run in eager mode (``"partition:<F>"``).
         policy: The selective policy (see :mod:`hf_ckpt.selective`).
         loss_fn: Maps the model output to the scalar loss; default ``output.loss``.
         **checkpoint_kwargs: Passed to ``torch.utils.checkpoint.checkpoint`` while profiling and kept for the plan's
@@ -97,13 +98,20 @@ def plan(
         raise ValueError("give either sample_inputs (profile real steps) or batch_size and seq_len (estimate), not both")
     budget = parse_budget(budget)
     _check_sample_inputs(sample_inputs)
-    bad = [s for s in strategies if s not in (*ALL_STRATEGIES, "oplevel")]
+    bad = [s for s in strategies if s not in (*ALL_STRATEGIES, "oplevel", "partition")]
     if bad or not strategies or isinstance(strategies, str):
-        raise ValueError(f"strategies must be a non-empty subset of none, selective, full, oplevel; got {list(strategies)}")
+        raise ValueError(
+            f"strategies must be a non-empty subset of none, selective, full, oplevel, partition; got {list(strategies)}"
+        )
+    if "partition" in strategies:
+        from .oplevel._partition import partition_unavailable
+
+        if partition_unavailable() is not None:
+            raise ValueError(f"strategies: 'partition' cannot run here: {partition_unavailable()}")
     check_trainable(target_model(model), "plan: ")
     CheckpointConfig.from_arguments(checkpoint_kwargs, dict_name="checkpoint_kwargs", policy=policy,
                                     strategy="selective" if policy is not None else None)
-    if "oplevel" in strategies:  # op-level policies among the options: hf_ckpt.oplevel plans
+    if "oplevel" in strategies or "partition" in strategies:  # op-level options: hf_ckpt.oplevel plans
         return plan_oplevel(model, sample_inputs, budget, strategies=strategies, policy=policy, loss_fn=loss_fn,
                             **checkpoint_kwargs)
     profile = profile_blocks(

@@ -28,6 +28,23 @@ _SHAPE_FIELDS = ("hidden_size", "intermediate_size", "num_attention_heads", "num
                  "n_embd", "n_head", "num_heads")
 #: Prefix of a strategy that applies one of the plan's op-level policies: ``"oplevel:<name>"``.
 _OPLEVEL = "oplevel:"
+#: Prefix of a strategy that partitions the block's graph at a budget: ``"partition:0.5"`` (see
+#: :mod:`hf_ckpt.oplevel._partition`).
+PARTITION = "partition:"
+
+
+def partition_budget(strategy: str) -> float | None:
+    """The budget of a ``"partition:<F>"`` strategy, or None for any other strategy."""
+    if not strategy.startswith(PARTITION):
+        return None
+    from .oplevel._partition import check_budget
+
+    text = strategy[len(PARTITION):]
+    try:
+        value = float(text)
+    except ValueError:
+        value = text
+    return check_budget(value, f"the budget of plan strategy {strategy!r}")
 
 
 def model_signature(model: nn.Module) -> dict[str, Any]:
@@ -48,7 +65,9 @@ class CheckpointPlan:
     """One strategy per repeated block (global order: encoder blocks, then decoder blocks).
 
     Attributes:
-        strategies: ``"full"``, ``"selective"`` or ``"none"`` for each block.
+        strategies: ``"full"``, ``"selective"`` or ``"none"`` for each block, or ``"oplevel:<name>"`` (one of
+            ``policies``), or ``"partition:<F>"``: the block's forward and backward graphs split by torch's min-cut
+            partitioner at ``activation_memory_budget=F``, run in eager mode (:mod:`hf_ckpt.oplevel._partition`).
         predicted_bytes: Activation bytes the plan is predicted to retain at the end of forward.
         predicted_recompute_flops: FLOPs the plan is predicted to spend recomputing in backward.
         baseline_bytes: Activation bytes retained without any checkpointing (the 100% of a fractional budget).
@@ -87,7 +106,10 @@ class CheckpointPlan:
         )
 
     def _checked_strategy(self, strategy: Any) -> str:
-        """A block's strategy: a :class:`~hf_ckpt.BlockStrategy`, or ``"oplevel:<name>"`` naming a policy."""
+        """A block's strategy: a :class:`~hf_ckpt.BlockStrategy`, ``"oplevel:<name>"`` naming a policy, or
+        ``"partition:<F>"`` with ``F`` in ``[0, 1]``."""
+        if isinstance(strategy, str) and strategy.startswith(PARTITION):
+            return f"{PARTITION}{partition_budget(strategy):g}"
         if isinstance(strategy, str) and strategy.startswith(_OPLEVEL):
             if strategy[len(_OPLEVEL):] not in self.policies:
                 raise ValueError(
@@ -98,7 +120,9 @@ class CheckpointPlan:
         try:
             return check_strategy(strategy, "each plan strategy").value
         except ValueError as error:
-            raise ValueError(f"{error} (or 'oplevel:<name>' with <name> a key of policies)") from None
+            raise ValueError(
+                f"{error} (or 'oplevel:<name>' with <name> a key of policies, or 'partition:<F>' with F in [0, 1])"
+            ) from None
 
     @property
     def num_blocks(self) -> int:
@@ -177,7 +201,8 @@ class CheckpointPlan:
             raise ValueError(f"plan file {str(path)!r}: {error}") from None
 
     def __str__(self) -> str:
-        order = ["full", "selective", *sorted({s for s in self.strategies if s.startswith(_OPLEVEL)}), "none"]
+        order = ["full", "selective", *sorted({s for s in self.strategies if s.startswith((_OPLEVEL, PARTITION))}),
+                 "none"]
         counts = {s: self.strategies.count(s) for s in order if s in self.strategies}
         lines = [
             f"CheckpointPlan for {self.num_blocks} blocks"

@@ -266,7 +266,7 @@ def _planned(name: str, fraction: float, description: str, strategies: tuple[str
         options = {} if strategies is None else {"strategies": strategies}
         plan = made["plan"] = make_plan(model, batch, fraction, **options)
         details.update(strategies=list(plan.strategies))
-        if strategies is not None and "oplevel" in strategies:
+        if strategies is not None and ("oplevel" in strategies or "partition" in strategies):
             details.update(policies={key: list(saved) for key, saved in plan.policies.items()})
         details.update(
             predicted_bytes=plan.predicted_bytes,
@@ -293,15 +293,25 @@ def _plan(argument: str | None) -> Setting:
     )
 
 
-def _oplevel(argument: str | None) -> Setting:
-    fraction = _fraction(argument, "oplevel")
-    return _planned(
-        "oplevel",
-        fraction,
-        f"hf_ckpt.plan(model, batch, {fraction:g}, strategies=(..., 'oplevel')): per block none/full/selective or "
-        f"an op-level policy, the least recompute within {fraction:.0%} of none's memory",
-        strategies=("none", "selective", "full", "oplevel"),
-    )
+def _finer_plan(name: str, extra: tuple[str, ...], options: str) -> Any:
+    """The factory of a setting planned with op-level strategies ``extra`` among the block-level ones."""
+
+    def factory(argument: str | None) -> Setting:
+        fraction = _fraction(argument, name)
+        return _planned(
+            name,
+            fraction,
+            f"hf_ckpt.plan(model, batch, {fraction:g}, strategies=(..., {', '.join(map(repr, extra))})): per block "
+            f"{options}, the least recompute within {fraction:.0%} of none's memory",
+            strategies=("none", "selective", "full", *extra),
+        )
+
+    return factory
+
+
+_oplevel = _finer_plan("oplevel", ("oplevel",), "none/full/selective or an op-level policy")
+_graphplan = _finer_plan("graphplan", ("oplevel", "partition"),
+                         "none/full/selective, an op-level policy or a partitioned graph")
 
 
 def _compile(argument: str | None) -> Setting:
@@ -360,6 +370,8 @@ _BUILT_IN = (
      "hf_ckpt.plan(model, batch, F): per-block plan fitting F x none's activation memory at the least recompute"),
     ("oplevel", _oplevel, "oplevel:F",
      "hf_ckpt.plan(..., strategies=(..., 'oplevel')): per-block or per-op policies within F x none's memory"),
+    ("graphplan", _graphplan, "graphplan:F",
+     "hf_ckpt.plan(..., strategies=(..., 'oplevel', 'partition')): oplevel:F, and blocks' graphs partitioned"),
     ("compile", _compile, "compile:F",
      "torch.compile (inductor) with torch._functorch.config.activation_memory_budget=F, the min-cut reference"),
 )

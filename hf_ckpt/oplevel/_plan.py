@@ -172,22 +172,28 @@ def plan_oplevel(
     loss_fn: Any = None,
     **checkpoint_kwargs: Any,
 ) -> CheckpointPlan:
-    """:func:`hf_ckpt.plan` with op-level policies among the options (``"oplevel"`` in ``strategies``)."""
+    """:func:`hf_ckpt.plan` with op-level policies (``"oplevel"`` in ``strategies``) or graph partitions
+    (``"partition"``: :mod:`hf_ckpt.oplevel._partition_menu`) among the options."""
     from .._solver import budget_bytes as in_bytes
     from ..profiling import measured_bytes, profile_blocks
 
-    block_strategies = tuple(dict.fromkeys(s for s in (*strategies, "full") if s != "oplevel"))
+    block_strategies = tuple(dict.fromkeys(s for s in (*strategies, "full") if s not in ("oplevel", "partition")))
     block_profile = profile_blocks(
         model, sample_inputs, strategies=block_strategies, policy=policy, loss_fn=loss_fn, **checkpoint_kwargs
     )
     budget_bytes = in_bytes(budget, block_profile.baseline_bytes)
-    op_profiles = profile_ops(model, sample_inputs, loss_fn=loss_fn, policy=policy)
+    op_profiles = profile_ops(model, sample_inputs, loss_fn=loss_fn, policy=policy)  # elementwise costs too
     menu, policies = _menu(block_profile, op_profiles)
-    allowed = set(strategies) - {"oplevel"}
+    allowed = set(strategies) - {"oplevel", "partition"}
     menu = [
         [o for o in options if o[0] in allowed or (o[0].startswith("oplevel:") and "oplevel" in strategies)]
         for options in menu
     ]
+    if "partition" in strategies:
+        from ._partition_menu import partition_options
+
+        for options, more in zip(menu, partition_options(model, sample_inputs, loss_fn=loss_fn, **checkpoint_kwargs)):
+            options.extend(more)
     slack = 0  # what a measured step keeps beyond the per-block prediction (blocks interact a little on some releases)
     for _ in range(_VERIFY_ROUNDS):
         chosen = _solve(menu, block_profile.base_bytes, budget_bytes - slack)

@@ -1,0 +1,75 @@
+"""The planner's partition options: each block type's ``"partition:<F>"`` strategies, measured in real steps.
+
+For each budget ``F`` of :data:`PARTITION_BUDGETS` and each group of twin blocks, one step runs with that group
+partitioned at ``F`` (:mod:`hf_ckpt.oplevel._partition`) and every other block plain: the bytes each block keeps
+when forward returns (labelled per block, as :func:`hf_ckpt.profiling.profile_blocks` does), and the step's FLOPs
+and elementwise output elements less the plain step's, shared among the group. Nothing is predicted: the
+partitioner's own estimates are not used.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import torch
+from torch import nn
+
+from .._target import target_model
+from ..blocks import find_blocks
+from ..plans import CheckpointPlan
+
+#: The partitioner budgets profiled for the planner: its default choice (1), full recompute (0) and between.
+PARTITION_BUDGETS: tuple[float, ...] = (1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1, 0.0)
+
+#: One option: (strategy, bytes, recompute cost (FLOPs plus elementwise elements), overhead rank, recompute FLOPs).
+Option = tuple[str, int, int, int, int]
+
+
+def _step(model: nn.Module, inputs: Mapping[str, Any], loss_fn: Any, blocks: list) -> tuple[tuple[int, ...], int, int]:
+    """(bytes per block, FLOPs, elementwise elements) of one step of the model as it is configured."""
+    from ..measure.flops import count_flops
+    from ..profiling import loss_of_sample, retained_per_block
+
+    torch.manual_seed(0)
+    model.zero_grad(set_to_none=True)
+    _, per_block = retained_per_block(model, blocks, inputs, loss_fn)
+    torch.manual_seed(0)
+    model.zero_grad(set_to_none=True)
+    with count_flops() as counted:
+        loss_of_sample(model(**inputs), loss_fn).backward()
+    return per_block, counted.total, counted.elementwise
+
+
+def partition_options(
+    model: nn.Module, sample_inputs: Mapping[str, Any], *, loss_fn: Any = None,
+    budgets: tuple[float, ...] = PARTITION_BUDGETS, **checkpoint_kwargs: Any,
+) -> list[list[Option]]:
+    """Per block, its measured ``"partition:<F>"`` options (one per budget, equal measurements once)."""
+    from .._apply import apply_config, remove
+    from ..config import CheckpointConfig
+    from ..profiling import left_as_found, twin_groups
+
+    blocks = find_blocks(target_model(model))
+    options: list[list[Option]] = [[] for _ in blocks]
+    with left_as_found(model):
+        remove(model)
+        _, none_flops, none_elementwise = _step(model, sample_inputs, loss_fn, blocks)
+        for group in twin_groups(blocks):
+            seen: set[tuple[int, int]] = set()
+            for budget in budgets:
+                strategy = f"partition:{budget:g}"
+                plan = CheckpointPlan(tuple(strategy if i in group else "none" for i in range(len(blocks))))
+                remove(model)
+                apply_config(model, CheckpointConfig.from_arguments(checkpoint_kwargs, dict_name="checkpoint_kwargs",
+                                                                    plan=plan))
+                per_block, flops, elementwise = _step(model, sample_inputs, loss_fn, blocks)
+                extra_flops = max(0, flops - none_flops) // len(group)
+                extra_elementwise = max(0, elementwise - none_elementwise) // len(group)
+                measured = (sum(per_block[i] for i in group), extra_flops + extra_elementwise)
+                if measured in seen:
+                    continue  # the partitioner made the same choice at another budget
+                seen.add(measured)
+                for i in group:
+                    options[i].append((strategy, per_block[i], extra_flops + extra_elementwise, 2, extra_flops))
+        remove(model)
+    return options
