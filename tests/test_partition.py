@@ -176,3 +176,35 @@ def test_the_graphplan_bench_setting_plans_with_partitions_among_the_options():
     measured = measure_step(model, batch)
     setting.remove(model)
     assert measured.retained_bytes <= setting.details["budget_bytes"] == int(0.3 * none.retained_bytes)
+
+
+def test_a_trace_keeps_neither_its_module_nor_its_weights_alive():
+    import gc
+    import weakref
+
+    model, batch = tiny_llama(layers=2), _batch()
+    hf_ckpt.enable(model, plan=_partition_all(model, 0.5))
+    train_step(model, batch)
+    block = weakref.ref(find_blocks(model)[0].module)
+    assert len(_traces[block()]) == 1
+    weight = weakref.ref(model.model.layers[0].mlp.up_proj.weight)
+    del model, batch
+    gc.collect()
+    assert block() is None and weight() is None
+
+
+def test_a_call_that_failed_to_trace_is_not_traced_again(monkeypatch):
+    import hf_ckpt.oplevel._partition as partition
+
+    attempts = []
+
+    def failing(*args, **kwargs):
+        attempts.append(1)
+        raise partition._Untraceable("tracing it failed (DataDependentOutputException: aten._local_scalar_dense)")
+
+    monkeypatch.setattr(partition, "_trace", failing)
+    module, x = nn.Linear(4, 4), torch.randn(2, 4, requires_grad=True)
+    with pytest.warns(hf_ckpt.HfCkptWarning, match="Linear is checkpointed in full instead of partitioned: tracing it"):
+        for _ in range(3):
+            partitioned_checkpoint(module.__call__, x, budget=0.5).sum().backward()
+    assert attempts == [1]

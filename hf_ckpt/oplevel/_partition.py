@@ -218,7 +218,8 @@ class _Trace:
     recomputed: list[str]
 
 
-_traces: "weakref.WeakKeyDictionary[nn.Module, dict[Any, _Trace]]" = weakref.WeakKeyDictionary()
+#: Per block, per call signature: its trace, or why it cannot be traced.
+_traces: "weakref.WeakKeyDictionary[nn.Module, dict[Any, _Trace | str]]" = weakref.WeakKeyDictionary()
 
 
 def _unwrap(function: Callable[..., Any]) -> tuple[Callable[..., Any], tuple, dict]:
@@ -252,27 +253,51 @@ def _autocast_key() -> tuple:
     return tuple(states)
 
 
+class _Weak:
+    """A module among a block call's arguments, held weakly by its trace (a trace lives as long as its module)."""
+
+    def __init__(self, module: nn.Module) -> None:
+        self.ref = weakref.ref(module)
+
+
+def _note_run(ref: "weakref.ref[nn.Module]") -> None:
+    from ..counting import note_block_run
+
+    module = ref()
+    if module is not None:
+        note_block_run(module)
+
+
 def _trace(module: nn.Module, core: Callable[..., Any], leaves: list, spec: Any, state: list, names: list[str],
            budget: float) -> _Trace:
-    """Trace, partition and prepare one block call; the real run that compiles it is undone (RNG put back)."""
+    """Trace, partition and prepare one block call; the real run that compiles it is undone (RNG put back).
+
+    The trace keeps no tensor of this call and only weak references to modules: it is cached per module, and must
+    neither keep a batch alive nor its module.
+    """
     import torch._functorch.config as functorch_config
     from functorch.compile import aot_function, min_cut_rematerialization_partition
     from torch.nn.utils.stateless import _reparametrize_module
     from torch.utils._python_dispatch import _disable_current_modes
 
-    from ..counting import note_block_run
-
     tensor_positions = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
+    template = [None if isinstance(leaf, torch.Tensor) else _Weak(leaf) if isinstance(leaf, nn.Module) else leaf
+                for leaf in leaves]
+    owner, method = weakref.ref(module), getattr(core, "__func__", None) if getattr(core, "__self__", None) is module else None
+    function = None if method is not None else core
+    count = len(state)
     output: dict[str, Any] = {}
     recomputed: list[str] = []
 
     def flat(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        filled = list(leaves)
-        for position, tensor in zip(tensor_positions, tensors[len(state):]):
+        filled = [leaf.ref() if isinstance(leaf, _Weak) else leaf for leaf in template]
+        for position, tensor in zip(tensor_positions, tensors[count:]):
             filled[position] = tensor
         leading, keywords, args, kwargs = pytree.tree_unflatten(filled, spec)
-        with _reparametrize_module(module, dict(zip(names, tensors[:len(state)]))):
-            result = core(*leading, *args, **keywords, **kwargs)
+        block = owner()
+        call = functools.partial(method, block) if method is not None else function
+        with _reparametrize_module(block, dict(zip(names, tensors[:count]))):
+            result = call(*leading, *args, **keywords, **kwargs)
         out_leaves, output["spec"] = pytree.tree_flatten(result)
         output["constants"] = {i: leaf for i, leaf in enumerate(out_leaves) if not isinstance(leaf, torch.Tensor)}
         output["count"] = len(out_leaves)
@@ -290,7 +315,7 @@ def _trace(module: nn.Module, core: Callable[..., Any], leaves: list, spec: Any,
         return forward_graph, backward_graph
 
     def backward_compiler(graph_module: Any, example_inputs: Any) -> Callable[..., Any]:
-        return _eager(graph_module, functools.partial(note_block_run, module) if recomputed else None)
+        return _eager(graph_module, functools.partial(_note_run, owner) if recomputed else None)
 
     inputs = [*state, *(leaves[i] for i in tensor_positions)]
     on_cpu = all(tensor.device.type == "cpu" for tensor in inputs)
@@ -351,9 +376,14 @@ def partitioned_checkpoint(function: Callable[..., Any], *args: Any, budget: flo
                tuple(value.requires_grad for value in state), module.training, _autocast_key())
         trace = per_module.get(key)
         if trace is None:
-            trace = per_module[key] = _trace(module, traced, leaves, spec, state, names, budget)
+            try:
+                trace = per_module[key] = _trace(module, traced, leaves, spec, state, names, budget)
+            except _Untraceable as error:
+                trace = per_module[key] = str(error)  # a call that failed to trace is not traced again
     except _Untraceable as error:
-        return _fallback(module, function, args, checkpoint_kwargs, str(error))
+        trace = str(error)
+    if isinstance(trace, str):
+        return _fallback(module, function, args, checkpoint_kwargs, trace)
     from ..counting import note_block_run
 
     def run_graphs(*_: Any, **__: Any) -> Any:
