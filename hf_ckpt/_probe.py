@@ -21,7 +21,7 @@ from torch import nn
 
 from ._warnings import warn_once
 from .blocks import Block, unwrapped
-from .counting import BlockRunCounter, block_indices, in_backward, listeners
+from .counting import BlockRunCounter, in_backward, listeners
 
 
 def _compiling() -> bool:
@@ -74,25 +74,17 @@ class RecomputeProbe:
             watched = [m for m in inner.modules() if m is not inner] or [inner]
             for module in watched:
                 register(module, "register_forward_pre_hook", functools.partial(self._count, block.index))
-        self._indices = block_indices(self.counter.blocks)
         listeners.add(self)  # partitioned blocks report their graph runs (hf_ckpt.counting.note_block_run)
 
     def block_ran(self, module: nn.Module) -> None:
-        index = self._indices.get(id(module))
-        if index is None or not self._armed or _compiling():
-            return
-        self.counter.counts[index] += 1
-        if in_backward():
-            self.counter.backward_counts[index] += 1
+        if self._armed and not _compiling():
+            self.counter.block_ran(module)
 
     def _count(self, index: int, module: nn.Module, args: Any) -> None:
         if not self._armed or _compiling():
             return
-        counter = self.counter
-        if counter._sentinels.setdefault(index, module) is module:
-            counter.counts[index] += 1
-            if in_backward():
-                counter.backward_counts[index] += 1
+        if self.counter._sentinels.setdefault(index, module) is module:
+            self.counter.record(index)
 
     def _on_block_input(self, module: nn.Module, args: Any) -> None:
         # A training forward arms the probe. Grad mode is no test: reentrant checkpointing runs the block's forward

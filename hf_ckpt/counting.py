@@ -73,16 +73,14 @@ class BlockRunCounter:
         self.blocks: list[Block] = list(blocks) if blocks is not None else find_blocks(unwrap(model))
         self.counts: Counter[int] = Counter()
         self.backward_counts: Counter[int] = Counter()
+        self._indices = block_indices(self.blocks)
         self._sentinels: dict[int, nn.Module] = {}
         self._handles: list[Any] = []
 
     def _hook(self, index: int):
         def pre_hook(module: nn.Module, args: Any) -> None:
-            sentinel = self._sentinels.setdefault(index, module)
-            if sentinel is module:
-                self.counts[index] += 1
-                if in_backward():
-                    self.backward_counts[index] += 1
+            if self._sentinels.setdefault(index, module) is module:
+                self.record(index)
 
         return pre_hook
 
@@ -92,16 +90,20 @@ class BlockRunCounter:
             watched = [m for m in inner.modules() if m is not inner] or [inner]
             hook = self._hook(block.index)
             self._handles.extend(m.register_forward_pre_hook(hook) for m in watched)
-        self._indices = block_indices(self.blocks)
         listeners.add(self)
         return self
 
+    def record(self, index: int) -> None:
+        """Count one run of block ``index``, a recompute when the autograd engine is running a backward pass."""
+        self.counts[index] += 1
+        if in_backward():
+            self.backward_counts[index] += 1
+
     def block_ran(self, module: nn.Module) -> None:
+        """A run that no submodule hook sees (:func:`note_block_run`), of one of the watched blocks or not."""
         index = self._indices.get(id(module))
         if index is not None:
-            self.counts[index] += 1
-            if in_backward():
-                self.backward_counts[index] += 1
+            self.record(index)
 
     def __exit__(self, *exc_info: Any) -> None:
         listeners.discard(self)

@@ -94,8 +94,8 @@ def build_block_functions(
             kwargs["context_fn"] = selective_context_fn(policy)
         elif strategy.startswith("oplevel:"):
             kwargs["context_fn"] = OpPolicy((policies or {})[strategy.partition(":")[2]]).context_fn()
-        elif partition_budget(strategy) is not None:
-            by_strategy[strategy] = functools.partial(partitioned_checkpoint, budget=partition_budget(strategy), **kwargs)
+        elif (budget := partition_budget(strategy)) is not None:
+            by_strategy[strategy] = functools.partial(partitioned_checkpoint, budget=budget, **kwargs)
             continue
         by_strategy[strategy] = build_checkpoint_function(kwargs, offloader=offloader, checkpoint_fn=checkpoint_fn)
     return {index: by_strategy[strategy] for index, strategy in strategies.items()}

@@ -49,14 +49,19 @@ def retained_per_block(model: nn.Module, blocks: list[Block], inputs: Mapping[st
     return by_block.get(None, 0), tuple(by_block.get(block.index, 0) for block in blocks)
 
 
-def step_flops(model: nn.Module, inputs: Mapping[str, Any], loss_fn: LossFn | None) -> int:
+def step_counts(model: nn.Module, inputs: Mapping[str, Any], loss_fn: LossFn | None) -> Any:
+    """What :func:`hf_ckpt.measure.flops.count_flops` counted over one step (``.total`` FLOPs, ``.elementwise``)."""
     from .measure.flops import count_flops
 
     torch.manual_seed(0)
     model.zero_grad(set_to_none=True)
-    with count_flops() as flops:
+    with count_flops() as counted:
         loss_of_sample(model(**inputs), loss_fn).backward()
-    return flops.total
+    return counted
+
+
+def step_flops(model: nn.Module, inputs: Mapping[str, Any], loss_fn: LossFn | None) -> int:
+    return step_counts(model, inputs, loss_fn).total
 
 
 def twin_groups(blocks: list[Block]) -> list[list[int]]:

@@ -266,7 +266,7 @@ def _planned(name: str, fraction: float, description: str, strategies: tuple[str
         options = {} if strategies is None else {"strategies": strategies}
         plan = made["plan"] = make_plan(model, batch, fraction, **options)
         details.update(strategies=list(plan.strategies))
-        if strategies is not None and ("oplevel" in strategies or "partition" in strategies):
+        if strategies is not None and "oplevel" in strategies:
             details.update(policies={key: list(saved) for key, saved in plan.policies.items()})
         details.update(
             predicted_bytes=plan.predicted_bytes,

@@ -213,9 +213,11 @@ def _eager(graph_module: Any, on_run: Callable[[], None] | None = None) -> Calla
 
 @dataclass
 class _Trace:
+    """A traced block call: ``run`` its forward (and, through autograd, its backward) graph; ``output`` how to
+    rebuild the call's return value from the graph's tensors (tree spec, non-tensor leaves, leaf count)."""
+
     run: Callable[..., Any]
     output: dict[str, Any]
-    recomputed: list[str]
 
 
 #: Per block, per call signature: its trace, or why it cannot be traced.
@@ -331,7 +333,7 @@ def _trace(module: nn.Module, core: Callable[..., Any], leaves: list, spec: Any,
         except Exception as error:  # a data-dependent branch, an op without a fake implementation, ...
             first = str(error).strip().splitlines()[0] if str(error).strip() else ""
             raise _Untraceable(f"tracing it failed ({type(error).__name__}: {first[:200]})") from error
-    return _Trace(run=compiled, output=output, recomputed=recomputed)
+    return _Trace(run=compiled, output=output)
 
 
 def _rebuilt(trace: _Trace, tensors: tuple[torch.Tensor, ...]) -> Any:

@@ -27,16 +27,12 @@ Option = tuple[str, int, int, int, int]
 
 def _step(model: nn.Module, inputs: Mapping[str, Any], loss_fn: Any, blocks: list) -> tuple[tuple[int, ...], int, int]:
     """(bytes per block, FLOPs, elementwise elements) of one step of the model as it is configured."""
-    from ..measure.flops import count_flops
-    from ..profiling import loss_of_sample, retained_per_block
+    from ..profiling import retained_per_block, step_counts
 
     torch.manual_seed(0)
     model.zero_grad(set_to_none=True)
     _, per_block = retained_per_block(model, blocks, inputs, loss_fn)
-    torch.manual_seed(0)
-    model.zero_grad(set_to_none=True)
-    with count_flops() as counted:
-        loss_of_sample(model(**inputs), loss_fn).backward()
+    counted = step_counts(model, inputs, loss_fn)
     return per_block, counted.total, counted.elementwise
 
 
