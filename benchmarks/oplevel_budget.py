@@ -4,6 +4,7 @@
     PYTHONPATH=. python benchmarks/oplevel_budget.py --models llama --no-compile
     PYTHONPATH=. python benchmarks/oplevel_budget.py --timing --hidden 1024 --clock cpu  # step time, interleaved
     PYTHONPATH=. python benchmarks/oplevel_budget.py --partition   # op-level plans may also partition blocks' graphs
+    PYTHONPATH=. python benchmarks/oplevel_budget.py --partition --outside  # ... and recompute cheap modules between them
 
 Figures mode measures one step of every setting on the same model and batch (``hf_ckpt.measure.measure_step``:
 retained bytes when forward returns, FLOPs by ``FlopCounterMode``; then ``count_flops().elementwise``: one per
@@ -80,11 +81,12 @@ def _row(rows: dict, spec: str, measured: tuple[int, int, int], started: float, 
 
 def _plan_details(plan) -> dict:
     return {"strategies": list(plan.strategies), "policies": {k: list(v) for k, v in plan.policies.items()},
-            "budget_bytes": plan.budget_bytes, "predicted_bytes": plan.predicted_bytes}
+            "budget_bytes": plan.budget_bytes, "predicted_bytes": plan.predicted_bytes,
+            "outside_blocks": list(plan.outside_blocks)}
 
 
 def _figures(name: str, args: argparse.Namespace) -> dict:
-    oplevel = (*OPLEVEL, "partition") if args.partition else OPLEVEL
+    oplevel = (*OPLEVEL, *(("partition",) if args.partition else ()), *(("outside",) if args.outside else ()))
     sizes = dict(SIZES.get(name, dict(layers=6, hidden=256)))
     if args.hidden:
         sizes["hidden"] = args.hidden
@@ -273,6 +275,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-matched", action="store_true", help="leave out oplevel planned at compile:F's bytes")
     parser.add_argument("--partition", action="store_true",
                         help="op-level plans may also split blocks' graphs with the min-cut partitioner ('partition')")
+    parser.add_argument("--outside", action="store_true",
+                        help="op-level plans may also recompute cheap modules between the blocks ('outside')")
     parser.add_argument("--json", default=None, help="write the figures here")
     parser.add_argument("--plot", default=None, help="draw memory vs recompute FLOPs here (needs matplotlib)")
     parser.add_argument("--timing", action="store_true", help="time plan:F against oplevel:F instead")

@@ -153,6 +153,14 @@ MUTANTS: tuple[Mutant, ...] = (
         "    if True:  # mutant: flags stay on under no_grad\n        return\n    values = ",
         ("tests/test_enable.py::test_a_no_grad_forward_in_training_mode_checkpoints_nothing",),
     ),
+    Mutant(
+        "outside_outputs_kept",
+        "a plan's outside_blocks: tensors saved from those modules' outputs are recomputed, not kept",
+        "hf_ckpt/_outside.py",
+        "        return _Recipe(call, index, tensor)\n",
+        "        return tensor  # mutant: outputs of recomputed modules kept\n",
+        ("tests/test_outside.py",),
+    ),
 )
 
 

@@ -12,6 +12,7 @@ from torch import nn
 
 from . import _hooks
 from ._binding import bind, resolve, run_model_logic, uses_legacy_signature
+from ._outside import install as install_outside, resolve_outside
 from ._state import CheckpointState, get_state, set_state, take_back
 from ._target import target_model
 from ._warnings import warn_once
@@ -35,6 +36,8 @@ def apply_config(model: nn.Module, config: CheckpointConfig) -> nn.Module:
     """Enable checkpointing on ``model`` as ``config`` says. The shared implementation of every entry point."""
     target = target_model(model)
     binding = resolve(target, config)  # everything that can fail on this model fails here, before any change
+    outside = config.plan.outside_blocks if config.plan is not None else ()
+    resolve_outside(target, outside, binding.blocks)
     if binding.legacy:
         _warn_legacy(target)
     warn_ignored_config(model, config.checkpoint_fn, owner=target)  # a DeepSpeed "activation_checkpointing" block
@@ -46,6 +49,8 @@ def apply_config(model: nn.Module, config: CheckpointConfig) -> nn.Module:
         raise
     state = CheckpointState(config=config, before=before, bound=bound)
     _hooks.add_checkpointing_hooks(state, target, binding, needs_input_grads=target is not model)
+    if outside:
+        install_outside(state, [model, target], target, outside, binding.blocks)
     guard = install_guard(target)  # one checkpoint per block under any engine; the DDP trap
     if guard is not None:
         state.undo.append(guard.remove)

@@ -76,7 +76,9 @@ def plan(
             any profiling.
         strategies: The strategies the plan may use; add ``"oplevel"`` to let it choose, per block, which single
             ops keep their outputs (:mod:`hf_ckpt.oplevel`), and ``"partition"`` to let it split blocks' graphs
-            with torch's min-cut partitioner at one of several budgets, run in eager mode (``"partition:<F>"``).
+            with torch's min-cut partitioner at one of several budgets, run in eager mode (``"partition:<F>"``),
+            and ``"outside"`` to let it recompute cheap modules between the blocks (final norm, rotary tables,
+            embeddings, a head's activation and norm) instead of keeping their tensors (``outside_blocks``).
         policy: The selective policy (see :mod:`hf_ckpt.selective`).
         loss_fn: Maps the model output to the scalar loss; default ``output.loss``.
         **checkpoint_kwargs: Passed to ``torch.utils.checkpoint.checkpoint`` while profiling and kept for the plan's
@@ -98,10 +100,11 @@ def plan(
         raise ValueError("give either sample_inputs (profile real steps) or batch_size and seq_len (estimate), not both")
     budget = parse_budget(budget)
     _check_sample_inputs(sample_inputs)
-    bad = [s for s in strategies if s not in (*ALL_STRATEGIES, "oplevel", "partition")]
+    bad = [s for s in strategies if s not in (*ALL_STRATEGIES, "oplevel", "partition", "outside")]
     if bad or not strategies or isinstance(strategies, str):
         raise ValueError(
-            f"strategies must be a non-empty subset of none, selective, full, oplevel, partition; got {list(strategies)}"
+            "strategies must be a non-empty subset of none, selective, full, oplevel, partition, outside; got "
+            f"{list(strategies)}"
         )
     if "partition" in strategies:
         from .oplevel._partition import partition_unavailable
@@ -111,7 +114,7 @@ def plan(
     check_trainable(target_model(model), "plan: ")
     CheckpointConfig.from_arguments(checkpoint_kwargs, dict_name="checkpoint_kwargs", policy=policy,
                                     strategy="selective" if policy is not None else None)
-    if "oplevel" in strategies or "partition" in strategies:  # op-level options: hf_ckpt.oplevel plans
+    if {"oplevel", "partition", "outside"} & set(strategies):  # finer options: hf_ckpt.oplevel plans
         return plan_oplevel(model, sample_inputs, budget, strategies=strategies, policy=policy, loss_fn=loss_fn,
                             **checkpoint_kwargs)
     profile = profile_blocks(

@@ -80,6 +80,8 @@ class CheckpointPlan:
             both.
         policies: Op-level policies by name: the op occurrences (``"aten.mm.default#0"``) whose outputs a block
             with strategy ``"oplevel:<name>"`` keeps; it recomputes every other op (see :mod:`hf_ckpt.oplevel`).
+        outside_blocks: Names of cheap modules between the blocks (``"model.norm"``) that are recomputed in
+            backward instead of keeping their insides and their outputs (:mod:`hf_ckpt._outside`).
     """
 
     strategies: tuple[str, ...]
@@ -92,6 +94,7 @@ class CheckpointPlan:
     model_type: str | None = None
     made_for: dict[str, Any] = field(default_factory=dict)
     policies: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    outside_blocks: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if isinstance(self.strategies, (str, bytes)) or not hasattr(self.strategies, "__iter__"):
@@ -100,6 +103,7 @@ class CheckpointPlan:
             raise TypeError(f"policies must be a dict from a policy name to a list of op occurrences; got {type(self.policies).__name__}")
         object.__setattr__(self, "policies", {k: _checked_policy(k, v) for k, v in self.policies.items()})
         object.__setattr__(self, "strategies", tuple(self._checked_strategy(s) for s in self.strategies))
+        object.__setattr__(self, "outside_blocks", _checked_module_names(self.outside_blocks))
         object.__setattr__(self, "block_bytes", {k: tuple(v) for k, v in self.block_bytes.items()})
         object.__setattr__(
             self, "block_recompute_flops", {k: tuple(v) for k, v in self.block_recompute_flops.items()}
@@ -157,6 +161,7 @@ class CheckpointPlan:
         data["block_bytes"] = {k: list(v) for k, v in self.block_bytes.items()}
         data["block_recompute_flops"] = {k: list(v) for k, v in self.block_recompute_flops.items()}
         data["policies"] = {k: list(v) for k, v in self.policies.items()}
+        data["outside_blocks"] = list(self.outside_blocks)
         return {"format": "hf_ckpt.CheckpointPlan", "version": _FORMAT_VERSION, **data}
 
     def to_json(self) -> str:
@@ -221,6 +226,8 @@ class CheckpointPlan:
         lines.extend(f"  {i:>5}  {s}" for i, s in enumerate(self.strategies))
         for name, saved in self.policies.items():
             lines.append(f"  policy {name}: keeps {', '.join(saved)}; recomputes every other op")
+        if self.outside_blocks:
+            lines.append(f"  recomputed between the blocks: {', '.join(self.outside_blocks)}")
         return "\n".join(lines)
 
 
@@ -228,3 +235,13 @@ def _checked_policy(name: Any, saved: Any) -> tuple[str, ...]:
     if not isinstance(name, str) or not name or ":" in name:
         raise ValueError(f"policies keys must be non-empty names without ':'; got {name!r}")
     return OpPolicy(saved).saved
+
+
+def _checked_module_names(names: Any) -> tuple[str, ...]:
+    if isinstance(names, (str, bytes)) or not hasattr(names, "__iter__"):
+        raise TypeError(f"outside_blocks must be a list of module names; got {names!r}")
+    names = tuple(names)
+    bad = [n for n in names if not isinstance(n, str) or not n]
+    if bad:
+        raise ValueError(f"outside_blocks must hold module names (non-empty strings, e.g. 'model.norm'); got {bad[0]!r}")
+    return names

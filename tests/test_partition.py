@@ -129,7 +129,7 @@ def test_bad_partition_strategies_and_combinations_are_named_at_the_call():
     with pytest.raises(ValueError) as error:
         hf_ckpt.plan(model, _batch(), 0.5, strategies=("none", "partitions"))
     assert str(error.value) == (
-        "strategies must be a non-empty subset of none, selective, full, oplevel, partition; got ['none', 'partitions']"
+        "strategies must be a non-empty subset of none, selective, full, oplevel, partition, outside; got ['none', 'partitions']"
     )
 
 

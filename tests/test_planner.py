@@ -128,7 +128,7 @@ def test_bad_budget(workload, budget, error, named):
 
 def test_bad_strategies(workload):
     model, batch = workload
-    with pytest.raises(ValueError, match=re.escape("none, selective, full, oplevel, partition; got ['half']")):  # accepted, got
+    with pytest.raises(ValueError, match=re.escape("none, selective, full, oplevel, partition, outside; got ['half']")):  # accepted, got
         hf_ckpt.plan(model, batch, 0.5, strategies=["half"])
 
 

@@ -268,6 +268,8 @@ def _planned(name: str, fraction: float, description: str, strategies: tuple[str
         details.update(strategies=list(plan.strategies))
         if strategies is not None and "oplevel" in strategies:
             details.update(policies={key: list(saved) for key, saved in plan.policies.items()})
+        if plan.outside_blocks:
+            details.update(outside_blocks=list(plan.outside_blocks))
         details.update(
             predicted_bytes=plan.predicted_bytes,
             predicted_recompute_flops=plan.predicted_recompute_flops,
@@ -310,8 +312,9 @@ def _finer_plan(name: str, extra: tuple[str, ...], options: str) -> Any:
 
 
 _oplevel = _finer_plan("oplevel", ("oplevel",), "none/full/selective or an op-level policy")
-_graphplan = _finer_plan("graphplan", ("oplevel", "partition"),
-                         "none/full/selective, an op-level policy or a partitioned graph")
+_graphplan = _finer_plan("graphplan", ("oplevel", "partition", "outside"),
+                         "none/full/selective, an op-level policy or a partitioned graph, and the cheap modules between "
+                         "the blocks recomputed where that pays")
 
 
 def _compile(argument: str | None) -> Setting:
@@ -371,7 +374,8 @@ _BUILT_IN = (
     ("oplevel", _oplevel, "oplevel:F",
      "hf_ckpt.plan(..., strategies=(..., 'oplevel')): per-block or per-op policies within F x none's memory"),
     ("graphplan", _graphplan, "graphplan:F",
-     "hf_ckpt.plan(..., strategies=(..., 'oplevel', 'partition')): oplevel:F, and blocks' graphs partitioned"),
+     "hf_ckpt.plan(..., strategies=(..., 'oplevel', 'partition', 'outside')): oplevel:F, blocks' graphs "
+     "partitioned, cheap modules between the blocks recomputed"),
     ("compile", _compile, "compile:F",
      "torch.compile (inductor) with torch._functorch.config.activation_memory_budget=F, the min-cut reference"),
 )

@@ -30,6 +30,8 @@ from ..plans import CheckpointPlan
 from ._profile import BlockOpProfile, capture_inputs, profile_block
 from ._solver import MAX_POINTS, frontier
 
+#: Strategies of the op-level planner that are not block-level strategies.
+_FINER = ("oplevel", "partition", "outside")
 _QUANTA = 4096
 _VERIFY_ROUNDS = 4
 #: Tie-breaks between options of equal FLOPs: no checkpoint, then plain checkpointing, then selective contexts.
@@ -159,7 +161,54 @@ def _solve(menu: list[list[Option]], base: int, budget_bytes: int) -> tuple[str,
     for picked in reversed(history):
         k, name = picked[k]
         chosen.append(name)
-    return tuple(reversed(chosen))
+    return _refine(menu, list(reversed(chosen)), base, budget_bytes)
+
+
+def _refine(menu: list[list[Option]], chosen: list[str], base: int, budget_bytes: int) -> tuple[str, ...]:
+    """``chosen`` with single blocks moved to cheaper options while the exact bytes fit: the dynamic programme
+    rounds each block's saving down to its byte unit, which can leave a cheaper plan unseen by a few KiB."""
+    def rank(option: Option) -> tuple[int, bool, int]:
+        return option[2], option[0] != "none", option[3]
+
+    current = [next(o for o in options if o[0] == name) for options, name in zip(menu, chosen)]
+    total = base + sum(option[1] for option in current)
+    improved = True
+    while improved:
+        improved = False
+        for i, options in enumerate(menu):
+            better = [o for o in options if rank(o) < rank(current[i]) and total - current[i][1] + o[1] <= budget_bytes]
+            if better:
+                best = min(better, key=rank)
+                total += best[1] - current[i][1]
+                current[i], improved = best, True
+    return tuple(option[0] for option in current)
+
+
+def _finer_menu(model: nn.Module, sample_inputs: Mapping[str, Any], strategies: Sequence[str], block_profile: Any,
+                policy: Any, loss_fn: Any, checkpoint_kwargs: dict) -> tuple[list[list[Option]], dict, int, tuple]:
+    """(menu, op-level policies, base bytes, outside module names): the block-level options allowed, op-level
+    policies, partitions and, as one more row, the modules between the blocks (``"outside"``)."""
+    op_profiles = profile_ops(model, sample_inputs, loss_fn=loss_fn, policy=policy)  # elementwise costs too
+    menu, policies = _menu(block_profile, op_profiles)
+    allowed = set(strategies) - set(_FINER)
+    menu = [
+        [o for o in options if o[0] in allowed or (o[0].startswith("oplevel:") and "oplevel" in strategies)]
+        for options in menu
+    ]
+    if "partition" in strategies:
+        from ._partition_menu import partition_options
+
+        for options, more in zip(menu, partition_options(model, sample_inputs, loss_fn=loss_fn, **checkpoint_kwargs)):
+            options.extend(more)
+    base_bytes, outside = block_profile.base_bytes, ()
+    if "outside" in strategies:
+        from ._outside_menu import outside_option
+
+        outside, row = outside_option(model, sample_inputs, loss_fn=loss_fn, **checkpoint_kwargs)
+        if row:  # one more row: keep the outside modules' tensors (bytes of the base) or recompute them
+            menu.append(row)
+            base_bytes -= row[0][1]
+    return menu, policies, base_bytes, outside
 
 
 def plan_oplevel(
@@ -172,37 +221,30 @@ def plan_oplevel(
     loss_fn: Any = None,
     **checkpoint_kwargs: Any,
 ) -> CheckpointPlan:
-    """:func:`hf_ckpt.plan` with op-level policies (``"oplevel"`` in ``strategies``) or graph partitions
-    (``"partition"``: :mod:`hf_ckpt.oplevel._partition_menu`) among the options."""
+    """:func:`hf_ckpt.plan` with op-level policies (``"oplevel"`` in ``strategies``), graph partitions
+    (``"partition"``: :mod:`hf_ckpt.oplevel._partition_menu`) or the modules between the blocks (``"outside"``:
+    :mod:`hf_ckpt.oplevel._outside_menu`) among the options."""
     from .._solver import budget_bytes as in_bytes
     from ..profiling import measured_bytes, profile_blocks
 
-    block_strategies = tuple(dict.fromkeys(s for s in (*strategies, "full") if s not in ("oplevel", "partition")))
+    block_strategies = tuple(dict.fromkeys(s for s in (*strategies, "full") if s not in _FINER))
     block_profile = profile_blocks(
         model, sample_inputs, strategies=block_strategies, policy=policy, loss_fn=loss_fn, **checkpoint_kwargs
     )
     budget_bytes = in_bytes(budget, block_profile.baseline_bytes)
-    op_profiles = profile_ops(model, sample_inputs, loss_fn=loss_fn, policy=policy)  # elementwise costs too
-    menu, policies = _menu(block_profile, op_profiles)
-    allowed = set(strategies) - {"oplevel", "partition"}
-    menu = [
-        [o for o in options if o[0] in allowed or (o[0].startswith("oplevel:") and "oplevel" in strategies)]
-        for options in menu
-    ]
-    if "partition" in strategies:
-        from ._partition_menu import partition_options
-
-        for options, more in zip(menu, partition_options(model, sample_inputs, loss_fn=loss_fn, **checkpoint_kwargs)):
-            options.extend(more)
+    menu, policies, base_bytes, outside = _finer_menu(model, sample_inputs, strategies, block_profile, policy, loss_fn,
+                                                      checkpoint_kwargs)
     slack = 0  # what a measured step keeps beyond the per-block prediction (blocks interact a little on some releases)
     for _ in range(_VERIFY_ROUNDS):
-        chosen = _solve(menu, block_profile.base_bytes, budget_bytes - slack)
+        chosen = _solve(menu, base_bytes, budget_bytes - slack)
         used = {s.partition(":")[2] for s in chosen if s.startswith("oplevel:")}
-        candidate = CheckpointPlan(strategies=chosen, policies={name: policies[name] for name in sorted(used)})
+        candidate = CheckpointPlan(strategies=chosen[:len(block_profile.retained["none"])],
+                                   policies={name: policies[name] for name in sorted(used)},
+                                   outside_blocks=outside if "outside" in chosen else ())
         measured = measured_bytes(model, candidate, sample_inputs, loss_fn, policy, dict(checkpoint_kwargs))
         if measured <= budget_bytes:
             break
-        predicted = block_profile.base_bytes + sum(
+        predicted = base_bytes + sum(
             next(option[1] for option in menu[i] if option[0] == strategy) for i, strategy in enumerate(chosen)
         )
         # at least the overshoot more, so that the next plan differs; at least the prediction's error
@@ -214,8 +256,9 @@ def plan_oplevel(
         )
     recompute = sum(next(o[4] for o in menu[i] if o[0] == strategy) for i, strategy in enumerate(chosen))
     return CheckpointPlan(
-        strategies=chosen,
+        strategies=candidate.strategies,
         policies=candidate.policies,
+        outside_blocks=candidate.outside_blocks,
         predicted_bytes=measured,
         predicted_recompute_flops=recompute,
         baseline_bytes=block_profile.baseline_bytes,

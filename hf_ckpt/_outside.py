@@ -1,0 +1,260 @@
+"""Cheap modules between the blocks, recomputed in backward: a plan's ``outside_blocks``.
+
+Per-block checkpointing leaves alone the code that runs between the blocks. There, the tensors backward needs
+are kept whole even when they are cheap to make again: a final norm keeps its normalised input and the LM head
+keeps the norm's output (two hidden-sized tensors), rotary embeddings hand their ``cos``/``sin`` tables to every
+block, a head's activation keeps its input while the next norm keeps its output. torch.compile's partitioner
+recomputes such values from the tensors it keeps anyway; in eager mode this module does the same for the modules a
+plan names in ``outside_blocks``:
+
+1. **Their insides.** Each named module runs under non-reentrant checkpointing: it keeps only its inputs.
+2. **Their outputs.** While the model's forward runs, a saved-tensor hook sees every tensor autograd saves. One
+   that is (a view of) the output of a named module, unchanged since, is not kept: backward gets it by running the
+   module's ``forward`` again on the same inputs (no hooks, no grad, the autocast state of the forward), once per
+   call. Its consumers (the LM head, the blocks, the loss) then hold only the inputs, which are kept anyway.
+
+Only modules that are cheap and deterministic qualify: :func:`cheap_modules` measures one forward and picks the
+leaf modules outside the blocks that draw no random numbers and spend at most :data:`MAX_FLOPS_PER_ELEMENT`
+FLOPs per output element (norms, activations, rotary tables, embeddings); the planner measures whether recomputing
+them pays (``strategies=(..., "outside")``). An input changed in place after such a call makes backward raise, as
+checkpointing does, rather than recompute from changed values.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Mapping
+
+import torch
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+
+#: A module's recompute counts as cheap up to this many matmul-class FLOPs per element of its output.
+MAX_FLOPS_PER_ELEMENT = 4
+
+
+def resolve_outside(target: nn.Module, names: tuple[str, ...], blocks: tuple) -> list[nn.Module]:
+    """The modules ``names`` of ``target``; ValueError naming the first that is missing or inside a block."""
+    inside = {id(m) for block in blocks for m in block.module.modules()}
+    modules = []
+    for name in names:
+        try:
+            module = target.get_submodule(name)
+        except AttributeError:
+            raise ValueError(
+                f"plan outside_blocks names {name!r}, which is not a module of {type(target).__name__}; make the "
+                "plan on the same architecture"
+            ) from None
+        if id(module) in inside or any(id(m) in inside for m in module.children()):
+            raise ValueError(f"plan outside_blocks names {name!r}, which is a block or inside one; it must be a "
+                             "module between the blocks")
+        modules.append(module)
+    return modules
+
+
+def _storage_ref(tensor: Any) -> Any:
+    """A weak reference to the storage of a plain tensor (hashable, equal for one storage), or None."""
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    if not isinstance(tensor, torch.Tensor) or tensor.layout is not torch.strided or tensor.is_meta:
+        return None
+    try:
+        return StorageWeakRef(tensor.untyped_storage())
+    except (RuntimeError, NotImplementedError):
+        return None
+
+
+def _autocast_state(device_type: str) -> tuple[bool, torch.dtype | None]:
+    try:
+        return torch.is_autocast_enabled(device_type), torch.get_autocast_dtype(device_type)
+    except (TypeError, RuntimeError, AttributeError):  # older torch: no per-device autocast queries
+        return torch.is_autocast_enabled(), None
+
+
+class _Call:
+    """One call of a recomputed module: how to make its outputs again, and the outputs once made."""
+
+    __slots__ = ("forward", "args", "kwargs", "versions", "name", "autocast", "device_type", "outputs")
+
+    def __init__(self, forward: Any, args: tuple, kwargs: dict, name: str) -> None:
+        self.forward, self.args, self.kwargs, self.name = forward, args, kwargs, name
+        tensors = [t for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor)]
+        self.versions = [(t, t._version) for t in tensors]
+        self.device_type = tensors[0].device.type if tensors else "cpu"
+        self.autocast = _autocast_state(self.device_type)
+        self.outputs: tuple | None = None
+
+    def output(self, index: int) -> torch.Tensor:
+        if self.outputs is None:
+            for tensor, version in self.versions:
+                if tensor._version != version:
+                    raise RuntimeError(
+                        f"hf_ckpt: an input of {self.name} was modified in place after its forward; its output cannot "
+                        "be recomputed in backward. Leave the module out of the plan's outside_blocks."
+                    )
+            enabled, dtype = self.autocast
+            options = {"dtype": dtype} if dtype is not None else {}
+            with torch.no_grad(), torch.autocast(self.device_type, enabled=enabled, **options):
+                result = self.forward(*self.args, **self.kwargs)
+            self.outputs = result if isinstance(result, tuple) else (result,)
+        return self.outputs[index]
+
+
+class _Recipe:
+    """What autograd keeps instead of a saved output: the call and where the tensor lies in its output."""
+
+    __slots__ = ("call", "index", "size", "stride", "offset")
+
+    def __init__(self, call: _Call, index: int, tensor: torch.Tensor) -> None:
+        self.call, self.index = call, index
+        self.size, self.stride, self.offset = tensor.size(), tensor.stride(), tensor.storage_offset()
+
+
+def _unpack(value: Any) -> Any:
+    if not isinstance(value, _Recipe):
+        return value
+    return value.call.output(value.index).as_strided(value.size, value.stride, value.offset)
+
+
+class OutsideRecompute:
+    """The runtime of a plan's ``outside_blocks`` on one model (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self._outputs: dict[Any, tuple[_Call, int, int, torch.dtype, int]] = {}
+        self._contexts: list[Any] = []
+
+    def produced(self, name: str, forward: Any, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
+        """Forward hook of a recomputed module: remember its output storages while the model's forward runs."""
+        if not self.watching():
+            return
+        call = _Call(forward, args, kwargs, name)
+        for index, tensor in enumerate(output if isinstance(output, tuple) else (output,)):
+            ref = _storage_ref(tensor)
+            if ref is not None:
+                self._outputs[ref] = (call, index, tensor._version, tensor.dtype, tensor.untyped_storage().nbytes())
+
+    def _pack(self, tensor: torch.Tensor) -> Any:
+        ref = _storage_ref(tensor)
+        entry = self._outputs.get(ref) if ref is not None else None
+        if entry is None:
+            return tensor
+        call, index, version, dtype, nbytes = entry
+        if tensor._version != version or tensor.dtype != dtype or tensor.untyped_storage().nbytes() != nbytes:
+            return tensor  # changed in place since, or another view of the storage: keep it
+        return _Recipe(call, index, tensor)
+
+    def watching(self) -> bool:
+        """Whether a training forward of the model is running with its saved tensors watched."""
+        return any(context is not None for context in self._contexts)
+
+    def enter(self, module: nn.Module, args: Any) -> None:
+        """Pre-hook of the model: in a training forward with grad, watch what autograd saves."""
+        if not (torch.is_grad_enabled() and module.training) or self.watching():
+            self._contexts.append(None)  # nothing to watch, or an outer call (a PEFT or DDP wrapper) watches already
+            return
+        context = torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack)
+        context.__enter__()
+        self._contexts.append(context)
+
+    def exit(self, module: nn.Module, args: Any, output: Any) -> None:
+        """Forward hook of the model (always called): stop watching, forget this forward's outputs."""
+        if not self._contexts:
+            return
+        context = self._contexts.pop()
+        if context is not None:
+            context.__exit__(None, None, None)
+            self._outputs.clear()
+
+
+def _checkpointed(runtime: OutsideRecompute, forward: Any, *args: Any, **kwargs: Any) -> Any:
+    """A recomputed module's forward: under non-reentrant checkpointing (it keeps its inputs) while the runtime
+    watches a training forward; plain otherwise (no grad, or hf_ckpt's hooks suspended while the planner profiles)."""
+    if not (torch.is_grad_enabled() and runtime.watching()):
+        return forward(*args, **kwargs)
+    from torch.utils.checkpoint import checkpoint
+
+    return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+
+
+def install(state: Any, outer: list[nn.Module], target: nn.Module, names: tuple[str, ...], blocks: tuple) -> None:
+    """Recompute the modules ``names`` of ``target`` in backward; recorded in ``state`` (hooks, undo)."""
+    runtime = OutsideRecompute()
+    for name, module in zip(names, resolve_outside(target, names, blocks)):
+        forward = module.forward
+        module.forward = functools.partial(_checkpointed, runtime, forward)
+        state.undo.append(functools.partial(_restore_forward, module))
+        state.hooks.add(module, "register_forward_hook", functools.partial(runtime.produced, name, forward),
+                        with_kwargs=True)
+    seen: set[int] = set()
+    for module in outer:
+        if id(module) not in seen:
+            seen.add(id(module))
+            state.hooks.add(module, "register_forward_pre_hook", runtime.enter)
+            state.hooks.add(module, "register_forward_hook", runtime.exit, always_call=True)
+
+
+def _restore_forward(module: nn.Module) -> None:
+    module.__dict__.pop("forward", None)
+
+
+class _CallCosts(TorchDispatchMode):
+    """Per module (by id) on the stack: matmul-class FLOPs and whether a random op ran."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from .oplevel._profile import flop_registry
+
+        self.registry = flop_registry()
+        self.stack: list[int] = []
+        self.flops: dict[int, int] = {}
+        self.random: set[int] = set()
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if self.stack:
+            formula = self.registry.get(func.overloadpacket)
+            flops = int(formula(*args, **kwargs, out_val=out)) if formula is not None else 0
+            for key in self.stack:
+                self.flops[key] = self.flops.get(key, 0) + flops
+            if torch.Tag.nondeterministic_seeded in func.tags:
+                self.random.update(self.stack)
+        return out
+
+
+def cheap_modules(model: nn.Module, inputs: Mapping[str, Any], blocks: tuple | list) -> tuple[str, ...]:
+    """Names of the leaf modules of ``model`` outside ``blocks`` that are cheap to recompute, measured in one
+    training forward: called, no random op, at most :data:`MAX_FLOPS_PER_ELEMENT` FLOPs per output element,
+    tensors (or a tuple of tensors) out."""
+    inside = {id(m) for block in blocks for m in block.module.modules()}
+    names = {id(m): name for name, m in model.named_modules() if name and id(m) not in inside and not any(True for _ in m.children())}
+    costs, outputs = _CallCosts(), {}
+    handles = []
+    for module in model.modules():
+        if id(module) in names:
+            handles.append(module.register_forward_pre_hook(functools.partial(_note_call, costs)))
+            handles.append(module.register_forward_hook(functools.partial(_note_output, costs, outputs), always_call=True))
+    try:
+        with torch.enable_grad(), costs:
+            model(**inputs)
+    finally:
+        for handle in handles:
+            handle.remove()
+    chosen = []
+    for key, elements in outputs.items():
+        if elements and key not in costs.random and costs.flops.get(key, 0) <= MAX_FLOPS_PER_ELEMENT * elements:
+            chosen.append(names[key])
+    return tuple(sorted(chosen))
+
+
+def _note_call(costs: _CallCosts, module: nn.Module, args: Any) -> None:
+    costs.stack.append(id(module))
+
+
+def _note_output(costs: _CallCosts, outputs: dict, module: nn.Module, args: Any, output: Any) -> None:
+    costs.stack.pop()
+    values = output if isinstance(output, tuple) else (output,)
+    if all(isinstance(v, torch.Tensor) and v.is_floating_point() for v in values):
+        outputs[id(module)] = outputs.get(id(module), 0) + sum(v.numel() for v in values)
+    else:
+        outputs[id(module)] = 0  # anything but floating-point tensors out: never recomputed

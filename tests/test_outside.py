@@ -1,0 +1,156 @@
+"""Cheap modules between the blocks recomputed in backward (a plan's ``outside_blocks``, hf_ckpt._outside): the
+modules chosen are measured, gradients equal the model's own, the final norm's and LM head's hidden-sized tensors
+are no longer kept, the planner uses it only where it pays, disable takes it all back, and bad input is named."""
+
+import pytest
+import torch
+
+import hf_ckpt
+from hf_ckpt._outside import cheap_modules
+from hf_ckpt.blocks import find_blocks
+from hf_ckpt.measure import measure_step
+from helpers import VOCAB, max_grad_diff, tiny_bert, tiny_gpt2, tiny_llama, train_step
+
+
+def _batch(seq: int = 64):
+    ids = torch.randint(1, VOCAB, (2, seq), generator=torch.Generator().manual_seed(0))
+    return {"input_ids": ids, "labels": ids.clone()}
+
+
+def _plan(model, strategy: str = "none", outside=None) -> hf_ckpt.CheckpointPlan:
+    blocks = find_blocks(model)
+    names = cheap_modules(model, _batch(), blocks) if outside is None else outside
+    return hf_ckpt.CheckpointPlan((strategy,) * len(blocks), outside_blocks=names)
+
+
+def test_the_modules_recomputed_are_the_cheap_deterministic_ones_outside_the_blocks():
+    llama = tiny_llama()
+    names = cheap_modules(llama, _batch(), find_blocks(llama))
+    assert {"model.embed_tokens", "model.norm"} <= set(names) <= {"model.embed_tokens", "model.norm", "model.rotary_emb"}
+    gpt2 = tiny_gpt2()  # dropout after the embeddings: drawn at random, never recomputed
+    assert cheap_modules(gpt2, _batch(), find_blocks(gpt2)) == ("transformer.ln_f", "transformer.wpe", "transformer.wte")
+    assert "lm_head" not in names  # a matmul: not cheap
+
+
+@pytest.mark.parametrize("build", [tiny_llama, tiny_gpt2, tiny_bert], ids=["llama", "gpt2-dropout", "bert-dropout"])
+@pytest.mark.parametrize("strategy", ["none", "full"])
+def test_gradients_equal_the_models_own(build, strategy):
+    model, batch = build(), _batch()
+    reference = train_step(model, batch)
+    hf_ckpt.enable(model, plan=_plan(model, strategy))
+    grads = train_step(model, batch)
+    hf_ckpt.disable(model)
+    assert max_grad_diff(reference, grads) <= 1e-6
+
+
+def test_the_final_norm_and_head_keep_no_hidden_sized_tensor_of_their_own():
+    model, batch = tiny_llama(layers=2), _batch()
+    hidden_bytes = 2 * 64 * model.config.hidden_size * 4
+    retained = {}
+    for outside in ((), ("model.norm",)):
+        hf_ckpt.enable(model, plan=_plan(model, "none", outside))
+        retained[outside] = measure_step(model, batch).retained_bytes
+        hf_ckpt.disable(model)
+    # RMSNorm keeps its normalised input, the LM head keeps the norm's output: two hidden-sized tensors
+    assert retained[()] - retained[("model.norm",)] >= 2 * hidden_bytes
+    hf_ckpt.enable(model, plan=_plan(model, "none", ()))
+    assert measure_step(model, batch).retained_bytes == retained[()]  # disable took it all back
+    hf_ckpt.disable(model)
+
+
+def test_disable_removes_every_hook_and_the_wrapped_forwards():
+    model = tiny_llama(layers=2)
+    norm = model.model.norm
+    hooks_before = (len(model._forward_pre_hooks), len(model._forward_hooks), len(norm._forward_hooks))
+    hf_ckpt.enable(model, plan=_plan(model, "full", ("model.norm",)))
+    assert "forward" in vars(norm)
+    hf_ckpt.disable(model)
+    assert "forward" not in vars(norm)
+    assert (len(model._forward_pre_hooks), len(model._forward_hooks), len(norm._forward_hooks)) == hooks_before
+
+
+def test_a_name_that_is_not_a_module_between_the_blocks_is_refused_and_nothing_changes():
+    model = tiny_llama(layers=2)
+    with pytest.raises(ValueError, match=r"^plan outside_blocks names 'model\.nope', which is not a module of "
+                                         r"LlamaForCausalLM; make the plan on the same architecture$"):
+        hf_ckpt.enable(model, plan=_plan(model, "full", ("model.nope",)))
+    assert hf_ckpt.checkpointed_layers(model) == [] and "forward" not in vars(model.model.norm)
+    with pytest.raises(ValueError, match=r"^plan outside_blocks names 'model\.layers\.0\.input_layernorm', which is a "
+                                         r"block or inside one; it must be a module between the blocks$"):
+        hf_ckpt.enable(model, plan=_plan(model, "full", ("model.layers.0.input_layernorm",)))
+    with pytest.raises(ValueError, match=r"^outside_blocks must hold module names \(non-empty strings, e\.g\. "
+                                         r"'model\.norm'\); got ''$"):
+        hf_ckpt.CheckpointPlan(("full",), outside_blocks=("",))
+
+
+def test_an_input_changed_in_place_after_the_call_makes_backward_raise():
+    model, batch = tiny_llama(layers=2), _batch()
+    hf_ckpt.enable(model, plan=_plan(model, "none", ("model.norm",)))
+    def change_input(module, args, output):
+        with torch.no_grad():
+            args[0].mul_(2)
+
+    handle = model.model.norm.register_forward_hook(change_input)
+    try:
+        loss = model(**batch).loss
+        with pytest.raises(RuntimeError, match=r"hf_ckpt: an input of model\.norm was modified in place after its "
+                                               r"forward; its output cannot be recomputed in backward"):
+            loss.backward()
+    finally:
+        handle.remove()
+        hf_ckpt.disable(model)
+
+
+def test_no_grad_forwards_run_as_without_it():
+    model, batch = tiny_llama(layers=2), _batch()
+    with torch.no_grad():
+        expected = model(**batch).logits
+    hf_ckpt.enable(model, plan=_plan(model, "full"))
+    with torch.no_grad():
+        assert torch.equal(model(**batch).logits, expected)
+    model.eval()
+    assert torch.equal(model(**batch).logits.detach(), expected)
+    hf_ckpt.disable(model)
+
+
+def test_the_planner_recomputes_between_the_blocks_where_that_is_the_cheapest_saving_and_saves_it():
+    model, batch = tiny_llama(layers=2), _batch()
+    hf_ckpt.enable(model, plan=_plan(model, "none", ()))  # enabled, some releases keep a mask more (measured alike)
+    none = measure_step(model, batch).retained_bytes
+    hf_ckpt.disable(model)
+    hidden_bytes = 2 * 64 * model.config.hidden_size * 4
+    plan = hf_ckpt.plan(model, batch, none - hidden_bytes, strategies=("none", "full", "outside"))
+    assert plan.strategies == ("none", "none") and "model.norm" in plan.outside_blocks
+    assert hf_ckpt.CheckpointPlan.from_dict(plan.to_dict()).outside_blocks == plan.outside_blocks
+    assert "recomputed between the blocks: " in str(plan)
+    hf_ckpt.enable(model, plan=plan)
+    assert measure_step(model, batch).retained_bytes <= none - hidden_bytes
+    hf_ckpt.disable(model)
+    assert hf_ckpt.plan(model, batch, 1.0, strategies=("none", "full", "outside")).outside_blocks == ()
+
+
+def test_under_peft_an_adapted_head_keeps_no_norm_output_and_gradients_are_unchanged():
+    peft = pytest.importorskip("peft")  # in the test extra: CI installs it
+    config = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "lm_head"], init_lora_weights=False)
+    model, batch = peft.get_peft_model(tiny_llama(layers=2), config), _batch()
+    reference = train_step(model, batch)
+    retained = {}
+    for outside in ((), ("model.norm",)):
+        hf_ckpt.enable(model, plan=_plan(model.get_base_model(), "none", outside))
+        grads = train_step(model, batch)
+        retained[outside] = measure_step(model, batch).retained_bytes
+        hf_ckpt.disable(model)
+        assert max_grad_diff(reference, grads) <= 1e-6
+    # PEFT calls the inner forward directly; the adapter on the head would keep the norm's output
+    assert retained[()] - retained[("model.norm",)] >= 2 * 64 * 32 * 4
+
+
+def test_a_deep_copy_of_the_model_recomputes_on_its_own_and_gives_the_same_gradients():
+    import copy
+
+    model, batch = tiny_llama(layers=2), _batch()
+    reference = train_step(model, batch)
+    hf_ckpt.enable(model, plan=_plan(model, "full"))
+    twin = copy.deepcopy(model)
+    assert max_grad_diff(reference, train_step(twin, batch)) <= 1e-6
+    assert max_grad_diff(reference, train_step(model, batch)) <= 1e-6
