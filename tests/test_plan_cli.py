@@ -96,3 +96,36 @@ def test_plan_from_a_config_needs_no_model_here(tmp_path, capsys, monkeypatch):
     assert "(estimated)" in capsys.readouterr().out
     assert main([*args, "--budget", "2GiB", "--model", "llama"]) == 2
     assert "not both" in capsys.readouterr().err
+
+
+def test_a_plan_with_the_finer_strategies_is_made_and_verified_from_the_command_line(tmp_path, capsys):
+    path = tmp_path / "plan.json"
+    small = ["--layers", "2", "--hidden", "64", "--seq", "32", "--batch", "2"]
+    assert main(["plan", "--budget", "0.5", "--strategies", "none,full,partition,outside", "--json", str(path), *small]) == 0
+    plan = CheckpointPlan.load(path)
+    assert plan.outside_blocks and all(s in ("none", "full") or s.startswith("partition:") for s in plan.strategies)
+    capsys.readouterr()
+    assert main(["verify", "--plan", str(path), *small]) == 0
+    out = capsys.readouterr().out
+    assert "plan=<CheckpointPlan>" in out and "[ok] gradient parity" in out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["verify", "--plan", "missing.json"],
+     "hf-ckpt verify: error: argument --plan: plan file 'missing.json' does not exist (see hf-ckpt verify --help)"),
+    (["verify", "--plan", "{plan}", "--every-n-layers", "2"],
+     "hf-ckpt verify: error: give --plan or --every-n-layers, not both: a plan already chooses every block's strategy"),
+    (["plan", "--budget", "0.5", "--strategies", "none,half"],
+     "hf-ckpt plan: error: argument --strategies: expected a comma-separated subset of none, selective, full, oplevel, "
+     "partition, outside; got 'none,half' (see hf-ckpt plan --help)"),
+    (["plan", "--budget", "0.5", "--config", "{config}", "--strategies", "none,full"],
+     "hf-ckpt plan: error: --strategies cannot be combined with --config: a plan from shapes chooses among none, "
+     "selective, full; leave --strategies out, or profile a real step with --model"),
+])
+def test_plan_and_verify_arguments_that_cannot_work_are_named_at_the_call(tmp_path, capsys, argv, message):
+    plan_path = tmp_path / "plan.json"
+    CheckpointPlan(("full",) * 8).save(plan_path)
+    config = Path(__file__).parent / "data" / "configs" / "bert-base-uncased.json"
+    argv = [a.format(plan=plan_path, config=config) for a in argv]
+    assert main(argv) == 2
+    assert capsys.readouterr().err == message + "\n"

@@ -19,6 +19,9 @@ HELP = "the cheapest per-block checkpointing plan that fits an activation-memory
 
 #: The per-block strategies a plan may assign (``hf_ckpt.plan``'s ``strategies``; a test keeps them equal).
 PLAN_STRATEGIES = ("none", "selective", "full")
+#: The finer options ``hf_ckpt.plan`` also takes when asked: op-level policies, graph partitions, and the cheap
+#: modules between the blocks recomputed.
+FINER_STRATEGIES = ("oplevel", "partition", "outside")
 
 
 def budget(text: str) -> float | int:
@@ -40,13 +43,13 @@ def _number(text: str) -> float:
 
 
 def plan_strategies(text: str) -> list[str]:
-    """``--strategies``: a non-empty comma-separated subset of :data:`PLAN_STRATEGIES`, each at most once."""
+    """``--strategies``: a non-empty comma-separated subset of :data:`PLAN_STRATEGIES` and
+    :data:`FINER_STRATEGIES`, each at most once."""
+    accepted = (*PLAN_STRATEGIES, *FINER_STRATEGIES)
     names = [name.strip() for name in text.split(",") if name.strip()]
-    unknown = [name for name in names if name not in PLAN_STRATEGIES]
+    unknown = [name for name in names if name not in accepted]
     if not names or unknown:
-        raise argparse.ArgumentTypeError(
-            f"expected a comma-separated subset of {', '.join(PLAN_STRATEGIES)}; got {text!r}"
-        )
+        raise argparse.ArgumentTypeError(f"expected a comma-separated subset of {', '.join(accepted)}; got {text!r}")
     if len(set(names)) != len(names):
         raise argparse.ArgumentTypeError(f"a strategy is given more than once in {text!r}")
     return names
@@ -66,7 +69,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--strategies",
         type=plan_strategies,
         default=list(PLAN_STRATEGIES),
-        help=f"per-block strategies the plan may use, comma-separated (default {','.join(PLAN_STRATEGIES)})",
+        help=f"strategies the plan may use, comma-separated (default {','.join(PLAN_STRATEGIES)}); add "
+        f"{', '.join(FINER_STRATEGIES)} for op-level policies, graph partitions per block and the cheap modules "
+        "between the blocks recomputed (docs/guides/budget.md)",
     )
     parser.add_argument("--json", metavar="PATH", type=output_file, help="also write the plan as JSON to PATH")
     parser.add_argument(
@@ -119,6 +124,11 @@ def _run_from_config(args: argparse.Namespace) -> int:
 
     if args.model is not None:
         raise CommandError("give --model (profile a real step) or --config (plan from shapes), not both")
+    if args.strategies != list(PLAN_STRATEGIES):
+        raise CommandError(
+            f"--strategies cannot be combined with --config: a plan from shapes chooses among "
+            f"{', '.join(PLAN_STRATEGIES)}; leave --strategies out, or profile a real step with --model"
+        )
     device = "cuda" if args.device is None else str(args.device).split(":")[0]
     try:
         made = plan(args.config, batch_size=args.batch, seq_len=args.seq, budget=args.budget,

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import argparse
 
-from .arguments import add_workload_arguments, build_workload_from, non_negative_float, positive_int
+from typing import Any
+
+from .arguments import add_workload_arguments, build_workload_from, converter, non_negative_float, positive_int
 from .errors import CommandError
 
 NAME = "verify"
@@ -36,6 +38,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "what verify reports when dropout is not replayed)",
     )
     setting.add_argument("--offload", action="store_true", help="keep the saved inputs in pinned host memory")
+    setting.add_argument(
+        "--plan",
+        metavar="PATH",
+        type=plan_file,
+        default=None,
+        help="verify this plan (JSON from hf-ckpt plan --json or CheckpointPlan.save) instead of --every-n-layers; "
+        "make it on the same --model and sizes",
+    )
     parser.add_argument(
         "--rtol",
         type=non_negative_float,
@@ -44,13 +54,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def plan_file(text: str) -> Any:
+    """``--plan``: the :class:`~hf_ckpt.CheckpointPlan` saved at ``text`` (imports torch: only when given)."""
+    from ..plans import CheckpointPlan
+
+    return converter(CheckpointPlan.load)(text)
+
+
 def run(args: argparse.Namespace) -> int:
     """Run ``hf-ckpt verify``; returns 0 when the report is ok, 1 otherwise."""
     from ..core import enable
     from ..verification import verify
 
+    if args.plan is not None and args.every_n_layers != 1:
+        raise CommandError("give --plan or --every-n-layers, not both: a plan already chooses every block's strategy")
     work = build_workload_from(args)
     options = {"use_reentrant": args.use_reentrant}
+    if args.plan is not None:
+        options["plan"] = args.plan
     if not args.preserve_rng_state:
         options["preserve_rng_state"] = False
     try:
