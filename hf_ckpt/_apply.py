@@ -36,8 +36,7 @@ def apply_config(model: nn.Module, config: CheckpointConfig) -> nn.Module:
     """Enable checkpointing on ``model`` as ``config`` says. The shared implementation of every entry point."""
     target = target_model(model)
     binding = resolve(target, config)  # everything that can fail on this model fails here, before any change
-    outside = config.plan.outside_blocks if config.plan is not None else ()
-    resolve_outside(target, outside, binding.blocks)
+    outside = resolve_outside(target, config.plan.outside_blocks if config.plan is not None else (), binding.blocks)
     if binding.legacy:
         _warn_legacy(target)
     warn_ignored_config(model, config.checkpoint_fn, owner=target)  # a DeepSpeed "activation_checkpointing" block
@@ -50,7 +49,7 @@ def apply_config(model: nn.Module, config: CheckpointConfig) -> nn.Module:
     state = CheckpointState(config=config, before=before, bound=bound)
     _hooks.add_checkpointing_hooks(state, target, binding, needs_input_grads=target is not model)
     if outside:
-        install_outside(state, [model, target], target, outside, binding.blocks)
+        install_outside(state, [model, target], outside)
     guard = install_guard(target)  # one checkpoint per block under any engine; the DDP trap
     if guard is not None:
         state.undo.append(guard.remove)

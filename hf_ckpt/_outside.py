@@ -27,14 +27,18 @@ from typing import Any, Mapping
 
 import torch
 from torch import nn
+from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
+
+from .measure.memory import storage_of
 
 #: A module's recompute counts as cheap up to this many matmul-class FLOPs per element of its output.
 MAX_FLOPS_PER_ELEMENT = 4
 
 
-def resolve_outside(target: nn.Module, names: tuple[str, ...], blocks: tuple) -> list[nn.Module]:
-    """The modules ``names`` of ``target``; ValueError naming the first that is missing or inside a block."""
+def resolve_outside(target: nn.Module, names: tuple[str, ...], blocks: tuple) -> list[tuple[str, nn.Module]]:
+    """``(name, module)`` for each of ``names`` in ``target``; ValueError naming the first that is missing or
+    inside a block."""
     inside = {id(m) for block in blocks for m in block.module.modules()}
     modules = []
     for name in names:
@@ -48,20 +52,14 @@ def resolve_outside(target: nn.Module, names: tuple[str, ...], blocks: tuple) ->
         if id(module) in inside or any(id(m) in inside for m in module.children()):
             raise ValueError(f"plan outside_blocks names {name!r}, which is a block or inside one; it must be a "
                              "module between the blocks")
-        modules.append(module)
+        modules.append((name, module))
     return modules
 
 
 def _storage_ref(tensor: Any) -> Any:
     """A weak reference to the storage of a plain tensor (hashable, equal for one storage), or None."""
-    from torch.multiprocessing.reductions import StorageWeakRef
-
-    if not isinstance(tensor, torch.Tensor) or tensor.layout is not torch.strided or tensor.is_meta:
-        return None
-    try:
-        return StorageWeakRef(tensor.untyped_storage())
-    except (RuntimeError, NotImplementedError):
-        return None
+    storage = storage_of(tensor)
+    return StorageWeakRef(storage) if storage is not None else None
 
 
 def _autocast_state(device_type: str) -> tuple[bool, torch.dtype | None]:
@@ -176,10 +174,11 @@ def _checkpointed(runtime: OutsideRecompute, forward: Any, *args: Any, **kwargs:
     return checkpoint(forward, *args, use_reentrant=False, **kwargs)
 
 
-def install(state: Any, outer: list[nn.Module], target: nn.Module, names: tuple[str, ...], blocks: tuple) -> None:
-    """Recompute the modules ``names`` of ``target`` in backward; recorded in ``state`` (hooks, undo)."""
+def install(state: Any, outer: list[nn.Module], modules: list[tuple[str, nn.Module]]) -> None:
+    """Recompute ``modules`` (from :func:`resolve_outside`) in backward, watching the forwards of ``outer``;
+    recorded in ``state`` (hooks, undo)."""
     runtime = OutsideRecompute()
-    for name, module in zip(names, resolve_outside(target, names, blocks)):
+    for name, module in modules:
         forward = module.forward
         module.forward = functools.partial(_checkpointed, runtime, forward)
         state.undo.append(functools.partial(_restore_forward, module))

@@ -64,6 +64,24 @@ def step_flops(model: nn.Module, inputs: Mapping[str, Any], loss_fn: LossFn | No
     return step_counts(model, inputs, loss_fn).total
 
 
+def apply_setting(model: nn.Module, checkpoint_kwargs: Mapping[str, Any], **setting: Any) -> None:
+    """Take back the model's checkpointing setting and apply ``setting`` (a ``strategy``, a ``plan``, ...) with
+    ``checkpoint_kwargs``: how a profiling step configures the model."""
+    remove(model)
+    apply_config(model, CheckpointConfig.from_arguments(dict(checkpoint_kwargs), dict_name="checkpoint_kwargs",
+                                                        **setting))
+
+
+def measured_step(model: nn.Module, blocks: list[Block], inputs: Mapping[str, Any],
+                  loss_fn: LossFn | None) -> tuple[int, tuple[int, ...], int, int]:
+    """(base bytes, bytes per block, FLOPs, elementwise elements) of one step of the model as it is configured."""
+    torch.manual_seed(0)
+    model.zero_grad(set_to_none=True)
+    base, per_block = retained_per_block(model, blocks, inputs, loss_fn)
+    counted = step_counts(model, inputs, loss_fn)
+    return base, per_block, counted.total, counted.elementwise
+
+
 def twin_groups(blocks: list[Block]) -> list[list[int]]:
     """Blocks of the same class with parameters of the same shapes: they cost the same to recompute."""
     groups: dict[tuple, list[int]] = {}
@@ -83,8 +101,7 @@ def recompute_flops_per_block(
     per_block = [0] * len(blocks)
     for group in twin_groups(blocks):
         strategies = tuple(strategy if i in group else "none" for i in range(len(blocks)))
-        remove(model)
-        apply_config(model, CheckpointConfig.from_arguments(config, dict_name="checkpoint_kwargs", plan=CheckpointPlan(strategies)))
+        apply_setting(model, config, plan=CheckpointPlan(strategies))
         extra = max(0, step_flops(model, inputs, loss_fn) - none_flops)
         share, remainder = divmod(extra, len(group))
         for position, index in enumerate(group):
@@ -111,11 +128,8 @@ def measured_bytes(
     plan = strategies if isinstance(strategies, CheckpointPlan) else CheckpointPlan(strategies)
     blocks = find_blocks(target_model(model))
     with left_as_found(model):
-        remove(model)
         options = {"policy": policy} if "selective" in plan.strategies else {}
-        apply_config(model, CheckpointConfig.from_arguments(
-            checkpoint_kwargs, dict_name="checkpoint_kwargs", plan=plan, **options
-        ))
+        apply_setting(model, checkpoint_kwargs, plan=plan, **options)
         torch.manual_seed(0)
         base, per_block = retained_per_block(model, blocks, inputs, loss_fn)
     return base + sum(per_block)
@@ -150,9 +164,7 @@ def profile_blocks(
             remove(model)
             options = {"policy": policy} if strategy == "selective" else {}
             if strategy != "none":
-                apply_config(model, CheckpointConfig.from_arguments(
-                    checkpoint_kwargs, dict_name="checkpoint_kwargs", strategy=strategy, **options
-                ))
+                apply_setting(model, checkpoint_kwargs, strategy=strategy, **options)
             try:
                 torch.manual_seed(0)
                 model.zero_grad(set_to_none=True)

@@ -8,7 +8,6 @@ prints the report. Exit status: 0 when the report is ok, 1 when it is not, 2 for
 from __future__ import annotations
 
 import argparse
-
 from typing import Any
 
 from .arguments import add_workload_arguments, build_workload_from, converter, non_negative_float, positive_int

@@ -34,7 +34,7 @@ from torch.utils._pytree import tree_leaves
 from torch.utils.weak import WeakIdKeyDictionary
 
 
-def _storage_of(value: Any) -> torch.UntypedStorage | None:
+def storage_of(value: Any) -> torch.UntypedStorage | None:
     """The untyped storage behind a plain tensor, or None (no tensor, meta/sparse tensor, tensor subclass)."""
     if not isinstance(value, torch.Tensor) or value.is_meta or value.layout is not torch.strided:
         return None
@@ -76,12 +76,12 @@ class StorageTracker(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
         for value in tree_leaves((args, kwargs)):
-            storage = _storage_of(value)
+            storage = storage_of(value)
             if storage is not None and id(storage) not in self._tracked and storage not in self._foreign:
                 self._foreign[storage] = True
         out = func(*args, **kwargs)
         for value in tree_leaves(out):
-            storage = _storage_of(value)
+            storage = storage_of(value)
             if storage is not None and storage not in self._foreign:
                 self._track(storage)
         return out

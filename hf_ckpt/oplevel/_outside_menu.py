@@ -25,12 +25,9 @@ def outside_option(model: nn.Module, sample_inputs: Mapping[str, Any], *, loss_f
                    **checkpoint_kwargs: Any) -> tuple[tuple[str, ...], list[Option]]:
     """(module names, the menu row: keep them or recompute them), or ``((), [])`` when none qualifies or
     recomputing them saves nothing."""
-    import torch
-
-    from .._apply import apply_config, remove
+    from .._apply import remove
     from .._outside import cheap_modules
-    from ..config import CheckpointConfig
-    from ..profiling import left_as_found, retained_per_block, step_counts
+    from ..profiling import apply_setting, left_as_found, measured_step
 
     target = target_model(model)
     blocks = find_blocks(target)
@@ -41,15 +38,9 @@ def outside_option(model: nn.Module, sample_inputs: Mapping[str, Any], *, loss_f
             return (), []
         measured = []
         for outside in ((), names):
-            remove(model)
-            plan = CheckpointPlan(("none",) * len(blocks), outside_blocks=outside)
-            apply_config(model, CheckpointConfig.from_arguments(checkpoint_kwargs, dict_name="checkpoint_kwargs",
-                                                                plan=plan))
-            torch.manual_seed(0)
-            model.zero_grad(set_to_none=True)
-            base, per_block = retained_per_block(model, blocks, sample_inputs, loss_fn)
-            counted = step_counts(model, sample_inputs, loss_fn)
-            measured.append((base + sum(per_block), counted.total, counted.elementwise))
+            apply_setting(model, checkpoint_kwargs, plan=CheckpointPlan(("none",) * len(blocks), outside_blocks=outside))
+            base, per_block, flops, elementwise = measured_step(model, blocks, sample_inputs, loss_fn)
+            measured.append((base + sum(per_block), flops, elementwise))
         remove(model)
     (kept, flops, elementwise), (recomputed, outside_flops, outside_elementwise) = measured
     if recomputed >= kept:

@@ -11,29 +11,17 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-import torch
 from torch import nn
 
 from .._target import target_model
 from ..blocks import find_blocks
 from ..plans import CheckpointPlan
 
-#: The partitioner budgets profiled for the planner: its default choice (1), full recompute (0) and between.
-PARTITION_BUDGETS: tuple[float, ...] = (1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1, 0.0)
-
 #: One option: (strategy, bytes, recompute cost (FLOPs plus elementwise elements), overhead rank, recompute FLOPs).
 Option = tuple[str, int, int, int, int]
 
-
-def _step(model: nn.Module, inputs: Mapping[str, Any], loss_fn: Any, blocks: list) -> tuple[tuple[int, ...], int, int]:
-    """(bytes per block, FLOPs, elementwise elements) of one step of the model as it is configured."""
-    from ..profiling import retained_per_block, step_counts
-
-    torch.manual_seed(0)
-    model.zero_grad(set_to_none=True)
-    _, per_block = retained_per_block(model, blocks, inputs, loss_fn)
-    counted = step_counts(model, inputs, loss_fn)
-    return per_block, counted.total, counted.elementwise
+#: The partitioner budgets profiled for the planner: its default choice (1), full recompute (0) and between.
+PARTITION_BUDGETS: tuple[float, ...] = (1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1, 0.0)
 
 
 def partition_options(
@@ -41,24 +29,21 @@ def partition_options(
     budgets: tuple[float, ...] = PARTITION_BUDGETS, **checkpoint_kwargs: Any,
 ) -> list[list[Option]]:
     """Per block, its measured ``"partition:<F>"`` options (one per budget, equal measurements once)."""
-    from .._apply import apply_config, remove
-    from ..config import CheckpointConfig
-    from ..profiling import left_as_found, twin_groups
+    from .._apply import remove
+    from ..profiling import apply_setting, left_as_found, measured_step, twin_groups
 
     blocks = find_blocks(target_model(model))
     options: list[list[Option]] = [[] for _ in blocks]
     with left_as_found(model):
         remove(model)
-        _, none_flops, none_elementwise = _step(model, sample_inputs, loss_fn, blocks)
+        _, _, none_flops, none_elementwise = measured_step(model, blocks, sample_inputs, loss_fn)
         for group in twin_groups(blocks):
             seen: set[tuple[int, int]] = set()
             for budget in budgets:
                 strategy = f"partition:{budget:g}"
                 plan = CheckpointPlan(tuple(strategy if i in group else "none" for i in range(len(blocks))))
-                remove(model)
-                apply_config(model, CheckpointConfig.from_arguments(checkpoint_kwargs, dict_name="checkpoint_kwargs",
-                                                                    plan=plan))
-                per_block, flops, elementwise = _step(model, sample_inputs, loss_fn, blocks)
+                apply_setting(model, checkpoint_kwargs, plan=plan)
+                _, per_block, flops, elementwise = measured_step(model, blocks, sample_inputs, loss_fn)
                 extra_flops = max(0, flops - none_flops) // len(group)
                 extra_elementwise = max(0, elementwise - none_elementwise) // len(group)
                 measured = (sum(per_block[i] for i in group), extra_flops + extra_elementwise)
