@@ -161,6 +161,22 @@ MUTANTS: tuple[Mutant, ...] = (
         "        return tensor  # mutant: outputs of recomputed modules kept\n",
         ("tests/test_outside.py",),
     ),
+    Mutant(
+        "boundary_outputs_kept",
+        "a partitioned block's output made from what it saves is not kept by its consumers",
+        "hf_ckpt/_boundary.py",
+        "    return _Made(call, tensor)\n",
+        "    return tensor  # mutant: block outputs kept\n",
+        ("tests/test_boundary.py",),
+    ),
+    Mutant(
+        "outside_dropout_redrawn",
+        "a recomputed dropout draws its mask again from the RNG state of its forward",
+        "hf_ckpt/_outside.py",
+        "        set_rng_state(device, state)\n",
+        "        pass  # mutant: dropout redrawn from the current RNG state\n",
+        ("tests/test_outside.py",),
+    ),
 )
 
 

@@ -32,6 +32,10 @@ def _warn_legacy(target: nn.Module) -> None:
     )
 
 
+def _partitions(config: CheckpointConfig) -> bool:
+    return config.plan is not None and any(s.startswith("partition:") for s in config.plan.strategies)
+
+
 def apply_config(model: nn.Module, config: CheckpointConfig) -> nn.Module:
     """Enable checkpointing on ``model`` as ``config`` says. The shared implementation of every entry point."""
     target = target_model(model)
@@ -48,7 +52,7 @@ def apply_config(model: nn.Module, config: CheckpointConfig) -> nn.Module:
         raise
     state = CheckpointState(config=config, before=before, bound=bound)
     _hooks.add_checkpointing_hooks(state, target, binding, needs_input_grads=target is not model)
-    if outside:
+    if outside or _partitions(config):  # one saved-tensor hook for both: recomputed modules, remade block outputs
         install_outside(state, [model, target], outside)
     guard = install_guard(target)  # one checkpoint per block under any engine; the DDP trap
     if guard is not None:

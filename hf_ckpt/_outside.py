@@ -13,23 +13,33 @@ plan names in ``outside_blocks``:
    module's ``forward`` again on the same inputs (no hooks, no grad, the autocast state of the forward), once per
    call. Its consumers (the LM head, the blocks, the loss) then hold only the inputs, which are kept anyway.
 
-Only modules that are cheap and deterministic qualify: :func:`cheap_modules` measures one forward and picks the
-leaf modules outside the blocks that draw no random numbers and spend at most :data:`MAX_FLOPS_PER_ELEMENT`
-FLOPs per output element (norms, activations, rotary tables, embeddings); the planner measures whether recomputing
-them pays (``strategies=(..., "outside")``). An input changed in place after such a call makes backward raise, as
-checkpointing does, rather than recompute from changed values.
+Only cheap modules qualify: :func:`cheap_modules` measures one forward and picks the leaf modules outside the
+blocks that spend at most :data:`MAX_FLOPS_PER_ELEMENT` FLOPs per output element (norms, activations, rotary
+tables, embeddings) and draw no random numbers, torch's dropout modules excepted: those are made again from the
+RNG state they drew from. A call's argument that is the unchanged output of an earlier recomputed call is held as
+that call's recipe, so a chain (an activation, then a norm) keeps only its first input. The planner measures
+whether recomputing them pays (``strategies=(..., "outside")``). An input changed in place after such a call
+makes backward raise, as checkpointing does, rather than recompute from changed values.
+
+The runtime's saved-tensor hook is also the one that serves :mod:`hf_ckpt._boundary` (partitioned blocks'
+outputs made again): it is installed for every plan with ``outside_blocks`` or partitioned blocks. Under another
+saved-tensor hook (``save_on_cpu``, the user's own) it stands aside, with one warning.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 import torch
 from torch import nn
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from ._rng import rng_state, set_rng_state
+from ._boundary import pack as boundary_pack
+from ._boundary import unpack as boundary_unpack
 from .measure.memory import storage_of
 
 #: A module's recompute counts as cheap up to this many matmul-class FLOPs per element of its output.
@@ -70,16 +80,24 @@ def _autocast_state(device_type: str) -> tuple[bool, torch.dtype | None]:
 
 
 class _Call:
-    """One call of a recomputed module: how to make its outputs again, and the outputs once made."""
+    """One call of a recomputed module: how to make its outputs again, and the outputs once made.
 
-    __slots__ = ("forward", "args", "kwargs", "versions", "name", "autocast", "device_type", "outputs")
+    An argument that is itself the unchanged output of an earlier recomputed call is held as that call's recipe,
+    not as a tensor: a chain of cheap modules (an activation, then a norm) keeps only the chain's first input. A
+    module that draws random numbers (dropout) is made again with the RNG state it drew from."""
 
-    def __init__(self, forward: Any, args: tuple, kwargs: dict, name: str) -> None:
-        self.forward, self.args, self.kwargs, self.name = forward, args, kwargs, name
+    __slots__ = ("forward", "args", "kwargs", "versions", "name", "autocast", "device_type", "rng", "outputs")
+
+    def __init__(self, forward: Any, args: tuple, kwargs: dict, name: str, rng: tuple | None = None,
+                 pack: Any = None) -> None:
+        self.forward, self.name, self.rng = forward, name, rng
         tensors = [t for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor)]
         self.versions = [(t, t._version) for t in tensors]
         self.device_type = tensors[0].device.type if tensors else "cpu"
         self.autocast = _autocast_state(self.device_type)
+        held = (lambda value: pack(value) if isinstance(value, torch.Tensor) else value) if pack else (lambda v: v)
+        self.args, self.kwargs = tuple(held(a) for a in args), {k: held(v) for k, v in kwargs.items()}
+        self.versions = [(t, v) for t, v in self.versions if any(a is t for a in (*self.args, *self.kwargs.values()))]
         self.outputs: tuple | None = None
 
     def output(self, index: int) -> torch.Tensor:
@@ -90,12 +108,26 @@ class _Call:
                         f"hf_ckpt: an input of {self.name} was modified in place after its forward; its output cannot "
                         "be recomputed in backward. Leave the module out of the plan's outside_blocks."
                     )
+            args, kwargs = tuple(_unpack(a) for a in self.args), {k: _unpack(v) for k, v in self.kwargs.items()}
             enabled, dtype = self.autocast
             options = {"dtype": dtype} if dtype is not None else {}
-            with torch.no_grad(), torch.autocast(self.device_type, enabled=enabled, **options):
-                result = self.forward(*self.args, **self.kwargs)
+            with torch.no_grad(), torch.autocast(self.device_type, enabled=enabled, **options), _replayed(self):
+                result = self.forward(*args, **kwargs)
             self.outputs = result if isinstance(result, tuple) else (result,)
         return self.outputs[index]
+
+
+@contextlib.contextmanager
+def _replayed(call: _Call) -> Iterator[None]:
+    """The RNG state ``call`` drew from, put back afterwards (nothing for a module that draws nothing)."""
+    if call.rng is None:
+        yield
+        return
+    device, state = call.rng
+    fork = {"devices": []} if device.type == "cpu" else {"devices": [device], "device_type": device.type}
+    with torch.random.fork_rng(**fork):
+        set_rng_state(device, state)
+        yield
 
 
 class _Recipe:
@@ -110,7 +142,7 @@ class _Recipe:
 
 def _unpack(value: Any) -> Any:
     if not isinstance(value, _Recipe):
-        return value
+        return boundary_unpack(value)
     return value.call.output(value.index).as_strided(value.size, value.stride, value.offset)
 
 
@@ -118,26 +150,31 @@ class OutsideRecompute:
     """The runtime of a plan's ``outside_blocks`` on one model (see the module docstring)."""
 
     def __init__(self) -> None:
-        self._outputs: dict[Any, tuple[_Call, int, int, torch.dtype, int]] = {}
+        # storage -> (call, output index, version, dtype, bytes, the key itself: a key compares equal to a new storage
+        # at the address of a freed one, so an entry counts only while its own key is alive)
+        self._outputs: dict[Any, tuple[_Call, int, int, torch.dtype, int, Any]] = {}
         self._contexts: list[Any] = []
+        self.drawn: dict[int, tuple] = {}  # per random module (by id): (device, RNG state) its running call drew from
 
     def produced(self, name: str, forward: Any, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
         """Forward hook of a recomputed module: remember its output storages while the model's forward runs."""
+        rng = self.drawn.pop(id(module), None)
         if not self.watching():
             return
-        call = _Call(forward, args, kwargs, name)
+        call = _Call(forward, args, kwargs, name, rng=rng, pack=self._pack)
         for index, tensor in enumerate(output if isinstance(output, tuple) else (output,)):
             ref = _storage_ref(tensor)
             if ref is not None:
-                self._outputs[ref] = (call, index, tensor._version, tensor.dtype, tensor.untyped_storage().nbytes())
+                self._outputs[ref] = (call, index, tensor._version, tensor.dtype, tensor.untyped_storage().nbytes(), ref)
 
     def _pack(self, tensor: torch.Tensor) -> Any:
         ref = _storage_ref(tensor)
         entry = self._outputs.get(ref) if ref is not None else None
         if entry is None:
-            return tensor
-        call, index, version, dtype, nbytes = entry
-        if tensor._version != version or tensor.dtype != dtype or tensor.untyped_storage().nbytes() != nbytes:
+            return boundary_pack(tensor)  # a partitioned block's output, or kept
+        call, index, version, dtype, nbytes, key = entry
+        if key.expired() or tensor._version != version or tensor.dtype != dtype or \
+                tensor.untyped_storage().nbytes() != nbytes:
             return tensor  # changed in place since, or another view of the storage: keep it
         return _Recipe(call, index, tensor)
 
@@ -149,6 +186,19 @@ class OutsideRecompute:
         """Pre-hook of the model: in a training forward with grad, watch what autograd saves."""
         if not (torch.is_grad_enabled() and module.training) or self.watching():
             self._contexts.append(None)  # nothing to watch, or an outer call (a PEFT or DDP wrapper) watches already
+            return
+        top = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
+        if top is not None and top(False) is not None:  # the user's own hook (save_on_cpu, ...) sees every tensor
+            from ._warnings import warn_once
+
+            warn_once(
+                "hf_ckpt: another saved-tensor hook (torch.autograd.graph.save_on_cpu or your own) is active around "
+                "the model's forward, so the plan's outside_blocks and partitioned blocks' outputs are kept as that "
+                "hook decides, not recomputed in backward.",
+                key="outside-foreign-hook",
+                owner=self,  # once per setting
+            )
+            self._contexts.append(None)
             return
         context = torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack)
         context.__enter__()
@@ -164,14 +214,21 @@ class OutsideRecompute:
             self._outputs.clear()
 
 
-def _checkpointed(runtime: OutsideRecompute, forward: Any, *args: Any, **kwargs: Any) -> Any:
+def _checkpointed(runtime: OutsideRecompute, forward: Any, random: bool, *args: Any, **kwargs: Any) -> Any:
     """A recomputed module's forward: under non-reentrant checkpointing (it keeps its inputs) while the runtime
-    watches a training forward; plain otherwise (no grad, or hf_ckpt's hooks suspended while the planner profiles)."""
+    watches a training forward; plain otherwise (no grad, or hf_ckpt's hooks suspended while the planner profiles).
+    A ``random`` module's RNG state is noted first, for its output to be made again from it."""
     if not (torch.is_grad_enabled() and runtime.watching()):
         return forward(*args, **kwargs)
     from torch.utils.checkpoint import checkpoint
 
-    return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+    if random:
+        tensor = next((t for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor)), None)
+        device = tensor.device if tensor is not None else torch.device("cpu")
+        runtime.drawn[id(forward.__self__)] = (device, rng_state(device))
+
+    # only a random module needs its RNG state kept (5 KB per call on CPU); the others draw nothing to replay
+    return checkpoint(forward, *args, use_reentrant=False, preserve_rng_state=random, **kwargs)
 
 
 def install(state: Any, outer: list[nn.Module], modules: list[tuple[str, nn.Module]]) -> None:
@@ -180,7 +237,7 @@ def install(state: Any, outer: list[nn.Module], modules: list[tuple[str, nn.Modu
     runtime = OutsideRecompute()
     for name, module in modules:
         forward = module.forward
-        module.forward = functools.partial(_checkpointed, runtime, forward)
+        module.forward = functools.partial(_checkpointed, runtime, forward, _draws(module))
         state.undo.append(functools.partial(_restore_forward, module))
         state.hooks.add(module, "register_forward_hook", functools.partial(runtime.produced, name, forward),
                         with_kwargs=True)
@@ -190,6 +247,11 @@ def install(state: Any, outer: list[nn.Module], modules: list[tuple[str, nn.Modu
             seen.add(id(module))
             state.hooks.add(module, "register_forward_pre_hook", runtime.enter)
             state.hooks.add(module, "register_forward_hook", runtime.exit, always_call=True)
+
+
+def _draws(module: nn.Module) -> bool:
+    """Whether ``module`` is one of torch's dropout modules: the random modules that may be recomputed."""
+    return isinstance(module, nn.modules.dropout._DropoutNd)
 
 
 def _restore_forward(module: nn.Module) -> None:
@@ -223,8 +285,8 @@ class _CallCosts(TorchDispatchMode):
 
 def cheap_modules(model: nn.Module, inputs: Mapping[str, Any], blocks: tuple | list) -> tuple[str, ...]:
     """Names of the leaf modules of ``model`` outside ``blocks`` that are cheap to recompute, measured in one
-    training forward: called, no random op, at most :data:`MAX_FLOPS_PER_ELEMENT` FLOPs per output element,
-    tensors (or a tuple of tensors) out."""
+    training forward: called, no random op (torch's dropout modules excepted: replayed from their RNG state), at
+    most :data:`MAX_FLOPS_PER_ELEMENT` FLOPs per output element, tensors (or a tuple of tensors) out."""
     inside = {id(m) for block in blocks for m in block.module.modules()}
     names = {id(m): name for name, m in model.named_modules() if name and id(m) not in inside and not any(True for _ in m.children())}
     costs, outputs = _CallCosts(), {}
@@ -239,9 +301,11 @@ def cheap_modules(model: nn.Module, inputs: Mapping[str, Any], blocks: tuple | l
     finally:
         for handle in handles:
             handle.remove()
+    dropouts = {id(m) for m in model.modules() if _draws(m)}
     chosen = []
     for key, elements in outputs.items():
-        if elements and key not in costs.random and costs.flops.get(key, 0) <= MAX_FLOPS_PER_ELEMENT * elements:
+        replayable = key not in costs.random or key in dropouts
+        if elements and replayable and costs.flops.get(key, 0) <= MAX_FLOPS_PER_ELEMENT * elements:
             chosen.append(names[key])
     return tuple(sorted(chosen))
 

@@ -73,6 +73,23 @@ def test_tracker_reset_peak_starts_from_live_bytes():
     del small
 
 
+@pytest.mark.parametrize("preserve", [True, False])
+def test_tracker_counts_the_rng_state_checkpointing_keeps(preserve):
+    """``torch.get_rng_state()`` makes its tensor without the dispatcher; checkpointing keeps one per call to replay
+    dropout (5056 bytes on CPU), and it is activation memory like any other."""
+    from torch.utils.checkpoint import checkpoint
+
+    layer, x = nn.Linear(8, 8), torch.randn(4, 8, requires_grad=True)
+    original = torch.get_rng_state
+    with StorageTracker() as tracker:
+        y = checkpoint(lambda a: torch.relu(layer(a)), x, use_reentrant=False, preserve_rng_state=preserve)
+        expected = y.untyped_storage().nbytes() + (original().untyped_storage().nbytes() if preserve else 0)
+        assert tracker.live_bytes() == {"cpu": expected}
+    assert torch.get_rng_state is original  # put back on exit
+    del y
+    assert tracker.live_bytes() == {}
+
+
 def test_tracker_counts_copies_made_by_saved_tensor_hooks():
     # exp saves its result. Without hooks the saved tensor *is* the output: 1024 bytes live. A pack hook that
     # copies (what offloading's save_on_cpu does) makes a storage of its own, which must be counted: 2048 bytes.

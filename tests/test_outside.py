@@ -23,12 +23,13 @@ def _plan(model, strategy: str = "none", outside=None) -> hf_ckpt.CheckpointPlan
     return hf_ckpt.CheckpointPlan((strategy,) * len(blocks), outside_blocks=names)
 
 
-def test_the_modules_recomputed_are_the_cheap_deterministic_ones_outside_the_blocks():
+def test_the_modules_recomputed_are_the_cheap_ones_outside_the_blocks_and_dropout():
     llama = tiny_llama()
     names = cheap_modules(llama, _batch(), find_blocks(llama))
     assert {"model.embed_tokens", "model.norm"} <= set(names) <= {"model.embed_tokens", "model.norm", "model.rotary_emb"}
-    gpt2 = tiny_gpt2()  # dropout after the embeddings: drawn at random, never recomputed
-    assert cheap_modules(gpt2, _batch(), find_blocks(gpt2)) == ("transformer.ln_f", "transformer.wpe", "transformer.wte")
+    gpt2 = tiny_gpt2()  # dropout after the embeddings: recomputed from the RNG state it drew from
+    assert cheap_modules(gpt2, _batch(), find_blocks(gpt2)) == (
+        "transformer.drop", "transformer.ln_f", "transformer.wpe", "transformer.wte")
     assert "lm_head" not in names  # a matmul: not cheap
 
 
@@ -56,6 +57,30 @@ def test_the_final_norm_and_head_keep_no_hidden_sized_tensor_of_their_own():
     hf_ckpt.enable(model, plan=_plan(model, "none", ()))
     assert measure_step(model, batch).retained_bytes == retained[()]  # disable took it all back
     hf_ckpt.disable(model)
+
+
+def test_a_chain_of_cheap_modules_keeps_only_its_first_input_and_dropout_is_replayed():
+    """BERT's head runs dense -> gelu -> LayerNorm, its embeddings LayerNorm -> dropout: the activation's and the
+    dropout's outputs are neither kept by the next module's checkpoint nor by the block that reads them."""
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    model, batch = tiny_bert(), _batch()
+    watched = ("bert.embeddings.dropout", "cls.predictions.transform.transform_act_fn", "cls.predictions.transform.dense")
+    refs = {}
+    for name in watched:
+        model.get_submodule(name).register_forward_hook(
+            lambda m, a, out, name=name: refs.__setitem__(name, StorageWeakRef(out.untyped_storage())))
+    plan = _plan(model)
+    assert {"bert.embeddings.dropout", "cls.predictions.transform.transform_act_fn"} <= set(plan.outside_blocks)
+    hf_ckpt.enable(model, plan=plan)
+    model.train()
+    loss = model(**batch).loss
+    alive = {name: not ref.expired() for name, ref in refs.items()}
+    loss.backward()
+    hf_ckpt.disable(model)
+    # the dense layer's output is the chain's first input (a matmul: kept); the rest is made again from it
+    assert alive == {"bert.embeddings.dropout": False, "cls.predictions.transform.transform_act_fn": False,
+                     "cls.predictions.transform.dense": True}
 
 
 def test_disable_removes_every_hook_and_the_wrapped_forwards():

@@ -134,7 +134,7 @@ def test_bad_strategies(workload):
 
 def test_a_model_that_cannot_run_selective_is_planned_without_it():
     """A block that writes into a saved output makes selective unusable: the planner says why and does without."""
-    from helpers import LegacyBlock, LegacyFuncModel, batch_for, tiny_legacy
+    from helpers import LegacyBlock, LegacyConfig, LegacyFuncModel
 
     class InPlaceBlock(LegacyBlock):
         def forward(self, hidden_states):
@@ -142,12 +142,15 @@ def test_a_model_that_cannot_run_selective_is_planned_without_it():
             scores += 1.0
             return hidden_states + self.down(torch.tanh(scores))
 
-    model = tiny_legacy(LegacyFuncModel)
+    torch.manual_seed(0)  # blocks large enough that checkpointing one saves more than its RNG state (5 KB)
+    model = LegacyFuncModel(LegacyConfig(hidden_size=64))
     model.layers = torch.nn.ModuleList(InPlaceBlock(model.config.hidden_size) for _ in range(4))
+    ids = torch.randint(1, model.config.vocab_size, (2, 64), generator=torch.Generator().manual_seed(1))
+    batch = {"input_ids": ids, "labels": ids.clone()}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        profile = profile_blocks(model, batch_for(model))
-        plan = hf_ckpt.plan(model, batch_for(model), 0.5)
+        profile = profile_blocks(model, batch)
+        plan = hf_ckpt.plan(model, batch, 0.5)
     assert set(profile.retained) == {"none", "full"}
     assert "aten.addmm.default" in profile.unusable["selective"]  # the reason names the op
     assert "selective" not in plan.strategies

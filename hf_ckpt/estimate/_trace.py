@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Iterator, Mapping
 
@@ -226,11 +227,16 @@ def _memory_step(model: nn.Module, blocks: list[Block], inputs: Mapping[str, Any
 
     with block_labels(blocks) as label, mode, _AssumedChecks(), attention_for(device), StorageTracker(label=label) as tracker:
         loss = _loss(model(**inputs))
-        by_block = tracker.live_bytes_by_label("meta")
+        # fake tensors live on "meta"; checkpointing's RNG states are real host tensors: activations where the
+        # target is the CPU, host memory beside the device's otherwise
+        devices = ("meta", "cpu") if device == "cpu" else ("meta",)
+        by_block = Counter()
+        for name in devices:
+            by_block.update(tracker.live_bytes_by_label(name))
         retained = sum(by_block.values())
         tracker.reset_peak()
         loss.backward()
-        peak = tracker.peak_bytes().get("meta", 0)
+        peak = sum(tracker.peak_bytes().get(name, 0) for name in devices)
         del loss
     return by_block.get(None, 0), tuple(by_block.get(block.index, 0) for block in blocks), max(0, peak - retained)
 

@@ -17,12 +17,16 @@ undercounts all but the first of these, which is why the tracker watches storage
 
 Sizes are the storages' own ``nbytes``; allocator rounding and fragmentation are not included (on CUDA,
 :func:`hf_ckpt.measure.measure_step` reports ``torch.cuda.max_memory_allocated`` next to it). Storages created
-without passing through the dispatcher (``torch.tensor(data)``, ``torch.from_numpy``) are treated as foreign.
+without passing through the dispatcher (``torch.tensor(data)``, ``torch.from_numpy``) are treated as foreign, with
+one exception: RNG states. Checkpointing saves one per call to replay dropout (``torch.get_rng_state()``: 5056
+bytes on CPU), and so do hf_ckpt's partitions and recomputed dropout; while the mode is active,
+``torch.get_rng_state`` and ``torch.cuda.get_rng_state`` hand their results to the tracker, so they count.
 """
 
 from __future__ import annotations
 
 import contextlib
+import sys
 import threading
 import weakref
 from collections import Counter
@@ -63,7 +67,7 @@ class StorageTracker(TorchDispatchMode):
         """``label``, when given, is called as each storage is created; :meth:`live_bytes_by_label` then splits
         the live bytes by those labels (the planner labels storages with the block being run)."""
         super().__init__()
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # a storage freed by the collector inside a locked section takes it again
         self._foreign: WeakIdKeyDictionary = WeakIdKeyDictionary()
         self._tracked: dict[int, tuple[weakref.ref, str, int]] = {}
         self._live: Counter[str] = Counter()
@@ -72,6 +76,16 @@ class StorageTracker(TorchDispatchMode):
         self._labels: dict[int, Hashable] = {}
 
     # -- the mode ---------------------------------------------------------------------------------------------
+
+    def __enter__(self) -> "StorageTracker":
+        self._rng_patches = _count_rng_states(self)
+        return super().__enter__()
+
+    def __exit__(self, *exc: Any) -> Any:
+        for owner, name, original in getattr(self, "_rng_patches", ()):
+            setattr(owner, name, original)
+        self._rng_patches = []
+        return super().__exit__(*exc)
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
@@ -86,9 +100,12 @@ class StorageTracker(TorchDispatchMode):
                 self._track(storage)
         return out
 
-    def _track(self, storage: torch.UntypedStorage) -> None:
+    def _track(self, storage: torch.UntypedStorage, label: Callable[[], Hashable] | None = None) -> None:
         key = id(storage)
         nbytes = storage.nbytes()
+        # the label first, outside the lock: it may allocate, the collector may then free a tracked storage, and
+        # that storage's callback takes the lock
+        labelled = (label or self._label)() if self._label is not None else None
         with self._lock:
             known = self._tracked.get(key)
             if known is not None:
@@ -102,7 +119,7 @@ class StorageTracker(TorchDispatchMode):
             reference = weakref.ref(storage, self._on_free(key))
             self._tracked[key] = (reference, device, nbytes)
             if self._label is not None:
-                self._labels[key] = self._label()
+                self._labels[key] = labelled
             self._add(device, nbytes)
 
     def _add(self, device: str, nbytes: int) -> None:
@@ -147,17 +164,59 @@ class StorageTracker(TorchDispatchMode):
             self._peak = Counter(self._live)
 
 
+def _count_rng_states(tracker: StorageTracker) -> list[tuple[Any, str, Any]]:
+    """Make ``torch.get_rng_state`` (and CUDA's) hand each state they return to ``tracker``; the patches made (a
+    tracker inside another wraps the outer one's function: both count)."""
+    patches = []
+    owners = [torch] + ([torch.cuda] if torch.cuda.is_available() else [])
+    for owner in owners:
+        original = getattr(owner, "get_rng_state", None)
+        if original is None:
+            continue
+
+        def counted(*args: Any, _original: Any = original, **kwargs: Any) -> torch.Tensor:
+            state = _original(*args, **kwargs)
+            storage = storage_of(state)
+            if storage is not None:  # a checkpoint takes it before the block's hooks run: label by the call stack
+                tracker._track(storage, getattr(tracker._label, "from_stack", None))
+            return state
+
+        setattr(owner, "get_rng_state", counted)
+        patches.append((owner, "get_rng_state", original))
+    return patches
+
+
 @contextlib.contextmanager
 def block_labels(blocks: Sequence[Any]) -> Iterator[Callable[[], int | None]]:
     """A ``label`` function for :class:`StorageTracker`: the index of the block running now, or None outside the
     blocks (hooks on each block's forward, removed on exit). ``blocks`` are :class:`~hf_ckpt.blocks.Block` s."""
     current: list[int | None] = [None]
+    index_of = {id(block.module): block.index for block in blocks}
+
+    def label() -> int | None:
+        return current[0]
+
+    def from_stack() -> int | None:
+        """The innermost block on the call stack, else :func:`label`'s answer: a checkpoint around a block's
+        ``__call__`` runs before the block's hooks do. A frame names a block by a local that is the block, or a
+        method or ``partial`` of it (a stack's loop hands ``layer.__call__`` to its checkpoint function)."""
+        frame = sys._getframe(1)
+        while frame is not None:
+            for value in frame.f_locals.values():
+                owner = getattr(getattr(value, "func", value), "__self__", value)
+                index = index_of.get(id(owner))
+                if index is not None:
+                    return index
+            frame = frame.f_back
+        return current[0]
+
+    label.from_stack = from_stack  # type: ignore[attr-defined]
     handles = []
     for block in blocks:
         handles.append(block.module.register_forward_pre_hook(lambda m, a, i=block.index: current.__setitem__(0, i)))
         handles.append(block.module.register_forward_hook(lambda m, a, o: current.__setitem__(0, None)))
     try:
-        yield lambda: current[0]
+        yield label
     finally:
         for handle in handles:
             handle.remove()

@@ -38,6 +38,8 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
+from .._rng import rng_state, set_rng_state
+
 #: Leaves of a block's arguments that become constants of its trace (hashable, compared by value).
 _CONSTANTS = (type(None), bool, int, float, str, torch.dtype, torch.device, torch.layout, torch.memory_format)
 
@@ -77,33 +79,20 @@ def _device_of(args: tuple) -> torch.device:
     return torch.device("cpu")
 
 
-def _get_rng_state(device: torch.device) -> torch.Tensor:
-    if device.type == "cpu":
-        return torch.get_rng_state()
-    return getattr(torch, device.type).get_rng_state(device)
-
-
-def _set_rng_state(device: torch.device, state: torch.Tensor) -> None:
-    if device.type == "cpu":
-        torch.set_rng_state(state)
-    else:
-        getattr(torch, device.type).set_rng_state(state.cpu(), device)
-
-
 def _run_and_save_rng_state(op: Any, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, Any]:
     """``torch._prims.rng_prims.run_and_save_rng_state`` as a plain function: dispatch modes see the op only."""
-    return _get_rng_state(_device_of(args)), op(*args, **kwargs)
+    return rng_state(_device_of(args)), op(*args, **kwargs)
 
 
 def _run_with_rng_state(state: torch.Tensor, op: Any, *args: Any, **kwargs: Any) -> Any:
     """``run_with_rng_state`` as a plain function: ``op`` with the saved RNG state, which is then put back."""
     device = _device_of(args)
-    current = _get_rng_state(device)
-    _set_rng_state(device, state)
+    current = rng_state(device)
+    set_rng_state(device, state)
     try:
         return op(*args, **kwargs)
     finally:
-        _set_rng_state(device, current)
+        set_rng_state(device, current)
 
 
 #: Random ops that cost a pass over their output: always recomputed from the saved RNG state rather than keeping
@@ -306,6 +295,7 @@ def _trace(module: nn.Module, core: Callable[..., Any], leaves: list, spec: Any,
         return tuple(leaf for leaf in out_leaves if isinstance(leaf, torch.Tensor))
 
     def partition(joint: Any, joint_inputs: Any, **kwargs: Any) -> Any:
+        output["graph_outputs"] = kwargs.get("num_fwd_outputs")
         forward_names = _forward_names(joint)
         forward_graph, backward_graph = _partition_replaying_random_ops(
             min_cut_rematerialization_partition, joint, joint_inputs, **kwargs
@@ -321,7 +311,8 @@ def _trace(module: nn.Module, core: Callable[..., Any], leaves: list, spec: Any,
 
     inputs = [*state, *(leaves[i] for i in tensor_positions)]
     on_cpu = all(tensor.device.type == "cpu" for tensor in inputs)
-    compiled = aot_function(flat, fw_compiler=lambda g, _: _eager(g), bw_compiler=backward_compiler,
+    compiled = aot_function(flat, fw_compiler=functools.partial(_forward_compiler, output, count),
+                            bw_compiler=backward_compiler,
                             partition_fn=partition, decompositions=_DROPOUT_AS_MASK if on_cpu else {})
     patches: dict[str, Any] = {"activation_memory_budget": budget}
     with functorch_config.patch(**patches), _disable_current_modes(), torch.random.fork_rng(
@@ -334,6 +325,28 @@ def _trace(module: nn.Module, core: Callable[..., Any], leaves: list, spec: Any,
             first = str(error).strip().splitlines()[0] if str(error).strip() else ""
             raise _Untraceable(f"tracing it failed ({type(error).__name__}: {first[:200]})") from error
     return _Trace(run=compiled, output=output)
+
+
+def _forward_compiler(output: dict[str, Any], state: int, graph_module: Any, example_inputs: Any) -> Callable[..., Any]:
+    """The forward graph, run eagerly; outputs it can make again from what it saves are noted when it runs."""
+    from .._boundary import output_tails, register
+
+    outputs = output.get("graph_outputs")
+    tails = output_tails(graph_module, outputs, state) if outputs is not None else {}
+    run = _eager(graph_module)
+    if not tails:
+        return run
+
+    def noting(args: list) -> Any:
+        inputs = list(args[:state])
+        results = run(args)
+        for index, (graph, sources) in tails.items():
+            made_from = [results[outputs + i] if kind == "saved" else inputs[i] for kind, i in sources]
+            register(results[index], graph, made_from)
+        return results
+
+    noting._boxed_call = True  # type: ignore[attr-defined]
+    return noting
 
 
 def _rebuilt(trace: _Trace, tensors: tuple[torch.Tensor, ...]) -> Any:
