@@ -315,7 +315,7 @@ class CheckpointConfig:
         if self.strategy != BlockStrategy.FULL:
             parts.append(f"strategy={self.strategy!r}")
         if self.plan is not None:
-            parts.append("plan=<CheckpointPlan>")
+            parts.append(f"plan=<{self.plan.summary()}>")
         if self.offload:
             parts.append("offload=True")
         parts.extend(f"{key}={value!r}" for key, value in sorted(self.checkpoint_kwargs.items()))

@@ -205,15 +205,23 @@ class CheckpointPlan:
         except ValueError as error:
             raise ValueError(f"plan file {str(path)!r}: {error}") from None
 
-    def __str__(self) -> str:
+    def summary(self) -> str:
+        """One line: how many blocks run each strategy, and how many modules between the blocks are recomputed
+        (``"2 full, 2 none"``, ``"4 partition:0.9, outside 3 modules"``)."""
         order = ["full", "selective", *sorted({s for s in self.strategies if s.startswith((_OPLEVEL, PARTITION))}),
                  "none"]
         counts = {s: self.strategies.count(s) for s in order if s in self.strategies}
+        parts = [f"{n} {s}" for s, n in counts.items()]
+        if self.outside_blocks:
+            parts.append(f"outside {len(self.outside_blocks)} module{'s' if len(self.outside_blocks) > 1 else ''}")
+        return ", ".join(parts)
+
+    def __str__(self) -> str:
         lines = [
             f"CheckpointPlan for {self.num_blocks} blocks"
             + (f" ({self.model_type})" if self.model_type else "")
             + ": "
-            + ", ".join(f"{n} {s}" for s, n in counts.items()),
+            + self.summary(),
         ]
         if self.budget_bytes is not None:
             lines.append(f"  budget:    {_mib(self.budget_bytes)}")

@@ -107,7 +107,8 @@ def test_a_plan_with_the_finer_strategies_is_made_and_verified_from_the_command_
     capsys.readouterr()
     assert main(["verify", "--plan", str(path), *small]) == 0
     out = capsys.readouterr().out
-    assert "plan=<CheckpointPlan>" in out and "[ok] gradient parity" in out
+    assert f"plan=<{plan.summary()}>" in out and "[ok] gradient parity" in out
+    assert f"outside {len(plan.outside_blocks)} module" in plan.summary()
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -163,6 +163,9 @@ def test_plan_prints_readably():
         "  predicted: 1.00 MiB (50.0% of no checkpointing)",
         "  block  strategy",
     ]
+    assert CheckpointPlan(("partition:0.5", "full", "partition:0.5"), outside_blocks=("model.norm",)).summary() == (
+        "1 full, 2 partition:0.5, outside 1 module"
+    )
 
 
 def test_selective_refuses_a_block_that_writes_into_a_saved_output():
