@@ -160,13 +160,20 @@ def register(output: torch.Tensor, graph: Any, inputs: list[torch.Tensor]) -> No
                    storage.nbytes(), None, key]
 
 
+def still_noted(tensor: torch.Tensor, key: Any, version: int, dtype: torch.dtype, nbytes: int) -> bool:
+    """Whether ``tensor`` is still what was noted under ``key``: the noted storage alive (a key compares equal to a
+    new storage at a freed one's address), unchanged in place since, same dtype and storage size."""
+    return (not key.expired() and tensor._version == version and tensor.dtype == dtype
+            and tensor.untyped_storage().nbytes() == nbytes)
+
+
 def pack(tensor: torch.Tensor) -> Any:
     storage = storage_of(tensor)
     entry = _noted.get(StorageWeakRef(storage)) if storage is not None else None
     if entry is None:
         return tensor
     graph, refs, version, dtype, nbytes, made, key = entry
-    if key.expired() or tensor._version != version or tensor.dtype != dtype or storage.nbytes() != nbytes:
+    if not still_noted(tensor, key, version, dtype, nbytes):
         return tensor
     call = made() if made is not None else None
     if call is None:

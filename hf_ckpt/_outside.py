@@ -37,9 +37,10 @@ from torch import nn
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ._rng import rng_state, set_rng_state
 from ._boundary import pack as boundary_pack
+from ._boundary import still_noted
 from ._boundary import unpack as boundary_unpack
+from ._rng import rng_state, set_rng_state
 from .measure.memory import storage_of
 
 #: A module's recompute counts as cheap up to this many matmul-class FLOPs per element of its output.
@@ -92,12 +93,11 @@ class _Call:
                  pack: Any = None) -> None:
         self.forward, self.name, self.rng = forward, name, rng
         tensors = [t for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor)]
-        self.versions = [(t, t._version) for t in tensors]
         self.device_type = tensors[0].device.type if tensors else "cpu"
         self.autocast = _autocast_state(self.device_type)
         held = (lambda value: pack(value) if isinstance(value, torch.Tensor) else value) if pack else (lambda v: v)
         self.args, self.kwargs = tuple(held(a) for a in args), {k: held(v) for k, v in kwargs.items()}
-        self.versions = [(t, v) for t, v in self.versions if any(a is t for a in (*self.args, *self.kwargs.values()))]
+        self.versions = [(t, t._version) for t in (*self.args, *self.kwargs.values()) if isinstance(t, torch.Tensor)]
         self.outputs: tuple | None = None
 
     def output(self, index: int) -> torch.Tensor:
@@ -173,8 +173,7 @@ class OutsideRecompute:
         if entry is None:
             return boundary_pack(tensor)  # a partitioned block's output, or kept
         call, index, version, dtype, nbytes, key = entry
-        if key.expired() or tensor._version != version or tensor.dtype != dtype or \
-                tensor.untyped_storage().nbytes() != nbytes:
+        if not still_noted(tensor, key, version, dtype, nbytes):
             return tensor  # changed in place since, or another view of the storage: keep it
         return _Recipe(call, index, tensor)
 
