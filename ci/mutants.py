@@ -177,6 +177,22 @@ MUTANTS: tuple[Mutant, ...] = (
         "        pass  # mutant: dropout redrawn from the current RNG state\n",
         ("tests/test_outside.py",),
     ),
+    Mutant(
+        "norms_banned",
+        "partition:<F>:norms lets the partitioner recompute norms and softmaxes",
+        "hf_ckpt/oplevel/_norms.py",
+        "            types.recomputable_ops |= extra\n",
+        "            pass  # mutant: norms stay banned from recompute\n",
+        ("tests/test_norms.py",),
+    ),
+    Mutant(
+        "outside_leaves_only",
+        "cheap_modules takes a module that holds others whole",
+        "hf_ckpt/_outside.py",
+        "             if name and not any(id(d) in inside for d in m.modules())}\n",
+        "             if name and not any(id(d) in inside for d in m.modules()) and not any(True for _ in m.children())}\n",
+        ("tests/test_outside.py",),
+    ),
 )
 
 

@@ -13,13 +13,14 @@ plan names in ``outside_blocks``:
    module's ``forward`` again on the same inputs (no hooks, no grad, the autocast state of the forward), once per
    call. Its consumers (the LM head, the blocks, the loss) then hold only the inputs, which are kept anyway.
 
-Only cheap modules qualify: :func:`cheap_modules` measures one forward and picks the leaf modules outside the
-blocks that spend at most :data:`MAX_FLOPS_PER_ELEMENT` FLOPs per output element (norms, activations, rotary
-tables, embeddings) and draw no random numbers, torch's dropout modules excepted: those are made again from the
-RNG state they drew from. A call's argument that is the unchanged output of an earlier recomputed call is held as
-that call's recipe, so a chain (an activation, then a norm) keeps only its first input. The planner measures
-whether recomputing them pays (``strategies=(..., "outside")``). An input changed in place after such a call
-makes backward raise, as checkpointing does, rather than recompute from changed values.
+Only cheap modules qualify: :func:`cheap_modules` measures one forward and picks the outermost modules that hold
+no block, spend at most :data:`MAX_FLOPS_PER_ELEMENT` FLOPs per output element (norms, activations, rotary
+tables, embeddings, a whole embeddings module) and draw no random numbers outside torch's dropout modules: those
+are made again from the RNG state the call drew from. A call's argument that is the unchanged output of an
+earlier recomputed call is held as that call's recipe, so a chain (an activation, then a norm) keeps only its
+first input. The planner measures whether recomputing them pays (``strategies=(..., "outside")``). An input
+changed in place after such a call makes backward raise, as checkpointing does, rather than recompute from changed
+values.
 
 The runtime's saved-tensor hook is also the one that serves :mod:`hf_ckpt._boundary` (partitioned blocks'
 outputs made again): it is installed for every plan with ``outside_blocks`` or partitioned blocks. Under another
@@ -60,9 +61,13 @@ def resolve_outside(target: nn.Module, names: tuple[str, ...], blocks: tuple) ->
                 f"plan outside_blocks names {name!r}, which is not a module of {type(target).__name__}; make the "
                 "plan on the same architecture"
             ) from None
-        if id(module) in inside or any(id(m) in inside for m in module.children()):
-            raise ValueError(f"plan outside_blocks names {name!r}, which is a block or inside one; it must be a "
-                             "module between the blocks")
+        if any(id(m) in inside for m in module.modules()):
+            raise ValueError(f"plan outside_blocks names {name!r}, which is a block, inside one or holds one; it "
+                             "must be a module between the blocks")
+        outer = next((other for other in names if name.startswith(other + ".")), None)
+        if outer is not None:
+            raise ValueError(f"plan outside_blocks names {name!r} and {outer!r}, which holds it; name only "
+                             f"{outer!r} (recomputing it recomputes {name!r} too)")
         modules.append((name, module))
     return modules
 
@@ -249,8 +254,9 @@ def install(state: Any, outer: list[nn.Module], modules: list[tuple[str, nn.Modu
 
 
 def _draws(module: nn.Module) -> bool:
-    """Whether ``module`` is one of torch's dropout modules: the random modules that may be recomputed."""
-    return isinstance(module, nn.modules.dropout._DropoutNd)
+    """Whether ``module`` is or holds one of torch's dropout modules, the random ops that may be recomputed (from
+    the RNG state the call drew from)."""
+    return any(isinstance(m, nn.modules.dropout._DropoutNd) for m in module.modules())
 
 
 def _restore_forward(module: nn.Module) -> None:
@@ -258,13 +264,15 @@ def _restore_forward(module: nn.Module) -> None:
 
 
 class _CallCosts(TorchDispatchMode):
-    """Per module (by id) on the stack: matmul-class FLOPs and whether a random op ran."""
+    """Per module (by id) on the stack: matmul-class FLOPs and whether a random op ran outside ``dropouts`` (torch's
+    dropout modules, whose draws are replayed from the RNG state)."""
 
-    def __init__(self) -> None:
+    def __init__(self, dropouts: set[int]) -> None:
         super().__init__()
         from .oplevel._profile import flop_registry
 
         self.registry = flop_registry()
+        self.dropouts = dropouts
         self.stack: list[int] = []
         self.flops: dict[int, int] = {}
         self.random: set[int] = set()
@@ -277,18 +285,22 @@ class _CallCosts(TorchDispatchMode):
             flops = int(formula(*args, **kwargs, out_val=out)) if formula is not None else 0
             for key in self.stack:
                 self.flops[key] = self.flops.get(key, 0) + flops
-            if torch.Tag.nondeterministic_seeded in func.tags:
+            if torch.Tag.nondeterministic_seeded in func.tags and self.stack[-1] not in self.dropouts:
                 self.random.update(self.stack)
         return out
 
 
 def cheap_modules(model: nn.Module, inputs: Mapping[str, Any], blocks: tuple | list) -> tuple[str, ...]:
-    """Names of the leaf modules of ``model`` outside ``blocks`` that are cheap to recompute, measured in one
-    training forward: called, no random op (torch's dropout modules excepted: replayed from their RNG state), at
-    most :data:`MAX_FLOPS_PER_ELEMENT` FLOPs per output element, tensors (or a tuple of tensors) out."""
+    """Names of the outermost modules of ``model`` that hold no block and are cheap to recompute, measured in one
+    training forward: called, no random op outside torch's dropout modules (those are replayed from their RNG
+    state), at most :data:`MAX_FLOPS_PER_ELEMENT` FLOPs per output element, tensors (or a tuple of tensors) out.
+    A module holding others (BERT's embeddings: lookups, a sum, a norm, a dropout) is chosen whole where it is
+    cheap, so that only its inputs are kept; its modules then are not named."""
     inside = {id(m) for block in blocks for m in block.module.modules()}
-    names = {id(m): name for name, m in model.named_modules() if name and id(m) not in inside and not any(True for _ in m.children())}
-    costs, outputs = _CallCosts(), {}
+    names = {id(m): name for name, m in model.named_modules()
+             if name and not any(id(d) in inside for d in m.modules())}
+    dropouts = {id(m) for m in model.modules() if isinstance(m, nn.modules.dropout._DropoutNd)}
+    costs, outputs = _CallCosts(dropouts), {}
     handles = []
     for module in model.modules():
         if id(module) in names:
@@ -300,13 +312,9 @@ def cheap_modules(model: nn.Module, inputs: Mapping[str, Any], blocks: tuple | l
     finally:
         for handle in handles:
             handle.remove()
-    dropouts = {id(m) for m in model.modules() if _draws(m)}
-    chosen = []
-    for key, elements in outputs.items():
-        replayable = key not in costs.random or key in dropouts
-        if elements and replayable and costs.flops.get(key, 0) <= MAX_FLOPS_PER_ELEMENT * elements:
-            chosen.append(names[key])
-    return tuple(sorted(chosen))
+    cheap = {names[key] for key, elements in outputs.items()
+             if elements and key not in costs.random and costs.flops.get(key, 0) <= MAX_FLOPS_PER_ELEMENT * elements}
+    return tuple(sorted(name for name in cheap if not any(name.startswith(outer + ".") for outer in cheap)))
 
 
 def _note_call(costs: _CallCosts, module: nn.Module, args: Any) -> None:

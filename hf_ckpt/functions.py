@@ -81,10 +81,10 @@ def build_block_functions(
     """One checkpoint function per checkpointed block; blocks of the same strategy share one.
 
     ``"oplevel:<name>"`` blocks get the selective contexts of ``policies[name]`` (a plan's op-level policies);
-    ``"partition:<F>"`` blocks :func:`~hf_ckpt.oplevel._partition.partitioned_checkpoint` at budget ``F``.
+    ``"partition:<F>[:norms]"`` blocks :func:`~hf_ckpt.oplevel._partition.partitioned_checkpoint` at budget ``F``.
     """
     from .oplevel._partition import partitioned_checkpoint
-    from .plans import partition_budget
+    from .plans import partition_setting
     from .selective import selective_context_fn
 
     by_strategy: dict[str, functools.partial] = {}
@@ -94,8 +94,9 @@ def build_block_functions(
             kwargs["context_fn"] = selective_context_fn(policy)
         elif strategy.startswith("oplevel:"):
             kwargs["context_fn"] = OpPolicy((policies or {})[strategy.partition(":")[2]]).context_fn()
-        elif (budget := partition_budget(strategy)) is not None:
-            by_strategy[strategy] = functools.partial(partitioned_checkpoint, budget=budget, **kwargs)
+        elif (setting := partition_setting(strategy)) is not None:
+            by_strategy[strategy] = functools.partial(partitioned_checkpoint, budget=setting.budget,
+                                                      recompute_norms=setting.norms, **kwargs)
             continue
         by_strategy[strategy] = build_checkpoint_function(kwargs, offloader=offloader, checkpoint_fn=checkpoint_fn)
     return {index: by_strategy[strategy] for index, strategy in strategies.items()}

@@ -76,7 +76,8 @@ def plan(
             any profiling.
         strategies: The strategies the plan may use; add ``"oplevel"`` to let it choose, per block, which single
             ops keep their outputs (:mod:`hf_ckpt.oplevel`), and ``"partition"`` to let it split blocks' graphs
-            with torch's min-cut partitioner at one of several budgets, run in eager mode (``"partition:<F>"``),
+            with torch's min-cut partitioner at one of several budgets, run in eager mode (``"partition:<F>"``, and
+            ``"partition:<F>:norms"`` where blocks have layer norms or softmaxes it may then recompute too),
             and ``"outside"`` to let it recompute cheap modules between the blocks (final norm, rotary tables,
             embeddings, a head's activation and norm) instead of keeping their tensors (``outside_blocks``).
         policy: The selective policy (see :mod:`hf_ckpt.selective`).

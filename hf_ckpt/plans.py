@@ -12,7 +12,7 @@ import os
 import warnings
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from torch import nn
 
@@ -31,20 +31,37 @@ _OPLEVEL = "oplevel:"
 #: Prefix of a strategy that partitions the block's graph at a budget: ``"partition:0.5"`` (see
 #: :mod:`hf_ckpt.oplevel._partition`).
 PARTITION = "partition:"
+#: Suffix of a partition strategy whose partitioner may also recompute norms and softmaxes: ``"partition:0.5:norms"``.
+NORMS = ":norms"
 
 
-def partition_budget(strategy: str) -> float | None:
-    """The budget of a ``"partition:<F>"`` strategy, or None for any other strategy."""
+class PartitionSetting(NamedTuple):
+    """A ``"partition:<F>[:norms]"`` strategy: the partitioner's budget, and whether it may recompute norms and
+    softmaxes (their own kernels) as inductor does after decomposing them."""
+
+    budget: float
+    norms: bool = False
+
+    @property
+    def strategy(self) -> str:
+        return f"{PARTITION}{self.budget:g}{NORMS if self.norms else ''}"
+
+
+def partition_setting(strategy: str) -> PartitionSetting | None:
+    """The setting of a ``"partition:<F>"`` or ``"partition:<F>:norms"`` strategy, or None for any other strategy."""
     if not strategy.startswith(PARTITION):
         return None
     from .oplevel._partition import check_budget
 
     text = strategy[len(PARTITION):]
+    norms = text.endswith(NORMS)
+    text = text[: -len(NORMS)] if norms else text
     try:
         value = float(text)
     except ValueError:
         value = text
-    return check_budget(value, f"the budget of plan strategy {strategy!r}")
+    name = f"the budget of plan strategy {strategy!r} ('partition:<F>' or 'partition:<F>:norms')"
+    return PartitionSetting(check_budget(value, name), norms)
 
 
 def model_signature(model: nn.Module) -> dict[str, Any]:
@@ -67,7 +84,8 @@ class CheckpointPlan:
     Attributes:
         strategies: ``"full"``, ``"selective"`` or ``"none"`` for each block, or ``"oplevel:<name>"`` (one of
             ``policies``), or ``"partition:<F>"``: the block's forward and backward graphs split by torch's min-cut
-            partitioner at ``activation_memory_budget=F``, run in eager mode (:mod:`hf_ckpt.oplevel._partition`).
+            partitioner at ``activation_memory_budget=F``, run in eager mode (:mod:`hf_ckpt.oplevel._partition`);
+            ``"partition:<F>:norms"`` lets the partitioner recompute layer norms and softmaxes too.
         predicted_bytes: Activation bytes the plan is predicted to retain at the end of forward.
         predicted_recompute_flops: FLOPs the plan is predicted to spend recomputing in backward.
         baseline_bytes: Activation bytes retained without any checkpointing (the 100% of a fractional budget).
@@ -111,9 +129,9 @@ class CheckpointPlan:
 
     def _checked_strategy(self, strategy: Any) -> str:
         """A block's strategy: a :class:`~hf_ckpt.BlockStrategy`, ``"oplevel:<name>"`` naming a policy, or
-        ``"partition:<F>"`` with ``F`` in ``[0, 1]``."""
+        ``"partition:<F>"`` or ``"partition:<F>:norms"`` with ``F`` in ``[0, 1]``."""
         if isinstance(strategy, str) and strategy.startswith(PARTITION):
-            return f"{PARTITION}{partition_budget(strategy):g}"
+            return partition_setting(strategy).strategy
         if isinstance(strategy, str) and strategy.startswith(_OPLEVEL):
             if strategy[len(_OPLEVEL):] not in self.policies:
                 raise ValueError(
@@ -125,7 +143,7 @@ class CheckpointPlan:
             return check_strategy(strategy, "each plan strategy").value
         except ValueError as error:
             raise ValueError(
-                f"{error} (or 'oplevel:<name>' with <name> a key of policies, or 'partition:<F>' with F in [0, 1])"
+                f"{error} (or 'oplevel:<name>' with <name> a key of policies, or 'partition:<F>[:norms]' with F in [0, 1])"
             ) from None
 
     @property

@@ -67,11 +67,13 @@ def test_a_pre_norm_blocks_output_is_kept():
     assert _alive_outputs_after_forward(model, ("partition:1",) * 4, _batch()) == [True] * 4
 
 
-@pytest.mark.parametrize("strategies", [("partition:1",) * 4, ("partition:1", "none", "partition:0.5", "full")],
-                         ids=["all-partitioned", "mixed"])
+@pytest.mark.parametrize("strategies", [
+    ("partition:1",) * 4, ("partition:1", "none", "partition:0.5", "full"),
+    ("partition:1:norms",) * 4, ("partition:0.3:norms", "none", "partition:0.5", "partition:0:norms"),
+], ids=["all-partitioned", "mixed", "norms", "norms-mixed"])
 def test_gradients_equal_the_models_own_with_dropout(strategies):
     model, batch = tiny_bert(), _batch()
-    assert model.config.hidden_dropout_prob > 0
+    assert model.config.hidden_dropout_prob > 0 and model.config.attention_probs_dropout_prob > 0
     reference = train_step(model, batch)
     hf_ckpt.enable(model, plan=hf_ckpt.CheckpointPlan(strategies))
     grads = train_step(model, batch)

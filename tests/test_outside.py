@@ -60,8 +60,9 @@ def test_the_final_norm_and_head_keep_no_hidden_sized_tensor_of_their_own():
 
 
 def test_a_chain_of_cheap_modules_keeps_only_its_first_input_and_dropout_is_replayed():
-    """BERT's head runs dense -> gelu -> LayerNorm, its embeddings LayerNorm -> dropout: the activation's and the
-    dropout's outputs are neither kept by the next module's checkpoint nor by the block that reads them."""
+    """BERT's head runs dense -> gelu -> LayerNorm, its embeddings module lookups -> sum -> LayerNorm -> dropout
+    (recomputed whole): the activation's and the embeddings' outputs are neither kept by the next module's
+    checkpoint nor by the block that reads them."""
     from torch.multiprocessing.reductions import StorageWeakRef
 
     model, batch = tiny_bert(), _batch()
@@ -71,7 +72,7 @@ def test_a_chain_of_cheap_modules_keeps_only_its_first_input_and_dropout_is_repl
         model.get_submodule(name).register_forward_hook(
             lambda m, a, out, name=name: refs.__setitem__(name, StorageWeakRef(out.untyped_storage())))
     plan = _plan(model)
-    assert {"bert.embeddings.dropout", "cls.predictions.transform.transform_act_fn"} <= set(plan.outside_blocks)
+    assert {"bert.embeddings", "cls.predictions.transform.transform_act_fn"} <= set(plan.outside_blocks)
     hf_ckpt.enable(model, plan=plan)
     model.train()
     loss = model(**batch).loss
@@ -100,9 +101,18 @@ def test_a_name_that_is_not_a_module_between_the_blocks_is_refused_and_nothing_c
                                          r"LlamaForCausalLM; make the plan on the same architecture$"):
         hf_ckpt.enable(model, plan=_plan(model, "full", ("model.nope",)))
     assert hf_ckpt.checkpointed_layers(model) == [] and "forward" not in vars(model.model.norm)
-    with pytest.raises(ValueError, match=r"^plan outside_blocks names 'model\.layers\.0\.input_layernorm', which is a "
-                                         r"block or inside one; it must be a module between the blocks$"):
-        hf_ckpt.enable(model, plan=_plan(model, "full", ("model.layers.0.input_layernorm",)))
+    for name in ("model.layers.0.input_layernorm", "model"):  # inside a block; holding the blocks
+        with pytest.raises(ValueError) as error:
+            hf_ckpt.enable(model, plan=_plan(model, "full", (name,)))
+        assert str(error.value) == (f"plan outside_blocks names {name!r}, which is a block, inside one or holds one; "
+                                    "it must be a module between the blocks")
+    bert = tiny_bert(layers=2)
+    with pytest.raises(ValueError) as error:
+        hf_ckpt.enable(bert, plan=_plan(bert, "full", ("bert.embeddings", "bert.embeddings.LayerNorm")))
+    assert str(error.value) == (
+        "plan outside_blocks names 'bert.embeddings.LayerNorm' and 'bert.embeddings', which holds it; name only "
+        "'bert.embeddings' (recomputing it recomputes 'bert.embeddings.LayerNorm' too)")
+    assert hf_ckpt.checkpointed_layers(bert) == [] and "forward" not in vars(bert.bert.embeddings)
     with pytest.raises(ValueError, match=r"^outside_blocks must hold module names \(non-empty strings, e\.g\. "
                                          r"'model\.norm'\); got ''$"):
         hf_ckpt.CheckpointPlan(("full",), outside_blocks=("",))
@@ -179,3 +189,29 @@ def test_a_deep_copy_of_the_model_recomputes_on_its_own_and_gives_the_same_gradi
     twin = copy.deepcopy(model)
     assert max_grad_diff(reference, train_step(twin, batch)) <= 1e-6
     assert max_grad_diff(reference, train_step(model, batch)) <= 1e-6
+
+
+def test_an_embeddings_module_recomputed_whole_keeps_only_its_inputs():
+    """BERT's embeddings add three lookups, then norm and drop the sum. Recomputed module by module, the chain
+    still keeps the sum (the norm's input is not the output of a recomputed module); recomputed whole (as
+    cheap_modules chooses it), only the module's inputs are kept, at the same FLOPs."""
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    model, batch = tiny_bert(), _batch()
+    assert "bert.embeddings" in cheap_modules(model, batch, find_blocks(model))
+    sums = []
+    model.bert.embeddings.LayerNorm.register_forward_hook(
+        lambda m, args, out: sums.append(StorageWeakRef(args[0].untyped_storage())))
+    modules = tuple(f"bert.embeddings.{name}" for name in
+                    ("word_embeddings", "position_embeddings", "token_type_embeddings", "LayerNorm", "dropout"))
+    kept, flops = {}, {}
+    for outside in (modules, ("bert.embeddings",)):
+        hf_ckpt.enable(model, plan=_plan(model, "none", outside))
+        model.train()
+        loss = model(**batch).loss
+        kept[outside] = not sums[-1].expired()
+        loss.backward()
+        flops[outside] = measure_step(model, batch).flops
+        hf_ckpt.disable(model)
+    assert kept == {modules: True, ("bert.embeddings",): False}
+    assert flops[modules] == flops[("bert.embeddings",)]

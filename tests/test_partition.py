@@ -109,12 +109,15 @@ def test_bad_partition_strategies_and_combinations_are_named_at_the_call():
     with pytest.raises(ValueError) as error:
         hf_ckpt.CheckpointPlan(("partition:1.5",))
     assert str(error.value) == (
-        "the budget of plan strategy 'partition:1.5' must be a number in [0, 1] (the partitioner's "
-        "activation_memory_budget); got 1.5"
+        "the budget of plan strategy 'partition:1.5' ('partition:<F>' or 'partition:<F>:norms') must be a number "
+        "in [0, 1] (the partitioner's activation_memory_budget); got 1.5"
     )
+    with pytest.raises(ValueError, match=r"'partition:0.5:norm' \('partition:<F>' or 'partition:<F>:norms'\) .*got '0.5:norm'"):
+        hf_ckpt.CheckpointPlan(("partition:0.5:norm",))
     with pytest.raises(ValueError, match=r"must be a number in \[0, 1\].*got 'half'"):
         hf_ckpt.CheckpointPlan(("partition:half",))
-    assert hf_ckpt.CheckpointPlan(("partition:0.50", "partition:1")).strategies == ("partition:0.5", "partition:1")
+    assert hf_ckpt.CheckpointPlan(("partition:0.50", "partition:1", "partition:.5:norms")).strategies == (
+        "partition:0.5", "partition:1", "partition:0.5:norms")
     model = tiny_llama(layers=2)
     plan = _partition_all(model, 0.5)
     for options, named in (({"use_reentrant": True}, "use_reentrant=True"), ({"offload": True}, "offload=True")):

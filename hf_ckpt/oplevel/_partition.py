@@ -28,6 +28,7 @@ measured recompute (:func:`hf_ckpt.checkpointed_layers`, the first-step probe) c
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import warnings
 import weakref
@@ -39,6 +40,7 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 from .._rng import rng_state, set_rng_state
+from ._norms import has_norm_ops, norms_unavailable, recomputable_norms
 
 #: Leaves of a block's arguments that become constants of its trace (hashable, compared by value).
 _CONSTANTS = (type(None), bool, int, float, str, torch.dtype, torch.device, torch.layout, torch.memory_format)
@@ -260,8 +262,9 @@ def _note_run(ref: "weakref.ref[nn.Module]") -> None:
 
 
 def _trace(module: nn.Module, core: Callable[..., Any], leaves: list, spec: Any, state: list, names: list[str],
-           budget: float) -> _Trace:
+           budget: float, norms: bool = False) -> _Trace:
     """Trace, partition and prepare one block call; the real run that compiles it is undone (RNG put back).
+    ``norms``: the partitioner may recompute norms and softmaxes (:mod:`hf_ckpt.oplevel._norms`).
 
     The trace keeps no tensor of this call and only weak references to modules: it is cached per module, and must
     neither keep a batch alive nor its module.
@@ -295,7 +298,7 @@ def _trace(module: nn.Module, core: Callable[..., Any], leaves: list, spec: Any,
         return tuple(leaf for leaf in out_leaves if isinstance(leaf, torch.Tensor))
 
     def partition(joint: Any, joint_inputs: Any, **kwargs: Any) -> Any:
-        output["graph_outputs"] = kwargs.get("num_fwd_outputs")
+        output["graph_outputs"], output["norms"] = kwargs.get("num_fwd_outputs"), has_norm_ops(joint)
         forward_names = _forward_names(joint)
         forward_graph, backward_graph = _partition_replaying_random_ops(
             min_cut_rematerialization_partition, joint, joint_inputs, **kwargs
@@ -314,10 +317,11 @@ def _trace(module: nn.Module, core: Callable[..., Any], leaves: list, spec: Any,
     compiled = aot_function(flat, fw_compiler=functools.partial(_forward_compiler, output, count),
                             bw_compiler=backward_compiler,
                             partition_fn=partition, decompositions=_DROPOUT_AS_MASK if on_cpu else {})
-    patches: dict[str, Any] = {"activation_memory_budget": budget}
-    with functorch_config.patch(**patches), _disable_current_modes(), torch.random.fork_rng(
+    if norms and norms_unavailable() is not None:
+        raise _Untraceable(str(norms_unavailable()))
+    with functorch_config.patch(activation_memory_budget=budget), _disable_current_modes(), torch.random.fork_rng(
         devices=[d for d in {t.device for t in inputs if t.device.type == "cuda"}]
-    ), warnings.catch_warnings():
+    ), warnings.catch_warnings(), recomputable_norms() if norms else contextlib.nullcontext():
         warnings.simplefilter("ignore")  # torch's own notes while tracing (a non-leaf's .grad, ...): not the user's
         try:
             compiled(*inputs)
@@ -365,8 +369,10 @@ def _forward_of_call(module: nn.Module, core: Callable[..., Any]) -> Callable[..
     return None
 
 
-def partitioned_checkpoint(function: Callable[..., Any], *args: Any, budget: float, **checkpoint_kwargs: Any) -> Any:
-    """Run one block call as a forward graph whose backward keeps what the min-cut partitioner chose at ``budget``.
+def partitioned_checkpoint(function: Callable[..., Any], *args: Any, budget: float, recompute_norms: bool = False,
+                           **checkpoint_kwargs: Any) -> Any:
+    """Run one block call as a forward graph whose backward keeps what the min-cut partitioner chose at ``budget``
+    (with ``recompute_norms``, it may recompute layer norms and softmaxes too: :mod:`hf_ckpt.oplevel._norms`).
 
     The calling convention of ``torch.utils.checkpoint.checkpoint`` (``function(*args)`` is the block call), so a
     model's ``_gradient_checkpointing_func`` may be a ``partial`` of it. ``checkpoint_kwargs`` are used only when
@@ -387,12 +393,13 @@ def partitioned_checkpoint(function: Callable[..., Any], *args: Any, budget: flo
     names, state = [name for name, _ in named], [value for _, value in named]
     per_module = _traces.setdefault(module, {})
     try:
-        key = (budget, getattr(core, "__func__", core), str(spec), tuple(_leaf_key(leaf) for leaf in leaves),
-               tuple(value.requires_grad for value in state), module.training, _autocast_key())
+        key = (budget, recompute_norms, getattr(core, "__func__", core), str(spec),
+               tuple(_leaf_key(leaf) for leaf in leaves), tuple(value.requires_grad for value in state),
+               module.training, _autocast_key())
         trace = per_module.get(key)
         if trace is None:
             try:
-                trace = per_module[key] = _trace(module, traced, leaves, spec, state, names, budget)
+                trace = per_module[key] = _trace(module, traced, leaves, spec, state, names, budget, recompute_norms)
             except _Untraceable as error:
                 trace = per_module[key] = str(error)  # a call that failed to trace is not traced again
     except _Untraceable as error:
@@ -414,6 +421,12 @@ def partitioned_checkpoint(function: Callable[..., Any], *args: Any, budget: flo
         return function(*args)
     finally:
         del module.forward
+
+
+def traced_norm_ops(module: nn.Module) -> bool:
+    """Whether a traced call of ``module`` has norms or softmaxes that ``":norms"`` would let the partitioner
+    recompute (False until the module is traced)."""
+    return any(isinstance(trace, _Trace) and trace.output.get("norms") for trace in _traces.get(module, {}).values())
 
 
 def _fallback(module: nn.Module | None, function: Callable[..., Any], args: tuple, checkpoint_kwargs: dict,

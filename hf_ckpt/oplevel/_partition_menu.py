@@ -5,6 +5,10 @@ partitioned at ``F`` (:mod:`hf_ckpt.oplevel._partition`) and every other block p
 when forward returns (labelled per block, as :func:`hf_ckpt.profiling.profile_blocks` does), and the step's FLOPs
 and elementwise output elements less the plain step's, shared among the group. Nothing is predicted: the
 partitioner's own estimates are not used.
+
+Where the block's graph has layer norms or softmaxes, each budget is measured once more as ``"partition:<F>:norms"``
+(:mod:`hf_ckpt.oplevel._norms`: the partitioner may recompute them too). The two sets are not nested (``F`` is a
+fraction of what the partitioner keeps by default, which ``:norms`` lowers), so both are offered to the planner.
 """
 
 from __future__ import annotations
@@ -15,7 +19,8 @@ from torch import nn
 
 from .._target import target_model
 from ..blocks import find_blocks
-from ..plans import CheckpointPlan
+from ..plans import CheckpointPlan, PartitionSetting
+from ._partition import traced_norm_ops
 
 #: One option: (strategy, bytes, recompute cost (FLOPs plus elementwise elements), overhead rank, recompute FLOPs).
 Option = tuple[str, int, int, int, int]
@@ -28,7 +33,8 @@ def partition_options(
     model: nn.Module, sample_inputs: Mapping[str, Any], *, loss_fn: Any = None,
     budgets: tuple[float, ...] = PARTITION_BUDGETS, **checkpoint_kwargs: Any,
 ) -> list[list[Option]]:
-    """Per block, its measured ``"partition:<F>"`` options (one per budget, equal measurements once)."""
+    """Per block, its measured ``"partition:<F>[:norms]"`` options (one per budget and variant, equal measurements
+    once)."""
     from .._apply import remove
     from ..profiling import apply_setting, left_as_found, measured_step, twin_groups
 
@@ -39,11 +45,14 @@ def partition_options(
         _, _, none_flops, none_elementwise = measured_step(model, blocks, sample_inputs, loss_fn)
         for group in twin_groups(blocks):
             seen: set[tuple[int, int]] = set()
-            for budget in budgets:
-                strategy = f"partition:{budget:g}"
+            settings = [PartitionSetting(budget) for budget in budgets]
+            for index, setting in enumerate(settings):  # the :norms settings are appended once the block is traced
+                strategy = setting.strategy
                 plan = CheckpointPlan(tuple(strategy if i in group else "none" for i in range(len(blocks))))
                 apply_setting(model, checkpoint_kwargs, plan=plan)
                 _, per_block, flops, elementwise = measured_step(model, blocks, sample_inputs, loss_fn)
+                if index == 0 and traced_norm_ops(blocks[group[0]].module):
+                    settings += [PartitionSetting(budget, norms=True) for budget in budgets]
                 extra_flops = max(0, flops - none_flops) // len(group)
                 extra_elementwise = max(0, elementwise - none_elementwise) // len(group)
                 measured = (sum(per_block[i] for i in group), extra_flops + extra_elementwise)
