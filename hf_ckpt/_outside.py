@@ -116,19 +116,19 @@ class _Call:
             args, kwargs = tuple(_unpack(a) for a in self.args), {k: _unpack(v) for k, v in self.kwargs.items()}
             enabled, dtype = self.autocast
             options = {"dtype": dtype} if dtype is not None else {}
-            with torch.no_grad(), torch.autocast(self.device_type, enabled=enabled, **options), _replayed(self):
+            with torch.no_grad(), torch.autocast(self.device_type, enabled=enabled, **options), _replayed(self.rng):
                 result = self.forward(*args, **kwargs)
             self.outputs = result if isinstance(result, tuple) else (result,)
         return self.outputs[index]
 
 
 @contextlib.contextmanager
-def _replayed(call: _Call) -> Iterator[None]:
-    """The RNG state ``call`` drew from, put back afterwards (nothing for a module that draws nothing)."""
-    if call.rng is None:
+def _replayed(rng: tuple | None) -> Iterator[None]:
+    """Run at ``rng`` (a device and the RNG state a call drew from), put back afterwards; nothing for None."""
+    if rng is None:
         yield
         return
-    device, state = call.rng
+    device, state = rng
     fork = {"devices": []} if device.type == "cpu" else {"devices": [device], "device_type": device.type}
     with torch.random.fork_rng(**fork):
         set_rng_state(device, state)
@@ -226,13 +226,27 @@ def _checkpointed(runtime: OutsideRecompute, forward: Any, random: bool, *args: 
         return forward(*args, **kwargs)
     from torch.utils.checkpoint import checkpoint
 
-    if random:
-        tensor = next((t for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor)), None)
-        device = tensor.device if tensor is not None else torch.device("cpu")
-        runtime.drawn[id(forward.__self__)] = (device, rng_state(device))
+    if not random:  # nothing drawn: no RNG state to keep (5 KB per call on CPU)
+        return checkpoint(forward, *args, use_reentrant=False, preserve_rng_state=False, **kwargs)
+    tensor = next((t for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor)), None)
+    device = tensor.device if tensor is not None else torch.device("cpu")
+    drawn = runtime.drawn[id(forward.__self__)] = (device, rng_state(device))
+    # the recipe's state also replays the checkpoint's recompute: one RNG state per call, not torch's copy as well
+    return checkpoint(_replaying(forward, drawn), *args, use_reentrant=False, preserve_rng_state=False, **kwargs)
 
-    # only a random module needs its RNG state kept (5 KB per call on CPU); the others draw nothing to replay
-    return checkpoint(forward, *args, use_reentrant=False, preserve_rng_state=random, **kwargs)
+
+def _replaying(forward: Any, drawn: tuple) -> Any:
+    """``forward``, run as it is the first time (the forward) and at the RNG state ``drawn`` after (the recompute)."""
+    calls: list[bool] = []
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        if not calls:
+            calls.append(True)
+            return forward(*args, **kwargs)
+        with _replayed(drawn):
+            return forward(*args, **kwargs)
+
+    return run
 
 
 def install(state: Any, outer: list[nn.Module], modules: list[tuple[str, nn.Module]]) -> None:

@@ -215,3 +215,20 @@ def test_an_embeddings_module_recomputed_whole_keeps_only_its_inputs():
         hf_ckpt.disable(model)
     assert kept == {modules: True, ("bert.embeddings",): False}
     assert flops[modules] == flops[("bert.embeddings",)]
+
+
+def test_a_recomputed_dropout_keeps_one_rng_state():
+    """The RNG state a recomputed dropout drew from makes its output again and replays its checkpoint's recompute:
+    one state per call (torch's checkpoint would keep a copy of its own)."""
+    from hf_ckpt.measure.memory import StorageTracker
+
+    model, batch = tiny_gpt2(), _batch()  # blocks plain: no other RNG state is kept
+    state_bytes = torch.get_rng_state().untyped_storage().nbytes()
+    hf_ckpt.enable(model, plan=_plan(model, "none", ("transformer.drop",)))
+    model.train()
+    with StorageTracker() as tracker:
+        loss = model(**batch).loss
+    alive = [nbytes for ref, _, nbytes in tracker._tracked.values() if ref() is not None and nbytes == state_bytes]
+    loss.backward()
+    hf_ckpt.disable(model)
+    assert alive == [state_bytes]
