@@ -317,8 +317,8 @@ def _trace(module: nn.Module, core: Callable[..., Any], leaves: list, spec: Any,
     compiled = aot_function(flat, fw_compiler=functools.partial(_forward_compiler, output, count),
                             bw_compiler=backward_compiler,
                             partition_fn=partition, decompositions=_DROPOUT_AS_MASK if on_cpu else {})
-    if norms and norms_unavailable() is not None:
-        raise _Untraceable(str(norms_unavailable()))
+    if norms and (reason := norms_unavailable()) is not None:
+        raise _Untraceable(reason)
     with functorch_config.patch(activation_memory_budget=budget), _disable_current_modes(), torch.random.fork_rng(
         devices=[d for d in {t.device for t in inputs if t.device.type == "cuda"}]
     ), warnings.catch_warnings(), recomputable_norms() if norms else contextlib.nullcontext():
