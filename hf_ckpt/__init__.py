@@ -29,12 +29,14 @@ _EXPORTS = {
     "VerifyReport": ".verification",
     "verify": ".verification",
     "BlockStrategy": ".block_strategy",
+    "register_optimizer_states": "._optimizer_states",
 }
 _SUBMODULES = ("measure", "distributed", "estimate")
 
 __all__ = sorted(_EXPORTS) + ["__version__"]
 
 if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerly
+    from ._optimizer_states import register_optimizer_states
     from ._warnings import HfCkptWarning
     from .block_strategy import BlockStrategy
     from .config import CheckpointConfig

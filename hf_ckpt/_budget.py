@@ -9,8 +9,9 @@ A budget given without ``sample_inputs`` (``hf_ckpt.enable(model, budget=...)``,
 * ``"auto"``: the free memory of the model's device when the first batch arrives (``torch.<device>.mem_get_info``;
   on the CPU, the host's available memory, ``MemAvailable`` in ``/proc/meminfo``) minus a headroom of
   :data:`AUTO_HEADROOM_FRACTION` of the device's total memory (at least :data:`AUTO_HEADROOM_MIN_BYTES`), minus
-  what the step still allocates besides activations (the gradients and AdamW states of the trainable parameters,
-  and the step's largest transient, as the estimator predicts them). It is resolved to bytes once, at the first
+  what the step still allocates besides activations (the gradients of the trainable parameters and the step's
+  largest transient, as the estimator predicts them, and the state the optimizer's first step allocates: the
+  ``Trainer``'s own optimizer, counted by :mod:`hf_ckpt._optimizer_states`, AdamW's otherwise). It is resolved to bytes once, at the first
   batch; re-plans keep that figure.
 
 :func:`set_free_memory_source` replaces where free memory is read (tests, or a scheduler that knows better).

@@ -11,13 +11,17 @@
 2. **At the first training forward** (training mode, grad enabled) the hook reads the batch size and sequence
    length from the forward's arguments (the model's ``main_input_name``, ``inputs_embeds``, decoder inputs and
    labels: the longest sequence), estimates the step with :func:`hf_ckpt.estimate.estimate` on meta and fake
-   tensors (no real step, no allocation), solves the cheapest plan within the budget and applies it through
+   tensors (no real step, no allocation), under the autocast the forward runs in (:mod:`hf_ckpt._precision`),
+   solves the cheapest plan within the budget and applies it through
    the normal binding, before any block of this step runs; the first step's recompute probe measures it as it
    measures any setting. One INFO line on the ``hf_ckpt`` logger gives the budget, the shapes, the plan and its
    predicted activation memory; the plan is saved as JSON (:data:`PLAN_FILE`, the format ``enable(plan=path)``
    reads) in the Trainer's ``output_dir`` (told by :class:`hf_ckpt.integrations.trainer.BudgetPlanCallback`).
    Where no plan fits, the error names the budget and the smallest activation memory reachable.
-3. **A later batch larger** in batch size or sequence length than any planned for **re-plans** for the largest
+3. **Autocast found further in.** accelerate wraps the outer model's ``forward`` in autocast, after the outer
+   level's pre-hook: an inner level that finds autocast on, which the plan was made without, plans again for the
+   same shapes, before any block runs. A plan made under autocast is kept when an outer level runs without it.
+4. **A later batch larger** in batch size or sequence length than any planned for **re-plans** for the largest
    of each seen so far (a plan for larger shapes fits smaller ones; keeping a plan made for smaller shapes would
    exceed a byte budget), logged the same way, the JSON rewritten. Smaller batches keep the plan. Estimates are
    cached per shape, so a re-plan for shapes seen before costs no trace.
@@ -43,6 +47,7 @@ from . import _budget
 from ._apply import apply_config
 from ._binding import resolve
 from ._compat import has_peft_adapters
+from ._precision import autocast_dtype
 from ._state import CheckpointState, get_state, set_state, take_back
 from ._target import target_model
 from ._units import format_bytes
@@ -71,6 +76,11 @@ class DeferredBudget:
         dict_name: Where ``checkpoint_kwargs`` came from, for messages.
         output_dir: Where the plan JSON is saved (the Trainer's ``output_dir``); None: not saved.
         shape: ``(batch, seq)`` the current plan was made for; None until the first batch.
+        autocast: The autocast dtype the current plan was made for (mixed precision), or None.
+        weights: The parameters' dtype and device, read at the first training forward.
+        optimizer: A weak reference to the optimizer that will step the model (told by the ``Trainer``'s
+            :class:`~hf_ckpt.integrations.trainer.BudgetPlanCallback`), whose first-step state ``"auto"`` leaves
+            room for; None: AdamW's states are assumed.
         plan: The plan in effect; None until the first batch.
         auto_bytes: ``"auto"`` resolved to activation bytes at the first batch.
         plan_path: Where the plan was last saved.
@@ -82,6 +92,9 @@ class DeferredBudget:
     dict_name: str
     output_dir: str | None = None
     shape: tuple[int, int] | None = None
+    autocast: torch.dtype | None = None
+    weights: tuple[torch.dtype, torch.device] | None = None
+    optimizer: Any = None
     plan: Any = None
     auto_bytes: int | None = None
     plan_path: str | None = None
@@ -200,13 +213,18 @@ def _on_forward(request: DeferredBudget, model: nn.Module, module: nn.Module, ar
     if state is None or state.budget is not request:
         return None
     planned = request.shape
-    if planned is not None and shape[0] <= planned[0] and shape[1] <= planned[1]:
+    if request.weights is None:  # read once: every forward of every level comes here
+        request.weights = _dtype_and_device(target)
+    # an outer level runs before the autocast that wraps an inner forward: a plan never goes back to no autocast
+    autocast = autocast_dtype(request.weights[1], request.weights[0]) or request.autocast
+    covered = planned is not None and shape[0] <= planned[0] and shape[1] <= planned[1]
+    if covered and autocast == request.autocast:
         return None
     wanted = shape if planned is None else (max(shape[0], planned[0]), max(shape[1], planned[1]))
-    plan, summary = _make_plan(target, request, wanted)
-    request.shape = wanted
+    plan, summary = _make_plan(target, request, wanted, autocast)
+    request.shape, request.autocast = wanted, autocast
     new_state = _apply(model, target, request, plan)
-    _log(target, request, summary, replanned=planned)
+    _log(request, summary, _replanned(planned, covered, module, autocast) if planned is not None else "")
     return _run_new_pre_hooks(new_state, module, args, kwargs)
 
 
@@ -266,37 +284,43 @@ def _strategies(request: DeferredBudget) -> tuple[str, ...]:
     return ("none", "full", "selective") if selective else ("none", "full")
 
 
-def estimate_for(target: nn.Module, shape: tuple[int, int], strategies: tuple[str, ...]) -> Any:
-    """The estimator's :class:`~hf_ckpt.estimate.MemoryEstimate` for ``target`` at ``shape``, cached."""
+def estimate_for(target: nn.Module, shape: tuple[int, int], strategies: tuple[str, ...],
+                 autocast: torch.dtype | None = None) -> Any:
+    """The estimator's :class:`~hf_ckpt.estimate.MemoryEstimate` for ``target`` at ``shape`` (under autocast to
+    ``autocast`` when given), cached."""
     from .estimate import estimate
     from .estimate._model import build_on_meta
 
     dtype, device = _dtype_and_device(target)
     estimated_on = "cuda" if device.type == "cuda" else "cpu"
     peft_config = _peft_config(target)
-    key = (type(target), target.config.to_json_string(), shape, dtype, estimated_on, repr(peft_config), strategies)
+    key = (type(target), target.config.to_json_string(), shape, dtype, autocast, estimated_on, repr(peft_config),
+           strategies)
     if key not in _estimates:
         meta = build_on_meta(type(target), target.config, dtype)
-        made = estimate(meta, batch_size=shape[0], seq_len=shape[1], dtype=dtype, device=estimated_on,
-                        peft_config=peft_config, strategies=strategies)
+        made = estimate(meta, batch_size=shape[0], seq_len=shape[1], dtype=dtype, autocast=autocast,
+                        device=estimated_on, peft_config=peft_config, strategies=strategies)
         while len(_estimates) >= _CACHE_SIZE:
             _estimates.pop(next(iter(_estimates)))
         _estimates[key] = made
     return _estimates[key], device
 
 
-def _make_plan(target: nn.Module, request: DeferredBudget, shape: tuple[int, int]) -> tuple[Any, str]:
+def _make_plan(target: nn.Module, request: DeferredBudget, shape: tuple[int, int],
+               autocast: torch.dtype | None) -> tuple[Any, str]:
     from .estimate import plan_from_estimate
 
-    made, device = estimate_for(target, shape, _strategies(request))
+    made, device = estimate_for(target, shape, _strategies(request), autocast)
     budget: float | int = request.budget  # type: ignore[assignment]
     trained = f", {made.peft}" if made.peft else ""
-    where = f"{type(target).__name__} at batch {shape[0]} x seq {shape[1]} ({made.dtype} on {made.device}{trained})"
+    mixed = f" with {made.autocast} autocast" if made.autocast else ""
+    where = f"{type(target).__name__} at batch {shape[0]} x seq {shape[1]} ({made.dtype}{mixed} on {made.device}{trained})"
     if request.budget == _budget.AUTO:
         if request.auto_bytes is None:
             transient = max(made.transient_bytes.values())
-            still = made.gradients_bytes + made.optimizer_bytes + transient
-            details = (f"gradients {format_bytes(made.gradients_bytes)}, AdamW states {format_bytes(made.optimizer_bytes)}, "
+            states, named = _optimizer_states(request, made, device)
+            still = made.gradients_bytes + states + transient
+            details = (f"gradients {format_bytes(made.gradients_bytes)}, {named} states {format_bytes(states)}, "
                        f"transients {format_bytes(transient)}")
             try:
                 request.auto_bytes = _budget.auto_activation_bytes(device, still, details)
@@ -312,12 +336,50 @@ def _make_plan(target: nn.Module, request: DeferredBudget, shape: tuple[int, int
     return plan, where
 
 
+def _optimizer_states(request: DeferredBudget, made: Any, device: torch.device) -> tuple[int, str]:
+    """(bytes, name): the state the optimizer's first step allocates: the optimizer's own when it is known and
+    registered (:mod:`hf_ckpt._optimizer_states`), AdamW's as the estimator counts it otherwise."""
+    from ._optimizer_states import pending_state_bytes, unwrap
+    from ._warnings import warn_once
+
+    optimizer = request.optimizer() if request.optimizer is not None else None
+    if optimizer is None:
+        return made.optimizer_bytes, "AdamW"
+    name = type(unwrap(optimizer)).__name__
+    pending = pending_state_bytes(optimizer, device.type)
+    if pending is None:
+        warn_once(f"budget='auto': hf_ckpt does not know what {name}'s first step allocates; it leaves room for "
+                  "AdamW's states (two buffers the size of each trainable parameter). Register the optimizer with "
+                  "hf_ckpt.register_optimizer_states, or give the budget in bytes.", key=f"auto-optimizer:{name}")
+        return made.optimizer_bytes, f"AdamW (assumed for {name})"
+    return pending, name
+
+
+def set_optimizer(model: nn.Module, optimizer: Any) -> None:
+    """Plan ``model``'s ``"auto"`` budget for ``optimizer``'s state; no-op without a budget or an optimizer."""
+    try:
+        target = target_model(model)
+    except TypeError:
+        return
+    request = getattr(get_state(target), "budget", None)
+    if isinstance(request, DeferredBudget) and optimizer is not None:
+        request.optimizer = weakref.ref(optimizer)
+
+
 def _summary(plan: Any) -> str:
     counts = Counter(plan.strategies)
     return ", ".join(f"{counts[s]} {s}" for s in ("full", "selective", "none") if counts[s])
 
 
-def _log(target: nn.Module, request: DeferredBudget, where: str, replanned: tuple[int, int] | None) -> None:
+def _replanned(planned: tuple[int, int], covered: bool, module: nn.Module, autocast: torch.dtype | None) -> str:
+    """Why a plan was made again: a larger batch, or autocast on where the plan was made without it (the forward
+    of ``module``, inside the one planned at: accelerate wraps the outer ``forward`` in autocast)."""
+    if covered:
+        return f"re-planned ({str(autocast).removeprefix('torch.')} autocast is on in {type(module).__name__}'s forward) "
+    return f"re-planned (batch {planned[0]} x seq {planned[1]} was planned before) "
+
+
+def _log(request: DeferredBudget, where: str, replanned: str) -> None:
     plan = request.plan
     saved = save_plan(request)
     budget = _budget.describe(request.budget)
@@ -325,7 +387,7 @@ def _log(target: nn.Module, request: DeferredBudget, where: str, replanned: tupl
         budget += f" ({format_bytes(request.auto_bytes)} for activations)"
     logger.info(
         "%sbudget %s for %s: plan %s; predicted activation memory %s of %s without checkpointing%s",
-        f"re-planned (batch {replanned[0]} x seq {replanned[1]} was planned before) " if replanned else "",
+        replanned,
         budget, where, _summary(plan), format_bytes(plan.predicted_bytes), format_bytes(plan.baseline_bytes),
         f"; saved to {saved}" if saved else "",
     )

@@ -64,7 +64,8 @@ def plan(
     Two ways: with ``sample_inputs``, by profiling real steps of ``model`` on this machine; or, with
     ``batch_size`` and ``seq_len`` instead, from shapes alone (:func:`hf_ckpt.estimate.plan_for`: fake tensors,
     no allocation), so that ``model`` may be a config, a ``config.json`` path or a meta-device model that does not
-    fit here. ``checkpoint_kwargs`` then go to the estimate (``dtype``, ``device``, ``optimizer``, ``peft_config``).
+    fit here. ``checkpoint_kwargs`` then go to the estimate (``dtype``, ``autocast``, ``device``, ``optimizer``,
+    ``peft_config``).
 
     Args:
         model: A ``PreTrainedModel`` (or PEFT model) on the device it will train on. It is left as found.

@@ -28,7 +28,7 @@ from ._target import target_model
 from .blocks import Block, find_blocks
 from .config import CheckpointConfig
 from ._apply import apply_config, remove
-from .measure.step import LossFn, loss_of, model_device
+from .measure.step import LossFn, loss_of, model_device, run_forward
 from .plans import CheckpointPlan
 from .selective import SelectiveRecomputeError
 
@@ -43,7 +43,7 @@ def retained_per_block(model: nn.Module, blocks: list[Block], inputs: Mapping[st
     from .measure.memory import StorageTracker, block_labels
 
     with block_labels(blocks) as label, StorageTracker(label=label) as tracker:
-        loss = loss_of_sample(model(**inputs), loss_fn)
+        loss = loss_of_sample(run_forward(model, inputs), loss_fn)
         by_block = tracker.live_bytes_by_label(str(model_device(model)))
         loss.backward()
     return by_block.get(None, 0), tuple(by_block.get(block.index, 0) for block in blocks)
@@ -56,7 +56,7 @@ def step_counts(model: nn.Module, inputs: Mapping[str, Any], loss_fn: LossFn | N
     torch.manual_seed(0)
     model.zero_grad(set_to_none=True)
     with count_flops() as counted:
-        loss_of_sample(model(**inputs), loss_fn).backward()
+        loss_of_sample(run_forward(model, inputs), loss_fn).backward()
     return counted
 
 

@@ -96,6 +96,37 @@ def test_stock_trainer_plans_the_first_batch_logs_once_and_saves_the_plan(patche
     assert messages[0].endswith(f"saved to {saved}")
 
 
+def test_stock_trainer_with_bf16_plans_for_the_autocast_its_blocks_run_under(patched, tmp_path, budget_log):
+    """bf16=True over float32 weights: the plan in effect is the autocast estimate's. Where accelerate wraps the
+    outer forward in autocast, the outer level plans without it and the inner model's forward plans again, once."""
+    from transformers import Trainer, TrainingArguments
+
+    from hf_ckpt.estimate import plan_from_estimate
+
+    model = tiny_llama()
+    args = TrainingArguments(
+        output_dir=str(tmp_path), gradient_checkpointing=True, gradient_checkpointing_kwargs={"budget": 0.5},
+        max_steps=2, per_device_train_batch_size=2, learning_rate=0.0, report_to=[], use_cpu=True, bf16=True,
+        save_strategy="no", logging_strategy="no", dataloader_num_workers=0,
+    )
+    Trainer(model=model, args=args, train_dataset=_Tokens()).train()
+
+    messages = budget_log()
+    where = "LlamaForCausalLM at batch 2 x seq 16 (float32 with bfloat16 autocast on cpu): plan "
+    if len(messages) == 1:  # transformers 4.x: the Trainer enters autocast around the outer model's call
+        assert messages[0].startswith(f"budget 50% for {where}"), messages
+    else:  # 5.x: accelerate wraps the outer forward, inside the outer level's pre-hook
+        assert len(messages) == 2, messages
+        assert messages[0].startswith("budget 50% for LlamaForCausalLM at batch 2 x seq 16 (float32 on cpu): plan ")
+        assert messages[1].startswith(f"re-planned (bfloat16 autocast is on in LlamaModel's forward) budget 50% for {where}")
+    made = _deferred.estimate_for(model, (2, SEQ), ("none", "full", "selective"), torch.bfloat16)[0]
+    assert made.autocast == "bfloat16"
+    assert _plan_of(model).strategies == plan_from_estimate(made, 0.5).strategies
+    plain = _deferred.estimate_for(model, (2, SEQ), ("none", "full", "selective"))[0]
+    assert plan_from_estimate(plain, 0.5).strategies != _plan_of(model).strategies  # autocast changed the plan
+    assert get_state(model).budget.autocast is torch.bfloat16
+
+
 def test_enable_budget_gradients_equal_no_checkpointing_and_probe_measures_the_plan():
     reference = train_step(tiny_llama(), _batch())
     model = hf_ckpt.enable(tiny_llama(), budget="50%")
@@ -179,6 +210,57 @@ def test_auto_is_free_memory_less_headroom_gradients_states_and_transients(free_
     assert request.auto_bytes == activations
     assert _plan_of(model).predicted_bytes <= activations < made.activation_bytes["none"]
     assert hf_ckpt.checkpointed_layers(model) == _planned_blocks(_plan_of(model))
+
+
+@pytest.mark.parametrize(("optim", "name"), [("sgd", "SGD"), ("adamw_torch", "AdamW")])
+def test_auto_in_the_trainer_leaves_room_for_its_own_optimizer(patched, tmp_path, free_memory, optim, name):
+    """The Trainer tells the budget its optimizer (BudgetPlanCallback): "auto" leaves room for what that
+    optimizer's first step allocates (SGD without momentum: nothing), not for AdamW's states."""
+    from transformers import Trainer, TrainingArguments
+
+    from hf_ckpt._optimizer_states import pending_state_bytes, unwrap
+
+    model = tiny_llama()
+    made = _deferred.estimate_for(model, (2, SEQ), ("none", "full", "selective"))[0]
+    total, activations = 8 * 2**30, made.activation_bytes["none"] // 2
+    states = {"SGD": 0, "AdamW": made.optimizer_bytes}[name]
+    free_memory(_budget.headroom(total) + made.gradients_bytes + states + max(made.transient_bytes.values())
+                + activations, total)
+    args = TrainingArguments(
+        output_dir=str(tmp_path), gradient_checkpointing=True, gradient_checkpointing_kwargs={"budget": "auto"},
+        max_steps=1, per_device_train_batch_size=2, learning_rate=0.0, report_to=[], use_cpu=True, optim=optim,
+        save_strategy="no", logging_strategy="no", dataloader_num_workers=0,
+    )
+    trainer = Trainer(model=model, args=args, train_dataset=_Tokens())
+    trainer.create_optimizer()
+    assert pending_state_bytes(trainer.optimizer, "cpu") == states  # AdamW's as the estimator counts them
+    trainer.train()
+    request = get_state(model).budget
+    assert type(unwrap(request.optimizer())).__name__ == name  # inside accelerate's AcceleratedOptimizer
+    assert request.auto_bytes == activations
+
+
+def test_auto_with_an_unknown_optimizer_warns_once_and_assumes_adamw(free_memory):
+    class Lion(torch.optim.Optimizer):
+        def __init__(self, params):
+            super().__init__(params, {"lr": 0.0})
+
+    model = tiny_llama()
+    made = _deferred.estimate_for(model, (2, SEQ), ("none", "full", "selective"))[0]
+    total, activations = 8 * 2**30, made.activation_bytes["none"] // 2
+    free_memory(_budget.headroom(total) + made.gradients_bytes + made.optimizer_bytes
+                + max(made.transient_bytes.values()) + activations, total)
+    hf_ckpt.enable(model, budget="auto")
+    optimizer = Lion(model.parameters())
+    _deferred.set_optimizer(model, optimizer)
+    with pytest.warns(hf_ckpt.HfCkptWarning) as warned:
+        train_step(model, _batch())
+    assert [str(w.message) for w in warned if issubclass(w.category, hf_ckpt.HfCkptWarning)] == [
+        "budget='auto': hf_ckpt does not know what Lion's first step allocates; it leaves room for AdamW's states "
+        "(two buffers the size of each trainable parameter). Register the optimizer with "
+        "hf_ckpt.register_optimizer_states, or give the budget in bytes."
+    ]
+    assert get_state(model).budget.auto_bytes == activations
 
 
 def test_auto_without_room_fails_at_the_first_batch_and_changes_nothing(free_memory):

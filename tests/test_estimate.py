@@ -75,6 +75,39 @@ def test_retained_bytes_and_flops_match_a_measured_step_for_every_strategy(predi
 
 
 @pytest.mark.filterwarnings("ignore")
+@pytest.mark.parametrize("name", ["llama", "gpt2"])
+def test_autocast_retained_bytes_equal_a_step_whose_forward_runs_under_autocast(name):
+    """Mixed precision (float32 weights, bfloat16 autocast around forward, backward outside, as the Trainer runs
+    it): the estimate equals the measured step, byte for byte, and differs from the float32 one."""
+    from hf_ckpt.measure.workload import build_workload
+
+    work = build_workload(name, batch=2, seq=64, layers=4, hidden=64)
+    model, batch = work.model, dict(work.batch)
+    strategies = ("none", "full", "selective")
+    mixed = estimate(model.config, batch_size=2, seq_len=64, dtype="float32", autocast="bf16", device="cpu",
+                     strategies=strategies)
+    plain = estimate(model.config, batch_size=2, seq_len=64, dtype="float32", device="cpu", strategies=strategies)
+    assert mixed.autocast == "bfloat16" and plain.autocast is None
+    assert "float32 with bfloat16 autocast on cpu" in str(mixed)
+    # CUDA attention is modelled by a kernel without an autocast rule: it is handed autocast's casts, so a
+    # checkpoint's recompute sees the dtypes its forward saw
+    cuda = estimate(model.config, batch_size=2, seq_len=64, dtype="float32", autocast="bf16", device="cuda",
+                    strategies=strategies)
+    assert set(cuda.activation_bytes) == set(strategies) and not cuda.unusable
+    forward = model.forward
+    model.forward = torch.autocast("cpu", dtype=torch.bfloat16)(forward)
+    try:
+        for strategy in strategies:
+            _apply(model, strategy)
+            measured = measure_step(model, batch, loss_fn=work.loss_fn).retained_bytes
+            assert mixed.activation_bytes[strategy] == measured, strategy
+            assert plain.activation_bytes[strategy] != measured, strategy
+    finally:
+        model.forward = forward
+        hf_ckpt.disable(model)
+
+
+@pytest.mark.filterwarnings("ignore")
 def test_parameter_gradient_and_adamw_bytes_are_exact(predicted_and_real):
     predicted, model = predicted_and_real
     model.zero_grad(set_to_none=True)
@@ -169,6 +202,8 @@ def test_accepts_a_config_json_path_and_its_folder(tmp_path):
         ({"seq_len": 2.5}, "seq_len must be a positive int; got 2.5"),
         ({"dtype": "float8"}, "dtype must be one of float32, bfloat16, float16 (or bf16, fp16, fp32, or the torch dtype); got 'float8'"),
         ({"device": "tpu"}, "device must be one of cuda, cpu; got 'tpu'"),
+        ({"autocast": "float32"}, "autocast must be None, bfloat16 or float16 (or bf16, fp16, or the torch dtype); got 'float32'"),
+        ({"autocast": True}, "autocast must be None, bfloat16 or float16 (or bf16, fp16, or the torch dtype); got True"),
         ({"optimizer": "lion"}, "optimizer must be one of adamw, adam, sgd_momentum, sgd; got 'lion'"),
         ({"peft_config": {"r": 8}}, "peft_config must be a peft.PeftConfig (e.g. peft.LoraConfig) or None; got dict"),
         ({"strategies": "full"}, "strategies must be a non-empty list or tuple of none, full, selective, every_n:K (K a positive int) or a hf_ckpt.CheckpointPlan; got 'full'"),

@@ -81,3 +81,18 @@ def test_missing_config_is_named(capsys):
     code = cli.main(["estimate", "/no/such/config.json", "--batch", "1", "--seq", "8"])
     assert code == 2
     assert "model_or_config: no config.json at '/no/such/config.json'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("autocast", [[], ["--dtype", "float32", "--autocast", "bf16"]])
+def test_encoders_with_a_mask_are_estimated_for_cuda_with_every_strategy(autocast, capsys):
+    """BERT passes an attention mask: on ``--device cuda`` (the default) its modelled fused attention must also
+    serve a checkpoint's recompute in backward (it raised a CheckpointError before), in float32 and under autocast."""
+    from pathlib import Path
+
+    config = Path(__file__).parent / "data" / "configs" / "bert-base-uncased.json"
+    argv = ["estimate", str(config), "--batch", "1", "--seq", "128", "--strategies", "none,full,every_n:2,selective"]
+    assert cli.main([*argv, *autocast]) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert "modelled, unverified on hardware" in out
+    for strategy in ("none", "full", "every_n:2", "selective"):
+        assert f"\n{strategy} " in out

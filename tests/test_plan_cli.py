@@ -98,6 +98,33 @@ def test_plan_from_a_config_needs_no_model_here(tmp_path, capsys, monkeypatch):
     assert "not both" in capsys.readouterr().err
 
 
+def test_autocast_plans_as_hf_ckpt_plan_does_under_autocast(tmp_path, capsys):
+    """``--autocast bf16``: the measured plan is the one ``hf_ckpt.plan`` makes under autocast; with ``--config``
+    the estimate's, traced under the same autocast."""
+    import hf_ckpt
+    from hf_ckpt.measure.workload import build_workload
+
+    small = ["--layers", "4", "--hidden", "64", "--seq", "128", "--batch", "2"]
+    path = tmp_path / "plan.json"
+    assert main(["plan", "--budget", "0.5", "--autocast", "bf16", "--json", str(path), *small]) == 0
+    assert "float32 with bfloat16 autocast on cpu" in capsys.readouterr().out
+    work = build_workload("llama", layers=4, hidden=64, seq=128, batch=2)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        expected = hf_ckpt.plan(work.model, work.batch, 0.5)
+    made = CheckpointPlan.load(path)
+    assert (made.strategies, made.predicted_bytes) == (expected.strategies, expected.predicted_bytes)
+
+    config = Path(__file__).parent / "data" / "configs" / "llama-3.1-8b.json"
+    args = ["plan", "--config", str(config), "--batch", "1", "--seq", "1024", "--dtype", "float32", "--budget", "4GiB"]
+    assert main([*args, "--autocast", "bf16", "--json", str(path)]) == 0
+    assert "float32 with bfloat16 autocast on cuda (estimated)" in capsys.readouterr().out
+    mixed = CheckpointPlan.load(path)
+    assert main([*args, "--json", str(path)]) == 0
+    # an 8B at batch 1 x seq 1024: the bf16 casts of the weights, which backward keeps, outweigh the narrower
+    # activations, so autocast retains more than float32 without checkpointing
+    assert mixed.baseline_bytes > CheckpointPlan.load(path).baseline_bytes
+
+
 def test_a_plan_with_the_finer_strategies_is_made_and_verified_from_the_command_line(tmp_path, capsys):
     path = tmp_path / "plan.json"
     small = ["--layers", "2", "--hidden", "64", "--seq", "32", "--batch", "2"]
@@ -119,6 +146,9 @@ def test_a_plan_with_the_finer_strategies_is_made_and_verified_from_the_command_
     (["plan", "--budget", "0.5", "--strategies", "none,half"],
      "hf-ckpt plan: error: argument --strategies: expected a comma-separated subset of none, selective, full, oplevel, "
      "partition, outside; got 'none,half' (see hf-ckpt plan --help)"),
+    (["plan", "--budget", "0.5", "--autocast", "fp32"],
+     "hf-ckpt plan: error: argument --autocast: --autocast must be bfloat16 or float16 (or bf16, fp16); got 'fp32' "
+     "(see hf-ckpt plan --help)"),
     (["plan", "--budget", "0.5", "--config", "{config}", "--strategies", "none,full"],
      "hf-ckpt plan: error: --strategies cannot be combined with --config: a plan from shapes chooses among none, "
      "selective, full; leave --strategies out, or profile a real step with --model"),

@@ -154,3 +154,29 @@ def test_a_model_that_cannot_run_selective_is_planned_without_it():
     assert set(profile.retained) == {"none", "full"}
     assert "aten.addmm.default" in profile.unusable["selective"]  # the reason names the op
     assert "selective" not in plan.strategies
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_under_the_callers_autocast_steps_and_plans_are_measured_as_a_training_loop_runs_them():
+    """``with torch.autocast(...): hf_ckpt.plan(...)``: each profiled forward casts the weights anew and frees the
+    casts backward does not keep, as a loop entering autocast around each forward (accelerate) does; measured
+    retained bytes equal that loop's, and the plan's prediction equals its measured step."""
+    from hf_ckpt.measure.workload import build_workload
+
+    work = build_workload("llama", batch=2, seq=128, layers=4, hidden=64)
+    model, batch = work.model, dict(work.batch)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        plan = hf_ckpt.plan(model, batch, 0.5)
+        inside = {strategy: _measured(model, batch, **options).retained_bytes
+                  for strategy, options in (("none", {}), ("full", {"strategy": "full"}))}
+    forward = model.forward
+    model.forward = torch.autocast("cpu", dtype=torch.bfloat16)(forward)  # as accelerate wraps it
+    try:
+        loop = {strategy: _measured(model, batch, **options).retained_bytes
+                for strategy, options in (("none", {}), ("full", {"strategy": "full"}))}
+        planned = _measured(model, batch, plan=plan).retained_bytes
+    finally:
+        model.forward = forward
+    assert inside == loop
+    assert plan.predicted_bytes == planned <= plan.budget_bytes
+    assert plan.strategies != hf_ckpt.plan(model, batch, 0.5).strategies  # float32 activations plan otherwise

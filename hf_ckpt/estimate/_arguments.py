@@ -33,6 +33,19 @@ def check_dtype(value: Any) -> torch.dtype:
     raise ValueError(f"dtype must be one of {', '.join(_DTYPES)} (or bf16, fp16, fp32, or the torch dtype); got {value!r}")
 
 
+def check_autocast(value: Any) -> torch.dtype | None:
+    """None (no autocast) or the lower precision autocast runs matmuls in: bfloat16 or float16."""
+    if value is None:
+        return None
+    try:
+        dtype = check_dtype(value)
+    except ValueError:
+        dtype = None
+    if dtype not in (torch.bfloat16, torch.float16):
+        raise ValueError(f"autocast must be None, bfloat16 or float16 (or bf16, fp16, or the torch dtype); got {value!r}")
+    return dtype
+
+
 def check_device(value: Any) -> str:
     kind = value.type if isinstance(value, torch.device) else value
     if isinstance(kind, str) and kind.split(":")[0] in DEVICES:

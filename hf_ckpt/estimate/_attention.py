@@ -60,31 +60,48 @@ def attention_model(device: str, dtype: torch.dtype) -> AttentionModel:
     )
 
 
+def _fused(*args: Any, **kwargs: Any) -> Any:
+    """``F.scaled_dot_product_attention`` through the fused CPU kernel: the saved tensors of a fused kernel."""
+    op = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+    names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale")
+    bound = dict(zip(names, args))
+    bound.update(kwargs)
+    query, key, value = bound["query"], bound["key"], bound["value"]
+    if op is None or query.dim() != 4:
+        with torch._C.DisableTorchFunction():  # not back into _FusedAttention
+            return _SDPA(*args, **kwargs)
+    query, key, value, mask = _autocast(query, key, value, bound.get("attn_mask"))
+    # Grouped-query attention (enable_gqa) stays unexpanded, as in the CUDA kernels: on fake tensors the
+    # kernel's shape function accepts fewer key/value heads and backward returns gradients of their shape.
+    if mask is not None and mask.dtype == torch.bool:
+        # the kernel takes an additive mask; the conversion happens before the kernel on CUDA too
+        mask = torch.zeros(mask.shape, dtype=query.dtype, device=query.device).masked_fill(~mask, float("-inf"))
+    out = op(
+        query, key, value, dropout_p=float(bound.get("dropout_p") or 0.0),
+        is_causal=bool(bound.get("is_causal") or False), attn_mask=mask, scale=bound.get("scale"),
+    )
+    return out[0]
+
+
+#: torch's own, called by :func:`_fused` where the fused kernel does not apply.
+_SDPA = F.scaled_dot_product_attention
+
+
 class _FusedAttention(TorchFunctionMode):
-    """Routes ``F.scaled_dot_product_attention`` to the fused CPU kernel: the saved tensors of a fused kernel."""
+    """Routes ``F.scaled_dot_product_attention`` to :func:`_fused` for code that imported the function itself."""
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
-        if func is not F.scaled_dot_product_attention:
-            return func(*args, **kwargs)
-        op = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
-        names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale")
-        bound = dict(zip(names, args))
-        bound.update(kwargs)
-        query, key, value = bound["query"], bound["key"], bound["value"]
-        if op is None or query.dim() != 4:
-            return func(*args, **kwargs)
-        # Grouped-query attention (enable_gqa) stays unexpanded, as in the CUDA kernels: on fake tensors the
-        # kernel's shape function accepts fewer key/value heads and backward returns gradients of their shape.
-        mask = bound.get("attn_mask")
-        if mask is not None and mask.dtype == torch.bool:
-            # the kernel takes an additive mask; the conversion happens before the kernel on CUDA too
-            mask = torch.zeros(mask.shape, dtype=query.dtype, device=query.device).masked_fill(~mask, float("-inf"))
-        out = op(
-            query, key, value, dropout_p=float(bound.get("dropout_p") or 0.0),
-            is_causal=bool(bound.get("is_causal") or False), attn_mask=mask, scale=bound.get("scale"),
-        )
-        return out[0]
+        return _fused(*args, **kwargs) if func is _SDPA else func(*args, **kwargs)
+
+
+def _autocast(*tensors: Any) -> list[Any]:
+    """The tensors as autocast hands them to SDPA (a lower-precision op on every device): floating ones cast to
+    autocast's dtype when the trace runs under it. The kernel called here in its place has no autocast rule."""
+    if not torch.is_autocast_enabled("cpu"):  # the trace's autocast: its fake tensors are on the CPU
+        return list(tensors)
+    dtype = torch.get_autocast_dtype("cpu")
+    return [t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t for t in tensors]
 
 
 @contextlib.contextmanager
@@ -93,5 +110,11 @@ def attention_for(device: str) -> Iterator[None]:
     if device == "cpu":
         yield
         return
-    with _FusedAttention():
-        yield
+    # A checkpoint's recompute in backward runs without the forward's torch-function modes: the module attribute,
+    # which transformers' attention functions look up at each call, routes it there too.
+    F.scaled_dot_product_attention = _fused
+    try:
+        with _FusedAttention():
+            yield
+    finally:
+        F.scaled_dot_product_attention = _SDPA

@@ -144,13 +144,14 @@ def _per_strategy(traced: Trace, rep: Sequence[int], strategies: Sequence[Any], 
     return activation, peak, recompute, step, ratio, unusable
 
 
-def _checked(model_or_config, batch_size, seq_len, dtype, device, optimizer, peft_config, strategies):
+def _checked(model_or_config, batch_size, seq_len, dtype, autocast, device, optimizer, peft_config, strategies):
     """Every argument of :func:`estimate`, checked at the call (each error names its argument)."""
     arguments.check_source(model_or_config)
     return (
         arguments.check_positive_int("batch_size", batch_size),
         arguments.check_positive_int("seq_len", seq_len),
         arguments.check_dtype(dtype),
+        arguments.check_autocast(autocast),
         arguments.check_device(device),
         arguments.check_optimizer(optimizer),
         arguments.check_peft_config(peft_config),
@@ -159,14 +160,14 @@ def _checked(model_or_config, batch_size, seq_len, dtype, device, optimizer, pef
 
 
 def _trace_reduced(reduced: nn.Module, traced_blocks: list, strategies: Sequence[Any], num_blocks: int,
-                   batch_size: int, seq_len: int, device: str) -> Trace:
+                   batch_size: int, seq_len: int, device: str, autocast: torch.dtype | None) -> Trace:
     """The reduced model traced on fake tensors under every per-block strategy the asked strategies use."""
     mode = fake_mode()
     to_fake(reduced, mode)
     needed = {s for strategy in strategies for s in _per_block(strategy, num_blocks)} | {"none"}
     mixed = any(len(set(_per_block(strategy, num_blocks))) > 1 for strategy in strategies) or set(TRACED) <= needed
     return trace(reduced, traced_blocks, _inputs(reduced, batch_size, seq_len, mode), mode, device,
-                 tuple(s for s in TRACED if s in needed), mixed=mixed)
+                 tuple(s for s in TRACED if s in needed), mixed=mixed, autocast=autocast)
 
 
 def estimate(
@@ -175,6 +176,7 @@ def estimate(
     batch_size: int,
     seq_len: int,
     dtype: str | torch.dtype = "bfloat16",
+    autocast: str | torch.dtype | None = None,
     device: str = "cuda",
     optimizer: str = "adamw",
     peft_config: Any = None,
@@ -190,7 +192,11 @@ def estimate(
             model built on the meta device (a PEFT model too).
         batch_size: Sequences per step (per device).
         seq_len: Tokens per sequence.
-        dtype: Training dtype: ``"bfloat16"``, ``"float16"`` or ``"float32"`` (or ``bf16``/``fp16``/``fp32``).
+        dtype: Training dtype: ``"bfloat16"``, ``"float16"`` or ``"float32"`` (or ``bf16``/``fp16``/``fp32``):
+            of the parameters, gradients and, without ``autocast``, the activations.
+        autocast: Mixed precision: the step runs under ``torch.autocast`` to ``"bfloat16"`` or ``"float16"``
+            (the ``Trainer``'s ``bf16=True``/``fp16=True`` over ``dtype="float32"`` weights); None: no autocast.
+            Traced with CPU autocast's op lists (see :mod:`hf_ckpt.estimate._trace`).
         device: ``"cuda"`` (attention kernels modelled, see :mod:`hf_ckpt.estimate._attention`) or ``"cpu"``.
         optimizer: ``"adamw"``, ``"adam"``, ``"sgd_momentum"`` or ``"sgd"``.
         peft_config: A ``peft.PeftConfig`` (e.g. ``LoraConfig(r=16)``): only the adapters train.
@@ -205,8 +211,8 @@ def estimate(
         ValueError: an argument is invalid (the message names it and what it accepts), or the model cannot be
             traced.
     """
-    batch_size, seq_len, torch_dtype, device, optimizer, peft_config, strategies = _checked(
-        model_or_config, batch_size, seq_len, dtype, device, optimizer, peft_config, strategies
+    batch_size, seq_len, torch_dtype, autocast_dtype, device, optimizer, peft_config, strategies = _checked(
+        model_or_config, batch_size, seq_len, dtype, autocast, device, optimizer, peft_config, strategies
     )
 
     config, cls, full, reduced = _models(model_or_config, torch_dtype, peft_config)
@@ -216,7 +222,8 @@ def estimate(
     mapping = map_blocks(full_blocks, traced_blocks)
     num_blocks = len(full_blocks)
 
-    traced = _trace_reduced(reduced, traced_blocks, strategies, num_blocks, batch_size, seq_len, device)
+    traced = _trace_reduced(reduced, traced_blocks, strategies, num_blocks, batch_size, seq_len, device,
+                            autocast_dtype)
     renamed = _traced_name(full_blocks, traced_blocks, mapping.representative)
     states = count_states(full, optimizer, device, lambda name: renamed(name) in traced.used_parameters)
     del full
@@ -231,12 +238,13 @@ def estimate(
         traced, rep, strategies, num_blocks, block_flops, none_flops, states
     )
 
-    attention = attention_model(device, torch_dtype)
+    attention = attention_model(device, autocast_dtype or torch_dtype)
     return MemoryEstimate(
         model_type=getattr(config, "model_type", None),
         model_class=cls.__name__,
         device=device,
         dtype=str(torch_dtype).removeprefix("torch."),
+        autocast=str(autocast_dtype).removeprefix("torch.") if autocast_dtype is not None else None,
         batch_size=batch_size,
         seq_len=seq_len,
         optimizer=optimizer,

@@ -23,7 +23,8 @@ class MemoryEstimate:
         model_type: ``config.model_type``.
         model_class: The model class estimated (with its training head).
         device: Target device type (``"cuda"`` or ``"cpu"``).
-        dtype: Training dtype of parameters and activations.
+        dtype: Training dtype of the parameters (and of the activations, without ``autocast``).
+        autocast: The dtype the step's autocast runs matmuls in (mixed precision), or None.
         batch_size: Sequences per step.
         seq_len: Tokens per sequence (encoder and decoder alike for encoder-decoder models).
         optimizer: The optimizer whose states are counted.
@@ -83,6 +84,7 @@ class MemoryEstimate:
     unusable: dict[str, str] = field(default_factory=dict)
     attention: dict[str, Any] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
+    autocast: str | None = None
 
     @property
     def fixed_bytes(self) -> int:
@@ -129,7 +131,8 @@ class MemoryEstimate:
         lora = f", {self.peft}" if self.peft else ""
         head = (
             f"{self.model_class} ({self.parameters / 1e9:.2f}B parameters, {self.num_blocks} blocks, "
-            f"{self.traced_blocks} traced); batch {self.batch_size} x seq {self.seq_len}, {self.dtype} on "
+            f"{self.traced_blocks} traced); batch {self.batch_size} x seq {self.seq_len}, {self.dtype}"
+            f"{f' with {self.autocast} autocast' if self.autocast else ''} on "
             f"{self.device}, {self.optimizer}{lora}\n"
             f"parameters {format_bytes(self.parameters_bytes)}, gradients {format_bytes(self.gradients_bytes)}, "
             f"optimizer {format_bytes(self.optimizer_bytes)} (fixed {format_bytes(self.fixed_bytes)})\n"

@@ -10,6 +10,13 @@ are the figures ``hf_ckpt.measure`` would count on a real one.
 
 Data-dependent Python control flow (``if tensor.item()``) cannot run on fake tensors; batches are built without
 an attention mask (causal models use ``is_causal``), which is the packed-sequence case.
+
+With ``autocast`` (mixed precision: parameters in one dtype, matmuls in a lower one) each forward runs under
+``torch.autocast("cpu", dtype=autocast)`` and its backward outside, as the ``Trainer`` (accelerate) runs them, on
+the fake CPU tensors the trace uses for every target device: matmul, linear and attention outputs take the lower
+dtype, and what autocast leaves alone (the residual stream added to float32 embeddings, losses) keeps its own.
+Each forward enters autocast anew, so its cast weights are made, and counted, in every step (autocast's cache of
+them lives as long as the context).
 """
 
 from __future__ import annotations
@@ -204,6 +211,12 @@ def _loss(output: Any) -> torch.Tensor:
     return loss_of(output, None, caller="estimate: ")
 
 
+def _forward(model: nn.Module, inputs: Mapping[str, Any], autocast: torch.dtype | None) -> Any:
+    """``model(**inputs)``, under autocast to ``autocast`` when given (entered anew: its cast cache is this step's)."""
+    with torch.autocast("cpu", dtype=autocast) if autocast is not None else contextlib.nullcontext():
+        return model(**inputs)
+
+
 def _apply(model: nn.Module, strategies: tuple[str, ...]) -> None:
     """Set one strategy per block (a :class:`~hf_ckpt.CheckpointPlan`), or remove checkpointing for all-none."""
     remove(model)
@@ -221,12 +234,13 @@ def _quiet() -> Iterator[None]:
         yield
 
 
-def _memory_step(model: nn.Module, blocks: list[Block], inputs: Mapping[str, Any], mode: Any, device: str):
+def _memory_step(model: nn.Module, blocks: list[Block], inputs: Mapping[str, Any], mode: Any, device: str,
+                 autocast: torch.dtype | None = None):
     """(base bytes, bytes per block, transient peak) of one fake step, labelled by block."""
     from ..measure.memory import StorageTracker, block_labels
 
     with block_labels(blocks) as label, mode, _AssumedChecks(), attention_for(device), StorageTracker(label=label) as tracker:
-        loss = _loss(model(**inputs))
+        loss = _loss(_forward(model, inputs, autocast))
         # fake tensors live on "meta"; checkpointing's RNG states are real host tensors: activations where the
         # target is the CPU, host memory beside the device's otherwise
         devices = ("meta", "cpu") if device == "cpu" else ("meta",)
@@ -242,7 +256,8 @@ def _memory_step(model: nn.Module, blocks: list[Block], inputs: Mapping[str, Any
 
 
 def _flops_step(
-    model: nn.Module, inputs: Mapping[str, Any], mode: Any, used: set[str] | None = None
+    model: nn.Module, inputs: Mapping[str, Any], mode: Any, used: set[str] | None = None,
+    autocast: torch.dtype | None = None,
 ) -> tuple[int, dict[str, int]]:
     """Whole-step FLOPs and FLOPs per module name, of one fake step; ``used`` collects the names of the
     parameters that received a gradient."""
@@ -258,7 +273,7 @@ def _flops_step(
     counter = FlopCounterMode(display=False, custom_mapping=missing_formulas())
     try:
         with mode, _AssumedChecks(), counter:
-            _loss(model(**inputs)).backward()
+            _loss(_forward(model, inputs, autocast)).backward()
     finally:
         for handle in handles:
             handle.remove()
@@ -274,7 +289,8 @@ def _preallocate_grads(model: nn.Module, mode: Any) -> None:
                 parameter.grad = torch.zeros_like(parameter)
 
 
-def _captured_inputs(model: nn.Module, blocks: list[Block], inputs: Mapping[str, Any], mode: Any) -> list[tuple]:
+def _captured_inputs(model: nn.Module, blocks: list[Block], inputs: Mapping[str, Any], mode: Any,
+                     autocast: torch.dtype | None = None) -> list[tuple]:
     """The (args, kwargs) each block is called with in a forward of ``model`` (fake tensors, detached with
     their ``requires_grad``), to run each block on its own."""
     captured: dict[int, tuple] = {}
@@ -299,7 +315,7 @@ def _captured_inputs(model: nn.Module, blocks: list[Block], inputs: Mapping[str,
         inputs = {**inputs, "use_cache": False}  # a cache in the captured kwargs would grow with each block run
     try:
         with mode, _AssumedChecks():  # with autograd on: the inputs' requires_grad is what a real step has
-            model(**inputs)
+            _forward(model, inputs, autocast)
     finally:
         for handle in handles:
             handle.remove()
@@ -372,9 +388,10 @@ def trace(
     model: nn.Module, blocks: list[Block], inputs: Mapping[str, Any], mode: Any, device: str,
     strategies: tuple[str, ...] = TRACED,
     mixed: bool = True,
+    autocast: torch.dtype | None = None,
 ) -> Trace:
     """Trace the fake ``model`` (its blocks ``blocks``) on ``inputs`` under each of ``strategies`` (and, with
-    ``mixed``, their alternations, for plans that mix strategies)."""
+    ``mixed``, their alternations, for plans that mix strategies), under autocast to ``autocast`` if given."""
     count = len(blocks)
     base: dict[str, int] = {}
     seen: dict[tuple[int, str | None, str, str | None, str | None], int] = {}
@@ -391,7 +408,7 @@ def trace(
                 continue
             _apply(model, pattern)
             try:
-                outside, per_block, above = _memory_step(model, blocks, inputs, mode, device)
+                outside, per_block, above = _memory_step(model, blocks, inputs, mode, device, autocast)
             except SelectiveRecomputeError as error:
                 unusable[next(s for s in pattern if s != "none")] = str(error)
                 continue
@@ -411,8 +428,8 @@ def trace(
                     seen[key] = per_block[j]
         remove(model)
         used: set[str] = set()
-        step_flops, _per_module = _flops_step(model, inputs, mode, used)
-        calls = _captured_inputs(model, blocks, inputs, mode)
+        step_flops, _per_module = _flops_step(model, inputs, mode, used, autocast)
+        calls = _captured_inputs(model, blocks, inputs, mode, autocast)
         block_flops = tuple(_block_step_flops(block, call, mode) for block, call in zip(blocks, calls))
         for strategy in usable:
             if strategy in unusable:
@@ -424,7 +441,7 @@ def trace(
             for group in _twins(blocks):  # whole-step totals are exact; blocks of one type cost the same
                 plan = tuple(strategy if j in group else "none" for j in range(count))
                 _apply(model, plan)
-                total, _ = _flops_step(model, inputs, mode)
+                total, _ = _flops_step(model, inputs, mode, autocast=autocast)
                 # not clamped at 0: a checkpointed block may run another kernel (T5 attention, below)
                 share, remainder = divmod(total - step_flops, len(group))
                 for position, j in enumerate(group):

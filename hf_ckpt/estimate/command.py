@@ -27,6 +27,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch", type=int, required=True, help="sequences per step (per device)")
     parser.add_argument("--seq", type=int, required=True, help="tokens per sequence")
     parser.add_argument("--dtype", default="bfloat16", help="bfloat16 (default), float16 or float32")
+    parser.add_argument("--autocast", default=None, metavar="DTYPE",
+                        help="mixed precision: forward under autocast to bfloat16 or float16, over --dtype weights "
+                             "(the Trainer's bf16=True with float32 weights: --dtype float32 --autocast bf16)")
     parser.add_argument("--device", default="cuda", help="cuda (default; attention kernels modelled) or cpu")
     parser.add_argument("--optimizer", default="adamw", help="adamw (default), adam, sgd_momentum or sgd")
     parser.add_argument("--lora-r", type=int, default=None, metavar="R",
@@ -91,8 +94,8 @@ def run(args: argparse.Namespace) -> int:
 
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
     try:
-        made = estimate(args.config, batch_size=args.batch, seq_len=args.seq, dtype=args.dtype, device=args.device,
-                        optimizer=args.optimizer, peft_config=_lora(args.lora_r), strategies=strategies)
+        made = estimate(args.config, batch_size=args.batch, seq_len=args.seq, dtype=args.dtype, autocast=args.autocast,
+                        device=args.device, optimizer=args.optimizer, peft_config=_lora(args.lora_r), strategies=strategies)
     except (ValueError, FileNotFoundError) as error:
         raise CommandError(str(error)) from None
     print(str(made).rsplit("\n", 1 + len(made.activation_bytes) + 1)[0])

@@ -17,14 +17,18 @@ from transformers.trainer_callback import TrainerCallback
 
 
 class BudgetPlanCallback(TrainerCallback):
-    """Saves the plan of a ``budget`` given in ``gradient_checkpointing_kwargs`` in ``args.output_dir``."""
+    """Saves the plan of a ``budget`` given in ``gradient_checkpointing_kwargs`` in ``args.output_dir``, and tells
+    a ``"auto"`` budget the optimizer whose first-step state it leaves room for."""
 
-    def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
-        from .._deferred import set_output_dir
+    def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, optimizer: Any = None,
+                       **kwargs: Any) -> None:
+        from .._deferred import set_optimizer, set_output_dir
 
-        if model is None or not getattr(args, "should_save", True):
+        if model is None:
             return
-        set_output_dir(model, getattr(args, "output_dir", None))
+        set_optimizer(model, optimizer)
+        if getattr(args, "should_save", True):
+            set_output_dir(model, getattr(args, "output_dir", None))
 
 
 def _default_callbacks() -> list | None:

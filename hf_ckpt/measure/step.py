@@ -37,9 +37,27 @@ def loss_of(output: Any, loss_fn: LossFn | None = None, *, caller: str = "", inp
     return loss
 
 
+def run_forward(model: nn.Module, batch: Mapping[str, Any]) -> Any:
+    """``model(**batch)`` as one forward of a training loop, under the caller's autocast if any.
+
+    A loop enters autocast around each forward (the ``Trainer``, through accelerate, wraps ``forward``): each
+    forward casts the weights anew, and at its exit autocast empties its cache of casts, freeing those backward does
+    not keep. Called inside one long autocast context (``with torch.autocast(...): hf_ckpt.plan(...)``), steps
+    would share cached casts instead: a later step would not count them, and a checkpointed block's would stay
+    alive. So the cache is emptied before and after the forward, as at a loop's autocast exit; outside autocast it
+    is empty and this is a no-op.
+    """
+    torch.clear_autocast_cache()
+    try:
+        return model(**batch)
+    finally:
+        torch.clear_autocast_cache()
+
+
 def forward_loss(model: nn.Module, batch: Mapping[str, Any], loss_fn: LossFn | None = None) -> torch.Tensor:
-    """The forward half of a step: ``loss_fn(model(**batch))``; only the loss is kept, as a training loop does."""
-    return loss_of(model(**batch), loss_fn)
+    """The forward half of a step: ``loss_fn(model(**batch))`` (:func:`run_forward`); only the loss is kept, as a
+    training loop does."""
+    return loss_of(run_forward(model, batch), loss_fn)
 
 
 def training_step(model: nn.Module, batch: Mapping[str, Any], loss_fn: LossFn | None = None) -> float:
