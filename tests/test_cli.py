@@ -61,6 +61,7 @@ def no_model_is_built(monkeypatch):
         (["--settings", "full,full"], ("--settings", "full")),
         (["--batch", "0"], ("--batch", "'0'")),
         (["--dtype", "float8"], ("--dtype", "'float8'", "bfloat16")),
+        (["--autocast", "float32"], ("--autocast", "'float32'", "bfloat16 or float16")),
         (["--device", "cuda:99"], ("--device", "'cuda:99'")),
         (["--model", "/no/such/model/dir"], ("--model", "/no/such/model/dir")),
         (["--model", "no-such-type"], ("--model", "'no-such-type'", "llama")),
@@ -342,3 +343,23 @@ def test_progress_is_on_by_default_on_a_terminal_and_off_otherwise(monkeypatch):
         bar.update(3)
         bar.close()
         assert ("hf-ckpt bench" in stream.getvalue()) == shown
+
+
+def test_bench_under_autocast_measures_the_step_the_trainer_runs(tmp_path, capsys):
+    """``--autocast bf16``: forward wrapped in autocast as accelerate wraps it; the header says so and the rows are
+    the measured steps of that model."""
+    import torch
+
+    from hf_ckpt.measure import measure_step
+    from hf_ckpt.measure.workload import build_workload
+
+    path = tmp_path / "bench.json"
+    code, out, err = run_main(["bench", *TINY, "--settings", "none,full", "--autocast", "bf16", "--json", str(path)],
+                              capsys)
+    assert code == 0, err
+    assert "batch 1 x seq 8, float32 with bfloat16 autocast on cpu;" in out
+    rows = {row["setting"]: row for row in json.loads(path.read_text())["settings"]}
+    work = build_workload(layers=2, hidden=32, seq=8, batch=1, autocast=torch.bfloat16)
+    assert rows["none"]["retained_bytes"] == measure_step(work.model, work.batch).retained_bytes
+    plain = build_workload(layers=2, hidden=32, seq=8, batch=1)
+    assert rows["none"]["retained_bytes"] != measure_step(plain.model, plain.batch).retained_bytes

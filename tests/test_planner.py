@@ -179,4 +179,4 @@ def test_under_the_callers_autocast_steps_and_plans_are_measured_as_a_training_l
         model.forward = forward
     assert inside == loop
     assert plan.predicted_bytes == planned <= plan.budget_bytes
-    assert plan.strategies != hf_ckpt.plan(model, batch, 0.5).strategies  # float32 activations plan otherwise
+    assert plan.baseline_bytes == loop["none"] != hf_ckpt.plan(model, batch, 0.5).baseline_bytes  # not float32's

@@ -84,6 +84,14 @@ def dtype_name(text: str) -> str:
     return name
 
 
+def autocast_name(text: str) -> str:
+    """``--autocast``: ``bfloat16`` or ``float16`` (``bf16``, ``fp16`` accepted); the canonical name."""
+    name = _DTYPE_ALIASES.get(text, text)
+    if name not in ("bfloat16", "float16"):
+        raise argparse.ArgumentTypeError(f"--autocast must be bfloat16 or float16 (or bf16, fp16); got {text!r}")
+    return name
+
+
 def device(text: str) -> Any:
     """A ``torch.device`` that exists on this machine (imports torch: only when ``--device`` is given)."""
     from ..measure.workload import parse_device
@@ -176,7 +184,8 @@ def model_spec(text: str) -> str:
 
 
 def add_workload_arguments(parser: Any, *, seed_help: str = "seed of the weights and the batch") -> None:
-    """Declare ``--model --layers --hidden --batch --seq --dtype --device --seed`` on ``parser`` (or a group)."""
+    """Declare ``--model --layers --hidden --batch --seq --dtype --autocast --device --seed`` on ``parser`` (or a
+    group)."""
     add = parser.add_argument
     add(
         "--model",
@@ -190,6 +199,9 @@ def add_workload_arguments(parser: Any, *, seed_help: str = "seed of the weights
     add("--batch", type=positive_int, default=DEFAULT_BATCH, help="sequences (default %(default)s)")
     add("--seq", type=positive_int, default=DEFAULT_SEQ, help="tokens per sequence (default %(default)s)")
     add("--dtype", type=dtype_name, default="float32", help="float32 (default), bfloat16 or float16")
+    add("--autocast", type=autocast_name, default=None, metavar="DTYPE",
+        help="mixed precision: forward under autocast to bfloat16 or float16 over --dtype weights, as the Trainer's "
+        "bf16=True runs it (--autocast bf16)")
     add("--device", type=device, default=None, help="cpu, cuda, cuda:1, ... (default: the first accelerator, else cpu)")
     add("--seed", type=int, default=0, help=f"{seed_help} (default %(default)s)")
 
@@ -213,6 +225,7 @@ def build_workload_from(args: argparse.Namespace, device: Any = None) -> Any:
             dtype=workload.parse_dtype(args.dtype) if isinstance(args.dtype, str) else args.dtype,
             device=device if device is not None else (args.device or workload.default_device()),
             seed=args.seed,
+            autocast=workload.parse_dtype(args.autocast) if getattr(args, "autocast", None) else None,
         )
     except ValueError as error:
         if spec is None or not os.path.isdir(spec):

@@ -130,7 +130,8 @@ def _header(info: dict[str, Any], repeat: int, warmup: int, clock: str) -> str:
     return (
         f"model: {model['class']} ({model['source']}), {model['layers']} layers, hidden {model['hidden']}, "
         f"{model['parameters']:,} parameters, attention {model['attention']}\n"
-        f"batch {model['batch']} x seq {model['seq']}, {model['dtype']} on {model['device']}; "
+        f"batch {model['batch']} x seq {model['seq']}, {model['dtype']}"
+        f"{f' with {mixed} autocast' if (mixed := model.get('autocast')) else ''} on {model['device']}; "
         f"torch {env['torch']}, transformers {env['transformers']}, hf_ckpt {env['hf_ckpt']}, "
         f"{env['cpu_threads']} CPU thread(s)\n"
         f"step time: {'process CPU time' if clock == 'cpu' else 'wall time'}, median of {repeat} interleaved rounds "

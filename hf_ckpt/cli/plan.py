@@ -75,11 +75,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--json", metavar="PATH", type=output_file, help="also write the plan as JSON to PATH")
     parser.add_argument(
-        "--autocast", type=autocast_name, default=None, metavar="DTYPE",
-        help="mixed precision: plan for forwards under autocast to bfloat16 or float16 over --dtype weights "
-        "(the Trainer's bf16=True over float32 weights: --autocast bf16)",
-    )
-    parser.add_argument(
         "--config",
         metavar="CONFIG",
         type=config_path,
@@ -88,14 +83,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "defaults to cuda then",
     )
     add_workload_arguments(parser)
-
-
-def autocast_name(text: str) -> str:
-    """``--autocast``: ``bfloat16`` or ``float16`` (``bf16``, ``fp16`` accepted); the canonical name."""
-    name = {"bf16": "bfloat16", "fp16": "float16"}.get(text, text)
-    if name not in ("bfloat16", "float16"):
-        raise argparse.ArgumentTypeError(f"--autocast must be bfloat16 or float16 (or bf16, fp16); got {text!r}")
-    return name
 
 
 def _with(autocast: str | None) -> str:
@@ -118,23 +105,15 @@ def run(args: argparse.Namespace) -> int:
 
     if args.config is not None:
         return _run_from_config(args)
-    import contextlib
-
-    import torch
-
     work = build_workload_from(args)
-    device_type = str(work.info["device"]).split(":")[0]
-    mixed = (torch.autocast(device_type, dtype=getattr(torch, args.autocast)) if args.autocast
-             else contextlib.nullcontext())
     try:
-        with mixed:
-            made = plan(work.model, work.batch, args.budget, strategies=args.strategies, loss_fn=work.loss_fn)
+        made = plan(work.model, work.batch, args.budget, strategies=args.strategies, loss_fn=work.loss_fn)
     except ValueError as error:  # the arguments were checked while parsing: what is left is "no plan fits"
         raise CommandError(str(error), exit_code=1) from None
     info = work.info
     print(
         f"model: {info['class']} ({info['source']}), {info['layers']} layers, hidden {info['hidden']}; "
-        f"batch {info['batch']} x seq {info['seq']}, {info['dtype']}{_with(args.autocast)} on {info['device']}"
+        f"batch {info['batch']} x seq {info['seq']}, {info['dtype']}{_with(info.get('autocast'))} on {info['device']}"
     )
     print(made)
     if args.json is not None:

@@ -80,7 +80,8 @@ def run(args: argparse.Namespace) -> int:
     info = work.info
     print(
         f"model: {info['class']} ({info['source']}), {info['layers']} layers, hidden {info['hidden']}; "
-        f"batch {info['batch']} x seq {info['seq']}, {info['dtype']} on {info['device']}"
+        f"batch {info['batch']} x seq {info['seq']}, {info['dtype']}"
+        f"{f' with {mixed} autocast' if (mixed := info.get('autocast')) else ''} on {info['device']}"
     )
     report = verify(work.model, work.batch, loss_fn=work.loss_fn, rtol=args.rtol, seed=args.seed)
     print(report)

@@ -229,6 +229,7 @@ def build_workload(
     dtype: torch.dtype = torch.float32,
     device: torch.device | str = "cpu",
     seed: int = 0,
+    autocast: torch.dtype | None = None,
 ) -> Workload:
     """Build the model and batch to benchmark.
 
@@ -243,6 +244,9 @@ def build_workload(
         dtype: The precision the model runs in.
         device: Where the model and the batch live.
         seed: Seeds the weights and the batch.
+        autocast: Mixed precision: the model's ``forward`` is wrapped in ``torch.autocast`` to this dtype
+            (bfloat16 or float16) over weights in ``dtype``, as accelerate wraps it for the ``Trainer``'s
+            ``bf16=True``: each forward enters autocast anew, backward runs outside it. None: no autocast.
 
     Raises:
         ValueError: The directory does not exist or holds no ``config.json``; the model type is unknown; a size
@@ -259,6 +263,8 @@ def build_workload(
     config, module, kind, source = build(spec, layers=layers, hidden=hidden, seq=seq)
     module = module.to(device=device, dtype=dtype)
     module.train()
+    if autocast is not None:
+        module.forward = torch.autocast(device.type, dtype=autocast)(module.forward)
     inputs = make_batch(config, kind, batch=batch, seq=seq, device=device, seed=seed)
     mapping = getattr(type(config), "attribute_map", {}) or {}
     info = {
@@ -276,4 +282,6 @@ def build_workload(
         "dtype": str(dtype).removeprefix("torch."),
         "device": str(device),
     }
+    if autocast is not None:
+        info["autocast"] = str(autocast).removeprefix("torch.")
     return Workload(module, inputs, _hidden_state_loss if kind == "base" else None, info)
