@@ -157,8 +157,8 @@ def defer(model: nn.Module, budget: Any, kwargs_dict: Mapping[str, Any] | None, 
     previous = _last.get(target)
     if previous is not None and previous.same_request(request):
         request = previous  # the plan made for this model and budget (TRL re-enables within every step)
-    elif previous is not None:
-        request.output_dir = previous.output_dir
+    elif previous is not None:  # the same training run, enabled with other options: what it found still holds
+        request.output_dir, request.autocast, request.optimizer = previous.output_dir, previous.autocast, previous.optimizer
     _last[target] = request
     if request.plan is not None:
         _apply(model, target, request, request.plan)

@@ -360,3 +360,17 @@ def test_patch_adds_the_callback_and_unpatch_takes_it_out():
     finally:
         hf_ckpt.unpatch_transformers()
     assert BudgetPlanCallback not in trainer.DEFAULT_CALLBACKS
+
+
+def test_enabling_again_with_other_options_keeps_the_optimizer_and_autocast_found():
+    """TRL's DPO re-enables with other options within training: the new request is planned for the optimizer the
+    Trainer told and the autocast found in the run so far."""
+    model = tiny_llama()
+    hf_ckpt.enable(model, budget="auto")
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    _deferred.set_optimizer(model, optimizer)
+    get_state(model).budget.autocast = torch.bfloat16
+    hf_ckpt.enable(model, budget="auto", preserve_rng_state=False)
+    request = get_state(model).budget
+    assert request.optimizer() is optimizer and request.autocast is torch.bfloat16
+    assert request.checkpoint_kwargs == {"preserve_rng_state": False}
