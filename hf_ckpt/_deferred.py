@@ -50,7 +50,7 @@ from ._compat import has_peft_adapters
 from ._precision import autocast_dtype
 from ._state import CheckpointState, get_state, set_state, take_back
 from ._target import target_model
-from ._units import format_bytes
+from ._units import format_bytes, precision_label
 from .config import CheckpointConfig
 
 logger = logging.getLogger("hf_ckpt")
@@ -158,7 +158,8 @@ def defer(model: nn.Module, budget: Any, kwargs_dict: Mapping[str, Any] | None, 
     if previous is not None and previous.same_request(request):
         request = previous  # the plan made for this model and budget (TRL re-enables within every step)
     elif previous is not None:  # the same training run, enabled with other options: what it found still holds
-        request.output_dir, request.autocast, request.optimizer = previous.output_dir, previous.autocast, previous.optimizer
+        request.output_dir, request.autocast = previous.output_dir, previous.autocast
+        request.optimizer = previous.optimizer
     _last[target] = request
     if request.plan is not None:
         _apply(model, target, request, request.plan)
@@ -216,7 +217,8 @@ def _on_forward(request: DeferredBudget, model: nn.Module, module: nn.Module, ar
     if request.weights is None:  # read once: every forward of every level comes here
         request.weights = _dtype_and_device(target)
     # an outer level runs before the autocast that wraps an inner forward: a plan never goes back to no autocast
-    autocast = autocast_dtype(request.weights[1], request.weights[0]) or request.autocast
+    weights, device = request.weights
+    autocast = autocast_dtype(device, weights) or request.autocast
     covered = planned is not None and shape[0] <= planned[0] and shape[1] <= planned[1]
     if covered and autocast == request.autocast:
         return None
@@ -313,8 +315,8 @@ def _make_plan(target: nn.Module, request: DeferredBudget, shape: tuple[int, int
     made, device = estimate_for(target, shape, _strategies(request), autocast)
     budget: float | int = request.budget  # type: ignore[assignment]
     trained = f", {made.peft}" if made.peft else ""
-    mixed = f" with {made.autocast} autocast" if made.autocast else ""
-    where = f"{type(target).__name__} at batch {shape[0]} x seq {shape[1]} ({made.dtype}{mixed} on {made.device}{trained})"
+    where = (f"{type(target).__name__} at batch {shape[0]} x seq {shape[1]} "
+             f"({precision_label(made.dtype, made.autocast)} on {made.device}{trained})")
     if request.budget == _budget.AUTO:
         if request.auto_bytes is None:
             transient = max(made.transient_bytes.values())

@@ -13,7 +13,8 @@ import torch
 LOWER = (torch.bfloat16, torch.float16)
 
 
-def _enabled(device_type: str) -> tuple[bool, torch.dtype | None]:
+def autocast_state(device_type: str) -> tuple[bool, torch.dtype | None]:
+    """(whether autocast is on for ``device_type`` now, the dtype it casts to)."""
     try:
         return torch.is_autocast_enabled(device_type), torch.get_autocast_dtype(device_type)
     except (TypeError, AttributeError, RuntimeError):  # a torch without per-device queries (before 2.4)
@@ -25,5 +26,5 @@ def _enabled(device_type: str) -> tuple[bool, torch.dtype | None]:
 def autocast_dtype(device: torch.device, weights: torch.dtype) -> torch.dtype | None:
     """The dtype autocast casts matmuls to on ``device`` now, when it is on, is one of :data:`LOWER` and is not
     ``weights`` (the parameters' dtype); None otherwise (the step runs in ``weights``)."""
-    enabled, dtype = _enabled(device.type)
+    enabled, dtype = autocast_state(device.type)
     return dtype if enabled and dtype in LOWER and dtype != weights else None

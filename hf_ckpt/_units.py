@@ -84,6 +84,11 @@ def _looks_numeric(text: str) -> bool:
     return True
 
 
+def precision_label(dtype: str, autocast: str | None) -> str:
+    """``float32``, or ``float32 with bfloat16 autocast`` under mixed precision: how reports name a step's dtypes."""
+    return f"{dtype} with {autocast} autocast" if autocast else dtype
+
+
 def format_bytes(n: float | None) -> str:
     """``n`` bytes as MiB or GiB, for tables and messages (``-`` for None)."""
     if n is None:

@@ -14,7 +14,7 @@ import time
 import warnings
 from typing import Any
 
-from .._units import format_bytes
+from .._units import format_bytes, precision_label
 from .arguments import add_workload_arguments, build_workload_from, non_negative_int, output_file, png_file, positive_int
 from .errors import CommandError
 
@@ -130,8 +130,8 @@ def _header(info: dict[str, Any], repeat: int, warmup: int, clock: str) -> str:
     return (
         f"model: {model['class']} ({model['source']}), {model['layers']} layers, hidden {model['hidden']}, "
         f"{model['parameters']:,} parameters, attention {model['attention']}\n"
-        f"batch {model['batch']} x seq {model['seq']}, {model['dtype']}"
-        f"{f' with {mixed} autocast' if (mixed := model.get('autocast')) else ''} on {model['device']}; "
+        f"batch {model['batch']} x seq {model['seq']}, {precision_label(model['dtype'], model.get('autocast'))} on "
+        f"{model['device']}; "
         f"torch {env['torch']}, transformers {env['transformers']}, hf_ckpt {env['hf_ckpt']}, "
         f"{env['cpu_threads']} CPU thread(s)\n"
         f"step time: {'process CPU time' if clock == 'cpu' else 'wall time'}, median of {repeat} interleaved rounds "

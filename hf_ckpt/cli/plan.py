@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 
-from .._units import BUDGET_FORMS, parse_budget
+from .._units import BUDGET_FORMS, parse_budget, precision_label
 from .arguments import add_workload_arguments, build_workload_from, output_file
 from .errors import CommandError
 
@@ -85,10 +85,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_workload_arguments(parser)
 
 
-def _with(autocast: str | None) -> str:
-    return f" with {autocast} autocast" if autocast is not None else ""
-
-
 def config_path(text: str) -> str:
     """``--config``: an existing config.json, or a folder holding one."""
     import os
@@ -113,7 +109,8 @@ def run(args: argparse.Namespace) -> int:
     info = work.info
     print(
         f"model: {info['class']} ({info['source']}), {info['layers']} layers, hidden {info['hidden']}; "
-        f"batch {info['batch']} x seq {info['seq']}, {info['dtype']}{_with(info.get('autocast'))} on {info['device']}"
+        f"batch {info['batch']} x seq {info['seq']}, {precision_label(info['dtype'], info.get('autocast'))} on "
+        f"{info['device']}"
     )
     print(made)
     if args.json is not None:
@@ -139,8 +136,8 @@ def _run_from_config(args: argparse.Namespace) -> int:
                     dtype=args.dtype, autocast=args.autocast, device=device)
     except ValueError as error:
         raise CommandError(str(error), exit_code=1) from None
-    print(f"config: {args.config}; batch {args.batch} x seq {args.seq}, {args.dtype}{_with(args.autocast)} on {device} "
-          "(estimated)")
+    print(f"config: {args.config}; batch {args.batch} x seq {args.seq}, {precision_label(args.dtype, args.autocast)} "
+          f"on {device} (estimated)")
     print(made)
     if args.json is not None:
         made.save(args.json)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from .._units import precision_label
 from .arguments import add_workload_arguments, build_workload_from, converter, non_negative_float, positive_int
 from .errors import CommandError
 
@@ -80,8 +81,8 @@ def run(args: argparse.Namespace) -> int:
     info = work.info
     print(
         f"model: {info['class']} ({info['source']}), {info['layers']} layers, hidden {info['hidden']}; "
-        f"batch {info['batch']} x seq {info['seq']}, {info['dtype']}"
-        f"{f' with {mixed} autocast' if (mixed := info.get('autocast')) else ''} on {info['device']}"
+        f"batch {info['batch']} x seq {info['seq']}, {precision_label(info['dtype'], info.get('autocast'))} on "
+        f"{info['device']}"
     )
     report = verify(work.model, work.batch, loss_fn=work.loss_fn, rtol=args.rtol, seed=args.seed)
     print(report)

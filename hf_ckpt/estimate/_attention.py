@@ -24,6 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
+from .._precision import autocast_state
+
 #: Devices the estimate knows a kernel model for.
 DEVICES = ("cuda", "cpu")
 
@@ -98,9 +100,9 @@ class _FusedAttention(TorchFunctionMode):
 def _autocast(*tensors: Any) -> list[Any]:
     """The tensors as autocast hands them to SDPA (a lower-precision op on every device): floating ones cast to
     autocast's dtype when the trace runs under it. The kernel called here in its place has no autocast rule."""
-    if not torch.is_autocast_enabled("cpu"):  # the trace's autocast: its fake tensors are on the CPU
+    enabled, dtype = autocast_state("cpu")  # the trace's autocast: its fake tensors are on the CPU
+    if not enabled:
         return list(tensors)
-    dtype = torch.get_autocast_dtype("cpu")
     return [t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t for t in tensors]
 
 

@@ -7,7 +7,7 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .._units import format_bytes
+from .._units import format_bytes, precision_label
 
 _FORMAT = "hf_ckpt.MemoryEstimate"
 
@@ -131,8 +131,8 @@ class MemoryEstimate:
         lora = f", {self.peft}" if self.peft else ""
         head = (
             f"{self.model_class} ({self.parameters / 1e9:.2f}B parameters, {self.num_blocks} blocks, "
-            f"{self.traced_blocks} traced); batch {self.batch_size} x seq {self.seq_len}, {self.dtype}"
-            f"{f' with {self.autocast} autocast' if self.autocast else ''} on "
+            f"{self.traced_blocks} traced); batch {self.batch_size} x seq {self.seq_len}, "
+            f"{precision_label(self.dtype, self.autocast)} on "
             f"{self.device}, {self.optimizer}{lora}\n"
             f"parameters {format_bytes(self.parameters_bytes)}, gradients {format_bytes(self.gradients_bytes)}, "
             f"optimizer {format_bytes(self.optimizer_bytes)} (fixed {format_bytes(self.fixed_bytes)})\n"
