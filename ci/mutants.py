@@ -157,7 +157,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "outside_outputs_kept",
         "a plan's outside_blocks: tensors saved from those modules' outputs are recomputed, not kept",
         "hf_ckpt/_outside.py",
-        "        return _Recipe(call, index, tensor)\n",
+        "        return MadeAgain(functools.partial(call.output, index), tensor)\n",
         "        return tensor  # mutant: outputs of recomputed modules kept\n",
         ("tests/test_outside.py",),
     ),
@@ -165,7 +165,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "boundary_outputs_kept",
         "a partitioned block's output made from what it saves is not kept by its consumers",
         "hf_ckpt/_boundary.py",
-        "    return _Made(call, tensor)\n",
+        "    return MadeAgain(call.made, tensor)\n",
         "    return tensor  # mutant: block outputs kept\n",
         ("tests/test_boundary.py",),
     ),
@@ -192,6 +192,14 @@ MUTANTS: tuple[Mutant, ...] = (
         "             if name and not any(id(d) in inside for d in m.modules())}\n",
         "             if name and not any(id(d) in inside for d in m.modules()) and not any(True for _ in m.children())}\n",
         ("tests/test_outside.py",),
+    ),
+    Mutant(
+        "budget_ignores_moved_weights",
+        "a budget plans again when the weights moved to another dtype or device after its plan",
+        "hf_ckpt/_deferred.py",
+        "    if request.weights is not None and not request.weights.moved():\n",
+        "    if request.weights is not None:  # mutant: weights read once\n",
+        ("tests/test_budget_trainer.py::test_weights_moved_after_the_first_plan_are_planned_again_and_auto_read_again",),
     ),
 )
 

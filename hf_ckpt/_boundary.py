@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import operator
 import weakref
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
@@ -132,13 +132,14 @@ class _TailCall:
         return self.output
 
 
-class _Made:
-    """What autograd keeps instead of a block's output: its tail call and the saved view's geometry."""
+class MadeAgain:
+    """What autograd keeps instead of a saved tensor: how to make the tensor it views again (a partitioned block's
+    tail call here; a recomputed module's output in :mod:`hf_ckpt._outside`) and the saved view's geometry."""
 
-    __slots__ = ("call", "size", "stride", "offset")
+    __slots__ = ("make", "size", "stride", "offset")
 
-    def __init__(self, call: _TailCall, tensor: torch.Tensor) -> None:
-        self.call = call
+    def __init__(self, make: Callable[[], torch.Tensor], tensor: torch.Tensor) -> None:
+        self.make = make
         self.size, self.stride, self.offset = tensor.size(), tensor.stride(), tensor.storage_offset()
 
 
@@ -182,10 +183,11 @@ def pack(tensor: torch.Tensor) -> Any:
             return tensor
         call = _TailCall(graph, inputs)
         entry[5] = weakref.ref(call)
-    return _Made(call, tensor)
+    return MadeAgain(call.made, tensor)
 
 
 def unpack(value: Any) -> Any:
-    if not isinstance(value, _Made):
+    """The saved tensor back: made again where :func:`pack` (or :mod:`hf_ckpt._outside`) kept a recipe for it."""
+    if not isinstance(value, MadeAgain):
         return value
-    return value.call.made().as_strided(value.size, value.stride, value.offset)
+    return value.make().as_strided(value.size, value.stride, value.offset)

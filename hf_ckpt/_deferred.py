@@ -77,7 +77,8 @@ class DeferredBudget:
         output_dir: Where the plan JSON is saved (the Trainer's ``output_dir``); None: not saved.
         shape: ``(batch, seq)`` the current plan was made for; None until the first batch.
         autocast: The autocast dtype the current plan was made for (mixed precision), or None.
-        weights: The parameters' dtype and device, read at the first training forward.
+        weights: The parameters' dtype and device, read at the first training forward and again when they moved
+            (``model.to(...)``): the plan is then made again, and ``"auto"`` read from the new device.
         optimizer: A weak reference to the optimizer that will step the model (told by the ``Trainer``'s
             :class:`~hf_ckpt.integrations.trainer.BudgetPlanCallback`), whose first-step state ``"auto"`` leaves
             room for; None: AdamW's states are assumed.
@@ -93,22 +94,19 @@ class DeferredBudget:
     output_dir: str | None = None
     shape: tuple[int, int] | None = None
     autocast: torch.dtype | None = None
-    weights: tuple[torch.dtype, torch.device] | None = None
+    weights: "_Weights | None" = None
     optimizer: Any = None
     plan: Any = None
     auto_bytes: int | None = None
     plan_path: str | None = None
 
     def same_request(self, other: "DeferredBudget") -> bool:
-        return (self.budget, self.dict_name) == (other.budget, other.dict_name) and _same(
-            self.options, other.options) and _same(self.checkpoint_kwargs, other.checkpoint_kwargs)
+        """The same budget and the same configuration: options are compared as the configuration they make, so
+        ``every_n_layers=1, offload=False`` (the ``Trainer``'s) and none at all (TRL's re-enable) are one request."""
+        return self.budget == other.budget and self.config() == other.config()
 
     def config(self, plan: Any = None) -> CheckpointConfig:
         return CheckpointConfig.from_arguments(self.checkpoint_kwargs, dict_name=self.dict_name, plan=plan, **self.options)
-
-
-def _same(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
-    return a.keys() == b.keys() and all(a[k] is b[k] or a[k] == b[k] for k in a)
 
 
 def split_budget(kwargs_dict: Mapping[str, Any] | None, options: dict[str, Any]) -> tuple[Any, Any, dict[str, Any]]:
@@ -214,20 +212,48 @@ def _on_forward(request: DeferredBudget, model: nn.Module, module: nn.Module, ar
     if state is None or state.budget is not request:
         return None
     planned = request.shape
-    if request.weights is None:  # read once: every forward of every level comes here
-        request.weights = _dtype_and_device(target)
+    moved = _weights_moved(request, target)
     # an outer level runs before the autocast that wraps an inner forward: a plan never goes back to no autocast
-    weights, device = request.weights
-    autocast = autocast_dtype(device, weights) or request.autocast
-    covered = planned is not None and shape[0] <= planned[0] and shape[1] <= planned[1]
-    if covered and autocast == request.autocast:
+    autocast = autocast_dtype(request.weights.device, request.weights.dtype) or request.autocast
+    reason = _why_plan(request, shape, autocast, moved, module)
+    if reason is None:
         return None
+    if moved:
+        request.auto_bytes = None  # "auto" is read again from the memory of the device the weights are on now
     wanted = shape if planned is None else (max(shape[0], planned[0]), max(shape[1], planned[1]))
     plan, summary = _make_plan(target, request, wanted, autocast)
     request.shape, request.autocast = wanted, autocast
     new_state = _apply(model, target, request, plan)
-    _log(request, summary, _replanned(planned, covered, module, autocast) if planned is not None else "")
+    _log(request, summary, reason)
     return _run_new_pre_hooks(new_state, module, args, kwargs)
+
+
+def _weights_moved(request: DeferredBudget, target: nn.Module) -> str:
+    """Read the weights' dtype and device at the first forward, and again when they moved (``model.to(...)``) since;
+    what changed (``"float32 on cpu, now bfloat16 on cuda:0"``), or ``""``."""
+    if request.weights is not None and not request.weights.moved():
+        return ""  # one parameter looked at: every forward of every level comes here
+    before, request.weights = request.weights, _Weights.read(target)
+    if before is None or (before.dtype, before.device) == (request.weights.dtype, request.weights.device):
+        return ""
+    return f"{before.describe()}, now {request.weights.describe()}"
+
+
+def _why_plan(request: DeferredBudget, shape: tuple[int, int], autocast: torch.dtype | None, moved: str,
+              module: nn.Module) -> str | None:
+    """Why a plan is made in this forward (``""``: the first), or None when the plan in effect holds: the weights
+    moved, a larger batch, or autocast on where the plan was made without it (the forward of ``module``, inside
+    the one planned at: accelerate wraps the outer ``forward`` in autocast)."""
+    planned = request.shape
+    if planned is None:
+        return ""
+    if moved:
+        return f"re-planned (the weights are {moved}) "
+    if shape[0] > planned[0] or shape[1] > planned[1]:
+        return f"re-planned (batch {planned[0]} x seq {planned[1]} was planned before) "
+    if autocast != request.autocast:
+        return f"re-planned ({str(autocast).removeprefix('torch.')} autocast is on in {type(module).__name__}'s forward) "
+    return None
 
 
 def _run_new_pre_hooks(state: CheckpointState, module: nn.Module, args: tuple, kwargs: dict) -> tuple:
@@ -260,15 +286,39 @@ def _apply(model: nn.Module, target: nn.Module, request: DeferredBudget, plan: A
 # -- the plan --------------------------------------------------------------------------------------------------
 
 
-def _dtype_and_device(target: nn.Module) -> tuple[torch.dtype, torch.device]:
-    sizes: Counter = Counter()
-    device = None
-    for parameter in target.parameters():
-        if parameter.is_floating_point():
-            sizes[parameter.dtype] += parameter.numel()
-            device = device or parameter.device
-    dtype = sizes.most_common(1)[0][0] if sizes else torch.float32
-    return (dtype if dtype in _ESTIMATE_DTYPES else torch.float32), (device or torch.device("cpu"))
+@dataclass(frozen=True)
+class _Weights:
+    """The dtype most of a model's floating-point parameters have (one the estimator models, float32 otherwise) and
+    their device, with one parameter to notice a move by."""
+
+    dtype: torch.dtype
+    device: torch.device
+    probe: Any = None  # a weak reference to the first floating-point parameter
+    seen: tuple = ()  # its dtype and device when read
+
+    @classmethod
+    def read(cls, target: nn.Module) -> "_Weights":
+        sizes: Counter = Counter()
+        first = None
+        for parameter in target.parameters():
+            if parameter.is_floating_point():
+                sizes[parameter.dtype] += parameter.numel()
+                first = first if first is not None else parameter
+        dtype = sizes.most_common(1)[0][0] if sizes else torch.float32
+        return cls(dtype if dtype in _ESTIMATE_DTYPES else torch.float32,
+                   first.device if first is not None else torch.device("cpu"),
+                   weakref.ref(first) if first is not None else None,
+                   (first.dtype, first.device) if first is not None else ())
+
+    def moved(self) -> bool:
+        """Whether the parameter looked at changed dtype or device, or is gone (replaced): then read again."""
+        if self.probe is None:
+            return False
+        first = self.probe()
+        return first is None or (first.dtype, first.device) != self.seen
+
+    def describe(self) -> str:
+        return f"{str(self.dtype).removeprefix('torch.')} on {self.device}"
 
 
 def _peft_config(target: nn.Module) -> Any:
@@ -293,7 +343,8 @@ def estimate_for(target: nn.Module, shape: tuple[int, int], strategies: tuple[st
     from .estimate import estimate
     from .estimate._model import build_on_meta
 
-    dtype, device = _dtype_and_device(target)
+    weights = _Weights.read(target)
+    dtype, device = weights.dtype, weights.device
     estimated_on = "cuda" if device.type == "cuda" else "cpu"
     peft_config = _peft_config(target)
     key = (type(target), target.config.to_json_string(), shape, dtype, autocast, estimated_on, repr(peft_config),
@@ -320,7 +371,7 @@ def _make_plan(target: nn.Module, request: DeferredBudget, shape: tuple[int, int
     if request.budget == _budget.AUTO:
         if request.auto_bytes is None:
             transient = max(made.transient_bytes.values())
-            states, named = _optimizer_states(request, made, device)
+            states, named = _optimizer_states(request, made)
             still = made.gradients_bytes + states + transient
             details = (f"gradients {format_bytes(made.gradients_bytes)}, {named} states {format_bytes(states)}, "
                        f"transients {format_bytes(transient)}")
@@ -338,7 +389,7 @@ def _make_plan(target: nn.Module, request: DeferredBudget, shape: tuple[int, int
     return plan, where
 
 
-def _optimizer_states(request: DeferredBudget, made: Any, device: torch.device) -> tuple[int, str]:
+def _optimizer_states(request: DeferredBudget, made: Any) -> tuple[int, str]:
     """(bytes, name): the state the optimizer's first step allocates: the optimizer's own when it is known and
     registered (:mod:`hf_ckpt._optimizer_states`), AdamW's as the estimator counts it otherwise."""
     from ._optimizer_states import pending_state_bytes, unwrap
@@ -348,7 +399,7 @@ def _optimizer_states(request: DeferredBudget, made: Any, device: torch.device) 
     if optimizer is None:
         return made.optimizer_bytes, "AdamW"
     name = type(unwrap(optimizer)).__name__
-    pending = pending_state_bytes(optimizer, device.type)
+    pending = pending_state_bytes(optimizer)
     if pending is None:
         warn_once(f"budget='auto': hf_ckpt does not know what {name}'s first step allocates; it leaves room for "
                   "AdamW's states (two buffers the size of each trainable parameter). Register the optimizer with "
@@ -371,14 +422,6 @@ def set_optimizer(model: nn.Module, optimizer: Any) -> None:
 def _summary(plan: Any) -> str:
     counts = Counter(plan.strategies)
     return ", ".join(f"{counts[s]} {s}" for s in ("full", "selective", "none") if counts[s])
-
-
-def _replanned(planned: tuple[int, int], covered: bool, module: nn.Module, autocast: torch.dtype | None) -> str:
-    """Why a plan was made again: a larger batch, or autocast on where the plan was made without it (the forward
-    of ``module``, inside the one planned at: accelerate wraps the outer ``forward`` in autocast)."""
-    if covered:
-        return f"re-planned ({str(autocast).removeprefix('torch.')} autocast is on in {type(module).__name__}'s forward) "
-    return f"re-planned (batch {planned[0]} x seq {planned[1]} was planned before) "
 
 
 def _log(request: DeferredBudget, where: str, replanned: str) -> None:

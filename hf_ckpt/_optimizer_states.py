@@ -1,38 +1,100 @@
 """What an optimizer's first step will allocate: the state ``budget="auto"`` leaves room for.
 
-``torch.optim`` optimizers make their per-parameter state lazily, at the first ``step()``: after the first
-forward, where a budget without ``sample_inputs`` is planned. :func:`pending_state_bytes` predicts it from the
-optimizer itself (its class, each parameter group's options, each parameter's size and dtype), counting only the
-parameters that have no state yet: an optimizer restored from a checkpoint (the ``Trainer`` resuming) already
-holds its state, which the free memory read at the first batch has already paid for.
+``torch.optim`` optimizers (and most others) make their per-parameter state lazily, at the first ``step()``:
+after the first forward, where a budget without ``sample_inputs`` is planned. :func:`pending_state_bytes` predicts
+it from the optimizer itself (its class, each parameter group's options, each parameter's shape, dtype and
+device), counting only the parameters that have no state yet: an optimizer restored from a checkpoint (the
+``Trainer`` resuming) already holds its state, which the free memory read at the first batch has already paid for.
 
 A class is known by registration (:func:`register_optimizer_states`), looked up along its MRO, so a subclass of
-``AdamW`` is counted as ``AdamW``. torch's own are registered below; each count is tested against the state a
-real step allocates. Wrappers that keep the real optimizer as ``.optimizer`` (accelerate's
-``AcceleratedOptimizer``) are unwrapped.
+``AdamW`` is counted as ``AdamW``. Registered here, each count tested against the state a real step allocates:
+every ``torch.optim`` optimizer with per-parameter state (not ``LBFGS``, whose history is one flat state),
+transformers' ``Adafactor`` (``optim="adafactor"``) and the bitsandbytes optimizers the ``Trainer`` builds
+(``optim="adamw_bnb_8bit"``, ``"paged_adamw_8bit"``, ``"lion_8bit"``, ``"rmsprop_bnb"``, ``"ademamix_8bit"``, ...,
+8-bit and 32-bit). Classes of optional packages are registered by their dotted name, so nothing is imported.
+Wrappers that keep the real optimizer as ``.optimizer`` (accelerate's ``AcceleratedOptimizer``) are unwrapped.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+import functools
+import math
+from typing import Any, Callable, Union
 
 import torch
 
-#: ``buffers(group) -> int``: how many tensors of a parameter's shape and dtype the first step allocates for each
-#: parameter of the group.
-Buffers = Callable[[dict], int]
+#: ``state_bytes(optimizer, group, parameter) -> int``: the bytes the first step allocates on ``parameter``'s
+#: device for that trainable parameter of ``group`` (the parameter group: its options).
+StateBytes = Callable[[Any, dict, torch.Tensor], int]
 
-#: Per optimizer class: (buffers per parameter, float32 scalars per parameter: ``step``, NAdam's ``mu_product``).
-_REGISTRY: dict[type, tuple[Buffers, int]] = {}
+_REGISTRY: dict[Union[type, str], StateBytes] = {}
 
-#: Bytes of a scalar state tensor (float32; on the host unless the optimizer is capturable or fused).
+#: Bytes of a scalar state tensor (float32: torch's ``step``).
 SCALAR_BYTES = 4
 
 
-def register_optimizer_states(cls: type, buffers: Buffers, scalars: int = 1) -> None:
-    """Count ``cls``'s first-step state as ``buffers(group)`` tensors the size of each parameter, plus ``scalars``
-    float32 scalars per parameter (``step`` and the like)."""
-    _REGISTRY[cls] = (buffers, scalars)
+def register_optimizer_states(cls: Union[type, str], state_bytes: StateBytes) -> None:
+    """Tell ``budget="auto"`` what ``cls``'s first step allocates for each trainable parameter.
+
+    Args:
+        cls: The optimizer class (its subclasses are counted the same way), or its dotted name
+            (``"my_package.optim.Lion"``) to register it without importing it.
+        state_bytes: ``state_bytes(optimizer, group, parameter) -> int``: the bytes of the state the first step
+            makes for ``parameter`` (a member of the parameter group ``group``) on the parameter's device. State
+            the optimizer keeps on the host while the parameter is on an accelerator does not count.
+
+    Example: one momentum buffer the size and dtype of each parameter::
+
+        hf_ckpt.register_optimizer_states(Lion, lambda optimizer, group, p: p.numel() * p.element_size())
+    """
+    if not (isinstance(cls, type) or (isinstance(cls, str) and "." in cls)):
+        raise TypeError(f"cls must be an optimizer class or its dotted name ('package.module.Class'); got {cls!r}")
+    if not callable(state_bytes):
+        raise TypeError("state_bytes must be a callable (optimizer, group, parameter) -> int; "
+                        f"got {type(state_bytes).__name__}")
+    _REGISTRY[cls] = state_bytes
+
+
+def _dotted(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def unwrap(optimizer: Any) -> Any:
+    """The optimizer inside wrappers that hold it as ``.optimizer`` (accelerate's ``AcceleratedOptimizer``)."""
+    while isinstance(getattr(optimizer, "optimizer", None), torch.optim.Optimizer):
+        optimizer = optimizer.optimizer
+    return optimizer
+
+
+def registered_state_bytes(optimizer: Any) -> StateBytes | None:
+    """The registered count for ``optimizer``'s class or its nearest registered base; None when unknown."""
+    for cls in type(unwrap(optimizer)).__mro__:
+        for key in (cls, _dotted(cls)):
+            if key in _REGISTRY:
+                return _REGISTRY[key]
+    return None
+
+
+def pending_state_bytes(optimizer: Any) -> int | None:
+    """Bytes that ``optimizer``'s first step will allocate on the parameters' devices for the trainable parameters
+    that have no state yet; None when its class is not registered."""
+    optimizer = unwrap(optimizer)
+    state_bytes = registered_state_bytes(optimizer)
+    if state_bytes is None:
+        return None
+    return sum(state_bytes(optimizer, group, parameter) for group in optimizer.param_groups
+               for parameter in group["params"] if parameter.requires_grad and not optimizer.state.get(parameter))
+
+
+# -- torch.optim: buffers the size and dtype of the parameter, and float32 ``step`` scalars ----------------------
+
+
+def _like_parameter(buffers: Callable[[dict], int], scalars: int, optimizer: Any, group: dict,
+                    parameter: torch.Tensor) -> int:
+    """``buffers(group)`` tensors like ``parameter``, and ``scalars`` float32 scalars: on the host unless the
+    parameter is there too, or the group is capturable or fused."""
+    on_device = parameter.device.type == "cpu" or bool(group.get("capturable") or group.get("fused"))
+    return buffers(group) * parameter.numel() * parameter.element_size() + on_device * scalars * SCALAR_BYTES
 
 
 def _adam(group: dict) -> int:
@@ -41,6 +103,19 @@ def _adam(group: dict) -> int:
 
 def _rmsprop(group: dict) -> int:
     return 1 + bool(group.get("momentum")) + bool(group.get("centered"))
+
+
+def _factored(parameter: torch.Tensor) -> int:
+    """Elements of Adafactor's row and column statistics of a parameter of two or more dimensions."""
+    *batch, rows, columns = parameter.shape
+    return math.prod(batch) * (rows + columns)
+
+
+def _torch_adafactor(optimizer: Any, group: dict, parameter: torch.Tensor) -> int:
+    """``torch.optim.Adafactor``: row and column variances (one full variance below two dimensions) in the
+    parameter's dtype, and ``step`` on the host."""
+    elements = _factored(parameter) if parameter.dim() >= 2 else parameter.numel()
+    return elements * parameter.element_size() + (parameter.device.type == "cpu") * SCALAR_BYTES
 
 
 for _cls, _buffers, _scalars in (
@@ -55,41 +130,52 @@ for _cls, _buffers, _scalars in (
     (torch.optim.Rprop, lambda group: 2, 1),
     (torch.optim.RMSprop, _rmsprop, 1),
     (torch.optim.SGD, lambda group: 1 if group.get("momentum") else 0, 0),
+    (getattr(torch.optim, "Muon", None), lambda group: 1, 0),  # torch >= 2.9
+    (getattr(torch.optim, "SparseAdam", None), lambda group: 2, 0),
 ):
-    register_optimizer_states(_cls, _buffers, _scalars)
+    if _cls is not None:
+        register_optimizer_states(_cls, functools.partial(_like_parameter, _buffers, _scalars))
+if hasattr(torch.optim, "Adafactor"):  # torch >= 2.5
+    register_optimizer_states(torch.optim.Adafactor, _torch_adafactor)
 
 
-def unwrap(optimizer: Any) -> Any:
-    """The optimizer inside wrappers that hold it as ``.optimizer`` (accelerate's ``AcceleratedOptimizer``)."""
-    while isinstance(getattr(optimizer, "optimizer", None), torch.optim.Optimizer):
-        optimizer = optimizer.optimizer
-    return optimizer
+# -- transformers' Adafactor (``optim="adafactor"``): float32 state whatever the parameter's dtype ---------------
 
 
-def registered_counts(optimizer: Any) -> tuple[Buffers, int] | None:
-    """The registered counts for ``optimizer``'s class or its nearest registered base; None when unknown."""
-    for cls in type(unwrap(optimizer)).__mro__:
-        if cls in _REGISTRY:
-            return _REGISTRY[cls]
-    return None
+def _transformers_adafactor(optimizer: Any, group: dict, parameter: torch.Tensor) -> int:
+    """Row and column averages of the squared gradient (the full average below two dimensions), the first
+    moment where ``beta1`` is set, and the ``RMS`` scalar: all float32 on the parameter's device."""
+    elements = _factored(parameter) if parameter.dim() >= 2 else parameter.numel()
+    if group.get("beta1") is not None:
+        elements += parameter.numel()
+    return 4 * (elements + 1)
 
 
-def pending_state_bytes(optimizer: Any, device_type: str) -> int | None:
-    """Bytes on a ``device_type`` device that ``optimizer``'s first step will allocate for the trainable
-    parameters that have no state yet; None when its class is not registered. Scalar states count only on the
-    CPU, or where the group is capturable or fused (otherwise they stay on the host)."""
-    optimizer = unwrap(optimizer)
-    counts = registered_counts(optimizer)
-    if counts is None:
-        return None
-    buffers, scalars = counts
-    total = 0
-    for group in optimizer.param_groups:
-        on_device = bool(group.get("capturable") or group.get("fused"))
-        for parameter in group["params"]:
-            if not parameter.requires_grad or optimizer.state.get(parameter):
-                continue
-            total += buffers(group) * parameter.numel() * parameter.element_size()
-            if device_type == "cpu" or on_device:
-                total += scalars * SCALAR_BYTES
-    return total
+register_optimizer_states("transformers.optimization.Adafactor", _transformers_adafactor)
+
+
+# -- bitsandbytes: 8-bit blockwise states (one byte an element, a float32 absmax per block of 256) ---------------
+
+
+def _bitsandbytes(states: int, absmax: int, unorm: bool, optimizer: Any, group: dict, parameter: torch.Tensor) -> int:
+    """``states`` state buffers: uint8 with ``absmax`` float32 scales per block of 256 elements where the
+    parameter's config asks for 8 bits and it has at least ``min_8bit_size`` elements, float32 otherwise; plus
+    ``unorm_vec`` where ``max_unorm`` is set and ``unorm``. The quantization maps (2 KiB shared by all
+    parameters) are not counted."""
+    gindex = next(i for i, candidate in enumerate(optimizer.param_groups) if candidate is group)
+    pindex = next(i for i, candidate in enumerate(group["params"]) if candidate is parameter)
+    config = optimizer.get_config(gindex, pindex, group)
+    elements = parameter.numel()
+    if config["optim_bits"] == 8 and elements >= config["min_8bit_size"]:
+        total = states * elements + absmax * 4 * math.ceil(elements / 256)
+    else:
+        total = states * 4 * elements
+    return total + 4 * (unorm and config.get("max_unorm", 0.0) > 0.0)
+
+
+for _name, _states, _absmax, _unorm in (
+    ("bitsandbytes.optim.optimizer.Optimizer1State", 1, 1, True),  # Lion, SGD, RMSprop, Adagrad, LARS
+    ("bitsandbytes.optim.optimizer.Optimizer2State", 2, 2, True),  # Adam, AdamW, LAMB, paged or not
+    ("bitsandbytes.optim.ademamix.AdEMAMix", 3, 3, False),  # two EMAs in a double buffer, and nu
+):
+    register_optimizer_states(_name, functools.partial(_bitsandbytes, _states, _absmax, _unorm))

@@ -39,8 +39,8 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ._boundary import pack as boundary_pack
-from ._boundary import still_noted
-from ._boundary import unpack as boundary_unpack
+from ._boundary import MadeAgain, still_noted
+from ._boundary import unpack as _unpack
 from ._rng import rng_state, set_rng_state
 from .measure.memory import storage_of
 
@@ -135,20 +135,6 @@ def _replayed(rng: tuple | None) -> Iterator[None]:
         yield
 
 
-class _Recipe:
-    """What autograd keeps instead of a saved output: the call and where the tensor lies in its output."""
-
-    __slots__ = ("call", "index", "size", "stride", "offset")
-
-    def __init__(self, call: _Call, index: int, tensor: torch.Tensor) -> None:
-        self.call, self.index = call, index
-        self.size, self.stride, self.offset = tensor.size(), tensor.stride(), tensor.storage_offset()
-
-
-def _unpack(value: Any) -> Any:
-    if not isinstance(value, _Recipe):
-        return boundary_unpack(value)
-    return value.call.output(value.index).as_strided(value.size, value.stride, value.offset)
 
 
 class OutsideRecompute:
@@ -180,7 +166,7 @@ class OutsideRecompute:
         call, index, version, dtype, nbytes, key = entry
         if not still_noted(tensor, key, version, dtype, nbytes):
             return tensor  # changed in place since, or another view of the storage: keep it
-        return _Recipe(call, index, tensor)
+        return MadeAgain(functools.partial(call.output, index), tensor)
 
     def watching(self) -> bool:
         """Whether a training forward of the model is running with its saved tensors watched."""

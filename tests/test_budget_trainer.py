@@ -197,6 +197,33 @@ def test_byte_budget_larger_batch_replans_smaller_keeps(tmp_path, budget_log):
     assert "at batch 2 x seq 32" in messages[1]
 
 
+def test_weights_moved_after_the_first_plan_are_planned_again_and_auto_read_again(free_memory, budget_log):
+    """``model.to(...)`` between steps: the plan in effect was made for the old dtype (or device), so the next
+    forward plans again for the new one, and ``"auto"`` reads the free memory again."""
+    from hf_ckpt.estimate import plan_from_estimate
+
+    model = tiny_llama()
+    strategies = ("none", "full", "selective")
+    total = 8 * 2**30
+    for dtype, share in ((torch.float32, 2), (torch.bfloat16, 3)):
+        made = _deferred.estimate_for(model.to(dtype), (2, SEQ), strategies)[0]
+        free_memory(_budget.headroom(total) + made.gradients_bytes + made.optimizer_bytes
+                    + max(made.transient_bytes.values()) + made.activation_bytes["none"] // share, total)
+        if dtype is torch.float32:
+            hf_ckpt.enable(model, budget="auto")
+        train_step(model, _batch())
+        train_step(model, _batch())  # nothing moved since: the plan holds
+        request = get_state(model).budget
+        assert request.auto_bytes == made.activation_bytes["none"] // share
+        assert _plan_of(model).strategies == plan_from_estimate(made, request.auto_bytes).strategies
+        assert hf_ckpt.checkpointed_layers(model) == _planned_blocks(_plan_of(model))
+    messages = budget_log()
+    assert len(messages) == 2, messages
+    assert messages[0].startswith("budget auto (")
+    assert messages[1].startswith("re-planned (the weights are float32 on cpu, now bfloat16 on cpu) budget auto (")
+    assert "LlamaForCausalLM at batch 2 x seq 16 (bfloat16 on cpu)" in messages[1]
+
+
 def test_auto_is_free_memory_less_headroom_gradients_states_and_transients(free_memory):
     model = tiny_llama()
     made = _deferred.estimate_for(model, (2, SEQ), ("none", "full", "selective"))[0]
@@ -233,7 +260,7 @@ def test_auto_in_the_trainer_leaves_room_for_its_own_optimizer(patched, tmp_path
     )
     trainer = Trainer(model=model, args=args, train_dataset=_Tokens())
     trainer.create_optimizer()
-    assert pending_state_bytes(trainer.optimizer, "cpu") == states  # AdamW's as the estimator counts them
+    assert pending_state_bytes(trainer.optimizer) == states  # AdamW's as the estimator counts them
     trainer.train()
     request = get_state(model).budget
     assert type(unwrap(request.optimizer())).__name__ == name  # inside accelerate's AcceleratedOptimizer
@@ -363,8 +390,8 @@ def test_patch_adds_the_callback_and_unpatch_takes_it_out():
 
 
 def test_enabling_again_with_other_options_keeps_the_optimizer_and_autocast_found():
-    """TRL's DPO re-enables with other options within training: the new request is planned for the optimizer the
-    Trainer told and the autocast found in the run so far."""
+    """Enabled again with other options within training (here ``preserve_rng_state=False``): the new request is
+    planned for the optimizer the Trainer told and the autocast found in the run so far."""
     model = tiny_llama()
     hf_ckpt.enable(model, budget="auto")
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -374,3 +401,18 @@ def test_enabling_again_with_other_options_keeps_the_optimizer_and_autocast_foun
     request = get_state(model).budget
     assert request.optimizer() is optimizer and request.autocast is torch.bfloat16
     assert request.checkpoint_kwargs == {"preserve_rng_state": False}
+
+
+def test_enabling_again_with_the_defaults_left_out_is_the_same_request():
+    """The Trainer enables with ``every_n_layers=1, offload=False``; TRL's DPO enables again, each step, with
+    neither: the same configuration, so the plan made at the first batch holds and nothing is planned again."""
+    model = tiny_llama()
+    hf_ckpt.enable(model, budget=0.5, every_n_layers=1, offload=False)
+    train_step(model, _batch())
+    request = get_state(model).budget
+    assert request.plan is not None
+    hf_ckpt.enable(model, budget=0.5)
+    assert get_state(model).budget is request
+    assert hf_ckpt.checkpointed_layers(model) == _planned_blocks(request.plan)
+    hf_ckpt.enable(model, budget=0.5, every_n_layers=1, offload=False, preserve_rng_state=False)
+    assert get_state(model).budget is not request
