@@ -89,12 +89,17 @@ def pending_state_bytes(optimizer: Any) -> int | None:
 # -- torch.optim: buffers the size and dtype of the parameter, and float32 ``step`` scalars ----------------------
 
 
+def _scalar_bytes(scalars: int, group: dict, parameter: torch.Tensor) -> int:
+    """Bytes of ``scalars`` float32 ``step``-like scalars on ``parameter``'s device: torch keeps them on the host
+    unless the parameter is there too, or the group is capturable or fused."""
+    on_device = parameter.device.type == "cpu" or bool(group.get("capturable") or group.get("fused"))
+    return on_device * scalars * SCALAR_BYTES
+
+
 def _like_parameter(buffers: Callable[[dict], int], scalars: int, optimizer: Any, group: dict,
                     parameter: torch.Tensor) -> int:
-    """``buffers(group)`` tensors like ``parameter``, and ``scalars`` float32 scalars: on the host unless the
-    parameter is there too, or the group is capturable or fused."""
-    on_device = parameter.device.type == "cpu" or bool(group.get("capturable") or group.get("fused"))
-    return buffers(group) * parameter.numel() * parameter.element_size() + on_device * scalars * SCALAR_BYTES
+    """``buffers(group)`` tensors like ``parameter``, and ``scalars`` float32 scalars (:func:`_scalar_bytes`)."""
+    return buffers(group) * parameter.numel() * parameter.element_size() + _scalar_bytes(scalars, group, parameter)
 
 
 def _adam(group: dict) -> int:
@@ -115,7 +120,7 @@ def _torch_adafactor(optimizer: Any, group: dict, parameter: torch.Tensor) -> in
     """``torch.optim.Adafactor``: row and column variances (one full variance below two dimensions) in the
     parameter's dtype, and ``step`` on the host."""
     elements = _factored(parameter) if parameter.dim() >= 2 else parameter.numel()
-    return elements * parameter.element_size() + (parameter.device.type == "cpu") * SCALAR_BYTES
+    return elements * parameter.element_size() + _scalar_bytes(1, group, parameter)
 
 
 for _cls, _buffers, _scalars in (

@@ -135,8 +135,6 @@ def _replayed(rng: tuple | None) -> Iterator[None]:
         yield
 
 
-
-
 class OutsideRecompute:
     """The runtime of a plan's ``outside_blocks`` on one model (see the module docstring)."""
 
