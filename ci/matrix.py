@@ -21,12 +21,18 @@ xfailed/skipped counts), and a final ``matrix: N passed, M failed``. The exit st
 failed, its environment could not be built, or its pytest run ended with a non-zero status. ``--out`` (default
 ``build/matrix``) receives each release's log, JUnit XML and the architecture sweep's JSON, and ``matrix.json``,
 the input of ``ci/compat_report.py``.
+
+``--adopt DIR`` takes one release's results from a run that has already happened in *this* interpreter (CI's
+default run and slow tests, on the newest release): the JUnit files ``DIR/*.xml`` and the sweep report
+``DIR/sweep.json``. It is adopted only if this interpreter has that release's pins installed, each package at its
+pinned version; otherwise the release runs as usual, and the line says why.
 """
 
 from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import importlib.metadata
 import json
 import os
 import shutil
@@ -169,6 +175,7 @@ class Result:
     failures: list[str] = field(default_factory=list)
     pins: list[str] = field(default_factory=list)
     sweep: dict | None = None
+    adopted: str | None = None  # the folder whose results were adopted (--adopt)
 
     @property
     def ok(self) -> bool:
@@ -188,6 +195,8 @@ class Result:
         return f"{line} ({self._timing()}, tests {self.test_seconds:.0f} s)"
 
     def _timing(self) -> str:
+        if self.adopted:
+            return f"adopted from {self.adopted}"
         return f"env built in {self.build_seconds:.0f} s" if self.env_built_now else "env reused"
 
 
@@ -209,6 +218,58 @@ def read_junit(path: Path, result: Result) -> None:
                 result.skipped += 1
         else:
             result.passed += 1
+
+
+def _base_version(version: str) -> str:
+    return version.split("+", 1)[0]  # torch 2.13.0+cpu is the pin torch==2.13.0
+
+
+def installed_version(package: str) -> str | None:
+    """``package``'s version in this interpreter, or None."""
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def pin_mismatches(release: str) -> list[str]:
+    """How this interpreter's packages differ from ``release``'s pins (empty: it is that release's environment)."""
+    found = []
+    for line in pin_lines(release):
+        name, _, wanted = line.partition("==")
+        installed = installed_version(name.strip())
+        if installed is None or _base_version(installed) != wanted.strip():
+            found.append(f"{name.strip()} {installed or 'missing'} (pinned {wanted.strip()})")
+    return found
+
+
+def adoptable(folder: Path) -> tuple[str | None, str]:
+    """The release whose results ``folder`` holds, if this interpreter is that release's environment; else why not."""
+    reports = sorted(folder.glob("*.xml"))
+    if not reports:
+        return None, f"--adopt {folder}: no JUnit report (*.xml) there"
+    version = installed_version("transformers")
+    if version not in RELEASES:
+        return None, f"--adopt {folder}: this interpreter has transformers {version}, not a release of the matrix"
+    mismatches = pin_mismatches(version)
+    if mismatches:
+        return None, f"--adopt {folder}: not transformers {version}'s pins: {', '.join(mismatches)}"
+    return version, ""
+
+
+def adopt(release: str, folder: Path) -> Result:
+    """``release``'s result from the JUnit reports and the sweep report already written in ``folder``."""
+    result = Result(release, pins=pin_lines(release), exit_status=0, env=sys.prefix, adopted=str(folder))
+    for report in sorted(folder.glob("*.xml")):
+        read_junit(report, result)
+        suites = ElementTree.parse(report).getroot().iter("testsuite")
+        result.test_seconds += sum(float(suite.get("time", 0)) for suite in suites)
+    sweep = folder / "sweep.json"
+    if sweep.is_file():
+        result.sweep = json.loads(sweep.read_text())
+    else:
+        result.problem = f"no sweep report in {folder}"
+    return result
 
 
 def run_release(release: str, args: argparse.Namespace, echo: bool) -> Result:
@@ -268,6 +329,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=ROOT / "build" / "matrix", help="logs and reports (build/matrix)")
     parser.add_argument("--rebuild", action="store_true", help="rebuild the environments even if they exist")
     parser.add_argument("--build-only", action="store_true", help="build the environments, run no test")
+    parser.add_argument("--adopt", type=Path, metavar="DIR",
+                        help="take this interpreter's release's results from DIR/*.xml and DIR/sweep.json")
     parser.add_argument("pytest_args", nargs="*", help="after --: what pytest runs (default: tests)")
     args = parser.parse_args(argv)
     chosen = [r for item in (args.releases or RELEASES) for r in item.split(",") if r]
@@ -295,8 +358,16 @@ def main(argv: list[str] | None = None) -> int:
     echo = args.jobs == 1
     started = time.monotonic()
     results: dict[str, Result] = {}
+    if args.adopt:
+        release, why = adoptable(args.adopt.resolve())
+        if release in args.releases:
+            results[release] = adopt(release, args.adopt.resolve())
+            say(results[release].line())
+        else:
+            say(why or f"--adopt {args.adopt}: transformers {release} is not among the releases run")
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        futures = {pool.submit(run_release, release, args, echo): release for release in args.releases}
+        futures = {pool.submit(run_release, release, args, echo): release
+                   for release in args.releases if release not in results}
         for future in concurrent.futures.as_completed(futures):
             result = future.result()
             results[result.release] = result

@@ -1,16 +1,17 @@
-"""Prove that the default suite guards every promised behaviour: break each one, and require a failing test.
+"""Prove that the suite guards every promised behaviour: break each one, and require a failing test.
 
 Each mutant names a file, an exact source snippet that must stand in it once, and the snippet's replacement (the
 promised behaviour deleted or bent). The script checks every snippet first and stops with status 2, naming the
 mutant, when one no longer matches: a refactor must update this list, it cannot make a mutant silently vanish.
 
-Then, one mutant at a time, in a copy of the repository (the working tree as it is, untracked files included;
-this checkout is never touched): apply it, run the default suite fail-fast with ``python -m pytest -x -q -p
-no:cacheprovider`` and require a failure. To keep that short, the test files most likely to catch the mutant run
-first; if they pass, the rest of the default suite runs (the two runs together are the whole default suite).
-It prints ``mutant | killed by <test id> | seconds`` and exits 1 when any mutant survives.
+Then, one mutant at a time in each copy of the repository (``--jobs`` copies of the working tree as it is,
+untracked files included; this checkout is never touched): apply it, run the suite fail-fast with ``python -m
+pytest -x -q -p no:cacheprovider -m "slow or not slow"`` (the default run and the slow tests, as CI runs them) and
+require a failure. To keep that short, the test files most likely to catch the mutant run first; if they pass, the
+rest of the suite runs (the two runs together are the whole suite). It prints ``mutant | killed by <test id> | seconds`` and exits 1 when any mutant survives.
 
     python ci/mutants.py                 # every mutant
+    python ci/mutants.py --jobs 2        # two at a time, each in its own copy (what CI runs)
     python ci/mutants.py --list          # names only
     python ci/mutants.py every_n_off_by_one warn_every_time
 """
@@ -18,7 +19,9 @@ It prints ``mutant | killed by <test id> | seconds`` and exits 1 when any mutant
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import os
+import queue
 import re
 import shutil
 import subprocess
@@ -29,7 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PYTEST = ["-m", "pytest", "-x", "-q", "-p", "no:cacheprovider"]
+#: The whole suite, the slow tests too (pyproject.toml leaves them out of the default run).
+PYTEST = ["-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-m", "slow or not slow"]
 
 
 @dataclass(frozen=True)
@@ -281,12 +285,37 @@ def run_mutant(mutant: Mutant, copy: Path, python: str, timeout: float) -> tuple
         path.write_text(original)
 
 
+def run_all(chosen: tuple[Mutant, ...], python: str, timeout: float, jobs: int) -> list[Mutant]:
+    """Run ``chosen``, ``jobs`` at a time, each job in its own copy of the repository; print a line per mutant as it
+    ends; return the survivors, in ``chosen``'s order."""
+    verdicts: dict[str, bool] = {}
+    with tempfile.TemporaryDirectory(prefix="hf_ckpt-mutants-") as temporary:
+        copies: queue.Queue[Path] = queue.Queue()
+        for index in range(min(jobs, len(chosen))):
+            copy_repository(ROOT, Path(temporary) / str(index))
+            copies.put(Path(temporary) / str(index))
+
+        def one(mutant: Mutant) -> None:
+            copy = copies.get()
+            try:
+                killed, verdict, seconds = run_mutant(mutant, copy, python, timeout)
+            finally:
+                copies.put(copy)
+            print(f"{mutant.name:<32} | {verdict:<100} | {seconds:7.1f}", flush=True)
+            verdicts[mutant.name] = killed
+
+        with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
+            list(pool.map(one, chosen))
+    return [mutant for mutant in chosen if not verdicts[mutant.name]]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("names", nargs="*", help="mutants to run (default: all)")
     parser.add_argument("--list", action="store_true", help="print the mutants and what each breaks, then exit")
     parser.add_argument("--python", default=sys.executable, help="interpreter with the test dependencies")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds one pytest run may take")
+    parser.add_argument("--jobs", type=int, default=1, help="mutants run at once, each in its own copy (default 1)")
     args = parser.parse_args(argv)
 
     known = {mutant.name: mutant for mutant in MUTANTS}
@@ -303,20 +332,12 @@ def main(argv: list[str] | None = None) -> int:
         print("ci/mutants.py: the mutant list no longer matches the code:", *problems, sep="\n  ", file=sys.stderr)
         return 2
 
-    survivors = []
     started = time.perf_counter()
     print(f"{'mutant':<32} | {'killed by':<100} | seconds", flush=True)
-    with tempfile.TemporaryDirectory(prefix="hf_ckpt-mutants-") as temporary:
-        copy = Path(temporary)
-        copy_repository(ROOT, copy)
-        for mutant in chosen:
-            killed, verdict, seconds = run_mutant(mutant, copy, args.python, args.timeout)
-            print(f"{mutant.name:<32} | {verdict:<100} | {seconds:7.1f}", flush=True)
-            if not killed:
-                survivors.append(mutant)
+    survivors = run_all(chosen, args.python, args.timeout, max(1, args.jobs))
     print(f"{len(chosen) - len(survivors)}/{len(chosen)} mutants killed in {time.perf_counter() - started:.0f} s")
     for mutant in survivors:
-        print(f"SURVIVED {mutant.name}: nothing in the default suite fails when {mutant.promise} is broken")
+        print(f"SURVIVED {mutant.name}: nothing in the suite fails when {mutant.promise} is broken")
     return 1 if survivors else 0
 
 

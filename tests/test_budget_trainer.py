@@ -173,6 +173,7 @@ def test_mixin_budget_in_the_kwargs_dict(budget_log):
     assert len(budget_log()) == 1
 
 
+@pytest.mark.slow
 def test_byte_budget_larger_batch_replans_smaller_keeps(tmp_path, budget_log):
     model = tiny_llama()
     small = profile_of(_deferred.estimate_for(model, (2, 8), ("none", "full", "selective"))[0]).baseline_bytes

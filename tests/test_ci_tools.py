@@ -86,18 +86,26 @@ def test_every_release_has_pins_for_torch_and_transformers() -> None:
         assert matrix.pinned(release, "torch") is not None
 
 
+def _run_instead(monkeypatch: pytest.MonkeyPatch, outcome) -> list[str]:
+    """``ci/matrix.py`` runs no pytest: ``outcome(release)`` is each release's result; returns the releases run."""
+    ran = []
+
+    def fake_run(release, args, echo):
+        ran.append(release)
+        (args.out / release).mkdir(parents=True, exist_ok=True)
+        (args.out / release / "log.txt").write_text("")
+        return outcome(release)
+
+    monkeypatch.setattr(matrix, "run_release", fake_run)
+    return ran
+
+
 def test_the_run_fails_when_one_release_fails(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:
     outcomes = {"4.45.2": matrix.Result("4.45.2", passed=5, exit_status=0),
                 "5.24.0": matrix.Result("5.24.0", passed=4, failed=1, exit_status=1, failures=["t::x"])}
-
-    def fake_run(release, args, echo):
-        (args.out / release).mkdir(parents=True, exist_ok=True)
-        (args.out / release / "log.txt").write_text("")
-        return outcomes[release]
-
-    monkeypatch.setattr(matrix, "run_release", fake_run)
+    _run_instead(monkeypatch, outcomes.get)
     status = matrix.main(["--releases", "4.45.2,5.24.0", "--out", str(tmp_path)])
     output = capsys.readouterr().out
     assert status == 1
@@ -106,6 +114,66 @@ def test_the_run_fails_when_one_release_fails(
     assert output.rstrip().splitlines()[-1] == "matrix: 9 passed, 1 failed"
     report = json.loads((tmp_path / "matrix.json").read_text())
     assert [(r["release"], r["ok"]) for r in report["releases"]] == [("4.45.2", True), ("5.24.0", False)]
+
+
+PASSING = """<?xml version="1.0" encoding="utf-8"?>
+<testsuites><testsuite name="pytest" time="7.5">
+  <testcase classname="tests.test_a" name="test_ok"/>
+  <testcase classname="tests.test_a" name="test_skip"><skipped type="pytest.skip" message="no gpu"/></testcase>
+</testsuite></testsuites>
+"""
+
+
+def _installed(monkeypatch: pytest.MonkeyPatch, release: str, **changed: str) -> None:
+    """This interpreter, as far as the matrix can tell, has ``release``'s pins (torch as a local CPU build)."""
+    versions = {line.split("==")[0]: line.split("==")[1] for line in matrix.pin_lines(release)}
+    versions["torch"] += "+cpu"
+    versions.update(changed)
+    monkeypatch.setattr(matrix, "installed_version", versions.get)
+
+
+def test_a_run_of_this_interpreter_is_adopted_only_with_the_releases_pins(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _installed(monkeypatch, "4.45.2")
+    assert matrix.adoptable(tmp_path) == (None, f"--adopt {tmp_path}: no JUnit report (*.xml) there")
+    (tmp_path / "default.xml").write_text(PASSING)
+    assert matrix.adoptable(tmp_path) == ("4.45.2", "")
+    _installed(monkeypatch, "4.45.2", tokenizers="0.20.4")
+    assert matrix.adoptable(tmp_path) == (
+        None, f"--adopt {tmp_path}: not transformers 4.45.2's pins: tokenizers 0.20.4 (pinned 0.20.3)")
+    _installed(monkeypatch, "4.45.2", transformers="4.46.0")
+    assert matrix.adoptable(tmp_path) == (
+        None, f"--adopt {tmp_path}: this interpreter has transformers 4.46.0, not a release of the matrix")
+
+
+def test_an_adopted_release_is_not_run_again_and_counts_every_report(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    newest = tmp_path / "newest"
+    newest.mkdir()
+    (newest / "default.xml").write_text(PASSING)
+    (newest / "slow.xml").write_text(JUNIT)
+    (newest / "sweep.json").write_text(json.dumps({"transformers": "5.24.0"}))
+    _installed(monkeypatch, "5.24.0")
+    ran = _run_instead(monkeypatch, lambda release: matrix.Result(release, passed=5, exit_status=0))
+    status = matrix.main(["--releases", "4.45.2,5.24.0", "--out", str(tmp_path / "out"), "--adopt", str(newest)])
+    output = capsys.readouterr().out
+    assert ran == ["4.45.2"] and status == 1  # the slow report holds a failure
+    assert f"transformers 5.24.0: 3 passed, 2 failed, 1 xfailed, 2 skipped (adopted from {newest}, tests 8 s)" in output
+    report = json.loads((tmp_path / "out" / "matrix.json").read_text())["releases"][1]
+    assert (report["release"], report["sweep"], report["ok"]) == ("5.24.0", {"transformers": "5.24.0"}, False)
+
+
+def test_a_run_that_cannot_be_adopted_is_run_and_says_why(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    (tmp_path / "default.xml").write_text(PASSING)
+    _installed(monkeypatch, "5.24.0", peft="0.22.0")
+    ran = _run_instead(monkeypatch, lambda release: matrix.Result(release, passed=5, exit_status=0))
+    assert matrix.main(["--releases", "5.24.0", "--out", str(tmp_path / "out"), "--adopt", str(tmp_path)]) == 0
+    assert ran == ["5.24.0"]
+    assert f"--adopt {tmp_path}: not transformers 5.24.0's pins: peft 0.22.0 (pinned 0.21.2)" in capsys.readouterr().out
 
 
 def _sweep(capabilities: dict, architectures: dict) -> dict:
@@ -158,9 +226,10 @@ def _full_sweep() -> dict:
               "vit": {"class": "ViTModel", "modality": "vision", "known_failure": None, **passed},
               "timm_x": {"class": "TimmX", "modality": "vision", "known_failure": "needs the optional dependency timm",
                          "enable-every1": "failed: ImportError: timm"}}
-    older = {"llama": {"class": "LlamaModel", "modality": "text decoder", "known_failure": None, **passed},
+    ran = dict.fromkeys(sweep.OLDER_CASES, "passed")  # an older release runs 2 of the 4 cases
+    older = {"llama": {"class": "LlamaModel", "modality": "text decoder", "known_failure": None, **ran},
              "vit": {"class": "ViTModel", "modality": "vision", "known_failure": None,
-                     **passed, "enable-every2": "failed: AssertionError: measured recompute [0]"}}
+                     **ran, "enable-every2": "failed: AssertionError: measured recompute [0]"}}
     return {"releases": [
         sweep.summarise("4.45.2", {"model_types": older, "supporting_model_types": 2}, False, 1, 30.0),
         sweep.summarise("5.24.0", {"model_types": newest, "supporting_model_types": 3}, True, 0, 60.0),
@@ -173,12 +242,32 @@ def test_the_sweep_asserts_the_newest_release_and_measures_the_others() -> None:
     assert newest["counts"] == {"passed": 2, "failed": 0, "xfail": 1, "xpass": 0} and newest["ok"]
     assert older["counts"] == {"passed": 1, "failed": 1, "xfail": 0, "xpass": 0} and older["ok"]  # measured only
     assert sweep.line(newest) == "sweep 5.24.0: 2 of 3 model types passed, 1 known failures (asserted, 60 s)"
+    assert sweep.line(older) == "sweep 4.45.2: 1 of 2 model types passed, 1 failed (measured, 2 cases, 30 s)"
+    assert (newest["cases"], older["cases"]) == (list(sweep.VARIANTS), ["enable-every2", "patched-every1"])
     stale = sweep.summarise("5.24.0", {"model_types": {"x": {"known_failure": "why",
                                                                 **dict.fromkeys(sweep.VARIANTS, "passed")}}},
                             True, 0, 1.0)
     assert stale["counts"]["xpass"] == 1 and not stale["ok"]  # a known failure that passes fails the sweep
     unexpected = sweep.summarise("5.24.0", {"model_types": {"x": {"known_failure": None}}}, True, 1, 1.0)
     assert not unexpected["ok"]
+
+
+def test_older_releases_run_two_cases_and_the_newest_all_four(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    commands = {}
+    monkeypatch.setattr(sweep.matrix, "build_env", lambda *args, **kwargs: (tmp_path / "env", False))
+
+    def fake_run(command, log, env=None, echo=False):
+        commands[env["HF_CKPT_SWEEP_KNOWN"]] = command[command.index("-k") + 1:]
+        return 0
+
+    monkeypatch.setattr(sweep.matrix, "run_logged", fake_run)
+    args = sweep.argparse.Namespace(out=tmp_path, cache_dir=tmp_path, jobs=1, timeout=60)
+    older, newest = sweep.run_release("4.45.2", args), sweep.run_release(sweep.NEWEST, args)
+    junit = f"--junitxml={tmp_path}"
+    assert commands["off"] == ["test_every_model_type and (enable-every2 or patched-every1)",
+                               f"{junit}/4.45.2/junit.xml", "--tb=line"]
+    assert commands["strict"] == ["test_every_model_type", f"{junit}/{sweep.NEWEST}/junit.xml"]
+    assert (older["cases"], newest["cases"]) == (["enable-every2", "patched-every1"], list(sweep.VARIANTS))
 
 
 def _matrix_json(tmp_path: Path) -> Path:
@@ -198,8 +287,8 @@ def test_the_page_reports_every_model_type_by_modality(tmp_path: Path) -> None:
     page = tmp_path / "compatibility.md"
     assert compat_report.main(["--input", str(source), "--sweep", str(full), "--output", str(page)]) == 0
     text = page.read_text()
-    assert "| 5.24.0 | 3 | 2 (67%) | 1 | 0 | asserted |" in text  # denominator, passed, xfail, failed
-    assert "| 4.45.2 | 2 | 1 (50%) | 0 | 1 | measured |" in text
+    assert "| 5.24.0 | 3 | 2 (67%) | 1 | 0 | 4 | asserted |" in text  # denominator, passed, xfail, failed, cases
+    assert "| 4.45.2 | 2 | 1 (50%) | 0 | 1 | 2 | measured |" in text
     assert "| vision | 0 / 1 | 1 / 2 |" in text and "| text decoder | 1 / 1 | 1 / 1 |" in text
     assert "- `timm_x`: needs the optional dependency timm" in text
     assert "### Not passing (measured, not asserted) on 4.45.2" in text

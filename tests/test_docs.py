@@ -17,6 +17,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _docs_runner  # noqa: E402
 
+pytestmark = pytest.mark.slow  # every page in one run: minutes (python -m pytest -m slow)
+
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 WITH_CODE = [page for page in PAGES if _docs_runner.blocks(page)]

@@ -63,6 +63,7 @@ def predicted_and_real(request):
 
 
 @pytest.mark.filterwarnings("ignore")
+@pytest.mark.slow
 def test_retained_bytes_and_flops_match_a_measured_step_for_every_strategy(predicted_and_real):
     predicted, model = predicted_and_real
     assert predicted.traced_blocks < predicted.num_blocks == BLOCKS  # scaled, not traced whole
@@ -76,6 +77,7 @@ def test_retained_bytes_and_flops_match_a_measured_step_for_every_strategy(predi
 
 @pytest.mark.filterwarnings("ignore")
 @pytest.mark.parametrize("name", ["llama", "gpt2"])
+@pytest.mark.slow
 def test_autocast_retained_bytes_equal_a_step_whose_forward_runs_under_autocast(name):
     """Mixed precision (float32 weights, bfloat16 autocast around forward, backward outside, as the Trainer runs
     it): the estimate equals the measured step, byte for byte, and differs from the float32 one."""
@@ -149,6 +151,7 @@ def test_lora_trains_only_the_adapters():
 
 
 @pytest.mark.filterwarnings("ignore")
+@pytest.mark.slow
 def test_plan_for_a_budget_fits_when_applied_to_the_real_model():
     config = _llama_config()
     made = plan_for(config, batch_size=BATCH, seq_len=SEQ, budget=0.5, dtype="float32", device="cpu")
@@ -172,6 +175,7 @@ def test_plan_budget_as_size_and_whole_step():
     assert tight.predicted_bytes <= tight.budget_bytes
 
 
+@pytest.mark.slow
 def test_json_has_the_documented_keys(tmp_path):
     made = estimate(_llama_config(), batch_size=1, seq_len=8, dtype="float32")
     path = tmp_path / "estimate.json"

@@ -84,6 +84,7 @@ def test_missing_config_is_named(capsys):
 
 
 @pytest.mark.parametrize("autocast", [[], ["--dtype", "float32", "--autocast", "bf16"]])
+@pytest.mark.slow
 def test_encoders_with_a_mask_are_estimated_for_cuda_with_every_strategy(autocast, capsys):
     """BERT passes an attention mask: on ``--device cuda`` (the default) its modelled fused attention must also
     serve a checkpoint's recompute in backward (it raised a CheckpointError before), in float32 and under autocast."""

@@ -46,6 +46,7 @@ def test_each_block_keeps_its_norms_outputs_and_statistics_no_more_at_the_same_f
     assert norms.flops == plain.flops
 
 
+@pytest.mark.slow
 def test_a_block_without_norm_ops_is_partitioned_the_same_way():
     """Llama's RMSNorm is written in Python (pointwise ops the partitioner already recomputes), and its attention
     is one sdpa call: ``:norms`` changes nothing."""
@@ -54,6 +55,7 @@ def test_a_block_without_norm_ops_is_partitioned_the_same_way():
     assert (norms.retained_bytes, norms.flops) == (plain.retained_bytes, plain.flops)
 
 
+@pytest.mark.slow
 def test_the_menu_measures_norms_partitions_only_where_a_block_has_norm_ops():
     bert = partition_options(tiny_bert(layers=2), _batch())
     llama = partition_options(tiny_llama(layers=2), _batch())

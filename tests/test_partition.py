@@ -136,6 +136,7 @@ def test_bad_partition_strategies_and_combinations_are_named_at_the_call():
     )
 
 
+@pytest.mark.slow
 def test_the_planner_may_partition_blocks_and_its_plan_holds_when_measured(tmp_path):
     model, batch = tiny_gpt2(layers=2), _batch(64)
     none = measure_step(model, batch)
@@ -166,6 +167,7 @@ def test_a_partitioned_block_keeps_its_hooks_on_a_stack_that_hands_over_call():
     assert torch.allclose(module.weight.grad, torch.ones(2, 4).T @ x.detach())
 
 
+@pytest.mark.slow
 def test_the_graphplan_bench_setting_plans_with_partitions_among_the_options():
     from hf_ckpt.measure.settings import parse_setting
 

@@ -79,6 +79,7 @@ def test_bench_with_selective_and_plans_reports_their_checks():
     assert by_name["plan:0.5: predicted bytes within 10% of measured"].passed
 
 
+@pytest.mark.slow
 def test_plan_from_a_config_needs_no_model_here(tmp_path, capsys, monkeypatch):
     """``--config``: a plan for a model that does not fit this machine, from shapes alone (no model is built)."""
     import hf_ckpt.measure.workload
@@ -98,6 +99,7 @@ def test_plan_from_a_config_needs_no_model_here(tmp_path, capsys, monkeypatch):
     assert "not both" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_autocast_plans_as_hf_ckpt_plan_does_under_autocast(tmp_path, capsys):
     """``--autocast bf16``: the measured plan is the one ``hf_ckpt.plan`` makes under autocast; with ``--config``
     the estimate's, traced under the same autocast."""
@@ -125,6 +127,7 @@ def test_autocast_plans_as_hf_ckpt_plan_does_under_autocast(tmp_path, capsys):
     assert mixed.baseline_bytes > CheckpointPlan.load(path).baseline_bytes
 
 
+@pytest.mark.slow
 def test_a_plan_with_the_finer_strategies_is_made_and_verified_from_the_command_line(tmp_path, capsys):
     path = tmp_path / "plan.json"
     small = ["--layers", "2", "--hidden", "64", "--seq", "32", "--batch", "2"]
