@@ -21,6 +21,10 @@ import json
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from sweep import VARIANTS  # noqa: E402  (ci/sweep.py: the four cases, and a model type's outcome over those run)
+from sweep import outcome as _outcome  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_INPUT = ROOT / "build" / "matrix" / "matrix.json"
 DEFAULT_SWEEP = ROOT / "build" / "sweep" / "sweep.json"
@@ -30,7 +34,6 @@ MODALITIES = ("text decoder", "encoder", "encoder-decoder", "vision", "audio/spe
               "state-space/hybrid")
 
 PINNED_APART = ("torch", "huggingface_hub", "tokenizers", "peft")
-VARIANTS = ("enable-every1", "enable-every2", "patched-every1", "patched-every2")
 TASK_TITLES = {"causal-lm": "Causal LM", "masked-lm": "Masked LM", "seq2seq": "Encoder-decoder (seq2seq)"}
 
 
@@ -79,11 +82,10 @@ def _counts(release: dict) -> str:
     return "green"
 
 
-def _outcome(record: dict, cases: tuple[str, ...] | list[str] = VARIANTS) -> str:
-    passed = all(record.get(variant) == "passed" for variant in cases)
-    if record.get("known_failure"):
-        return "xpass" if passed else "xfail"
-    return "passed" if passed else "failed"
+def _outcomes(run: dict) -> dict[str, str]:
+    """Each model type's outcome in one release's full sweep, over the cases that release ran."""
+    cases = tuple(run.get("cases", VARIANTS))
+    return {name: _outcome(record, cases) for name, record in run["sweep"]["model_types"].items()}
 
 
 def _first_failure(record: dict) -> str:
@@ -119,17 +121,17 @@ def render_full_sweep(sweep: dict | None) -> list[str]:
         "| mode |",
         "| --- | --- | --- | --- | --- | --- | --- |",
     ]
+    outcomes = {run["release"]: _outcomes(run) for run in runs}
     for run in runs:
-        records, cases = run["sweep"]["model_types"], run.get("cases", VARIANTS)
         counts = {name: 0 for name in ("passed", "failed", "xfail", "xpass")}
-        for record in records.values():
-            counts[_outcome(record, cases)] += 1
-        total = len(records)
+        for found in outcomes[run["release"]].values():
+            counts[found] += 1
+        total = len(outcomes[run["release"]])
         share = f" ({100 * counts['passed'] / total:.0f}%)" if total else ""
         failed = counts["failed"] + counts["xpass"]
         mode = "asserted" if run.get("strict") else "measured"
         lines.append(f"| {run['release']} | {total} | {counts['passed']}{share} | {counts['xfail']} | {failed} "
-                     f"| {len(cases)} | {mode} |")
+                     f"| {len(run.get('cases', VARIANTS))} | {mode} |")
     timing = ", ".join(f"{r['release']} {r['seconds']:.0f} s" for r in runs)
     lines += ["", f"Sweep runtime in the run this page comes from: {timing}. {MEASURED}", ""]
     lines += ["### By modality", "", "Passed / model types, per release.", "",
@@ -137,8 +139,8 @@ def render_full_sweep(sweep: dict | None) -> list[str]:
     for modality in MODALITIES:
         cells = []
         for run in runs:
-            records = [r for r in run["sweep"]["model_types"].values() if r.get("modality") == modality]
-            passed = sum(_outcome(r, run.get("cases", VARIANTS)) == "passed" for r in records)
+            records = [m for m, r in run["sweep"]["model_types"].items() if r.get("modality") == modality]
+            passed = sum(outcomes[run["release"]][m] == "passed" for m in records)
             cells.append(f"{passed} / {len(records)}" if records else "—")
         lines.append(f"| {modality} | " + " | ".join(cells) + " |")
     newest = runs[-1]
@@ -152,10 +154,9 @@ def render_full_sweep(sweep: dict | None) -> list[str]:
     for reason, model_types in sorted(by_reason.items(), key=lambda item: (-len(item[1]), item[0])):
         lines.append(f"- {', '.join(f'`{m}`' for m in model_types)}: {reason}")
     unexpected = [(run["release"], m, r) for run in runs for m, r in sorted(run["sweep"]["model_types"].items())
-                  if _outcome(r, run.get("cases", VARIANTS)) in ("failed", "xpass")]
+                  if outcomes[run["release"]][m] in ("failed", "xpass")]
     for run in runs:
-        failing = [m for m, r in sorted(run["sweep"]["model_types"].items())
-                   if _outcome(r, run.get("cases", VARIANTS)) in ("failed", "xpass")]
+        failing = [m for m, found in sorted(outcomes[run["release"]].items()) if found in ("failed", "xpass")]
         if not failing:
             continue
         title = "Failures" if run.get("strict") else "Not passing (measured, not asserted)"
@@ -229,9 +230,9 @@ def render(releases: list[dict], sweep_data: dict | None = None) -> str:
         "hf_ckpt is tested on every transformers release below, each in its own environment (torch "
         + ", ".join(sorted({r["sweep"]["torch"] for r in swept})) + ", CPU, fp32). "
         "The default test run (`python -m pytest`) runs on each, and on the newest the slow tests too (`-m slow`: "
-        "the planners' figures against measured steps on real models, the docs' code); the architecture sweep (`tests/test_architectures.py`) trains tiny "
-        "models for one step, with and without checkpointing, and checks that the gradients agree (max abs "
-        "difference <= 1e-5) and that exactly the selected blocks were recomputed (measured by counting block "
+        "the planners' figures against measured steps on real models, the docs' code); the architecture sweep "
+        "(`tests/test_architectures.py`) trains tiny models for one step, with and without checkpointing, and "
+        "checks that the gradients agree (max abs difference <= 1e-5) and that exactly the selected blocks were recomputed (measured by counting block "
         "runs; every tower of a multimodal model, blocks in global order), for full checkpointing and "
         "`every_n_layers=2`, through `hf_ckpt.enable` and through the patched `gradient_checkpointing_enable` "
         "(`hf_ckpt.patch_transformers()`): 4 cases per model. The default suite sweeps the task heads of the "

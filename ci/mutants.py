@@ -8,7 +8,8 @@ Then, one mutant at a time in each copy of the repository (``--jobs`` copies of 
 untracked files included; this checkout is never touched): apply it, run the suite fail-fast with ``python -m
 pytest -x -q -p no:cacheprovider -m "slow or not slow"`` (the default run and the slow tests, as CI runs them) and
 require a failure. To keep that short, the test files most likely to catch the mutant run first; if they pass, the
-rest of the suite runs (the two runs together are the whole suite). It prints ``mutant | killed by <test id> | seconds`` and exits 1 when any mutant survives.
+rest of the suite runs (the two runs together are the whole suite). It prints ``mutant | killed by <test id> |
+seconds`` and exits 1 when any mutant survives.
 
     python ci/mutants.py                 # every mutant
     python ci/mutants.py --jobs 2        # two at a time, each in its own copy (what CI runs)
