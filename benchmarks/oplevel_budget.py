@@ -17,6 +17,9 @@ output element of every op without a FLOP formula, the recompute FLOP counts are
 * against ``compile:F`` (inductor, ``activation_memory_budget=F``, measured by saved-tensor hooks and graph
   counts): at the same F, and at equal memory (``oplevel@compile:F`` and ``plan@compile:F``: plans made for
   compile's measured bytes). PASS where op-level is no worse, INFO where compile is better (see the docs: why).
+  Where compile's backward draws random ops afresh (its dropout masks are not the forward's: pytorch/pytorch#190758)
+  the row says how many, and ``compile_seeded:F`` (the seeds kept for backward, a correct compile) is measured
+  too, with plans made for its bytes.
 
 It writes ``--json`` (and ``--plot`` with matplotlib) and prints a Markdown table. Exit status 1 on a FAIL.
 Timing mode times ``plan:F`` and ``oplevel:F`` steps interleaved round-robin (``hf_ckpt.measure.run_benchmark``)
@@ -63,15 +66,16 @@ def _eager(model, batch, loss_fn) -> tuple[int, int, int]:
     return measured.retained_bytes, measured.flops, counted.elementwise
 
 
-def _compiled(model, batch, loss_fn, budget: float) -> tuple[int, int, int]:
-    """The same for torch.compile with activation_memory_budget (saved-tensor bytes, graph counts)."""
-    reference = CompiledReference(budget)
+def _compiled(model, batch, loss_fn, budget: float, keep_random: bool = False) -> tuple[tuple[int, int, int], dict]:
+    """The same for torch.compile with activation_memory_budget (saved-tensor bytes, graph counts), and how many
+    random ops its backward draws afresh (pytorch/pytorch#190758); ``keep_random``: ``compile_seeded:F``."""
+    reference = CompiledReference(budget, keep_random=keep_random)
     reference.prepare(model, batch, lambda: training_step(model, batch, loss_fn))
     saved, flops = reference.measure(model, batch, loss_fn)
-    return saved, flops, sum(reference.graph_elementwise)
+    return (saved, flops, sum(reference.graph_elementwise)), {"backward_random": reference.backward_random}
 
 
-def _row(rows: dict, spec: str, measured: tuple[int, int, int], started: float, details: dict) -> None:
+def _row(rows: dict, spec: str, measured: tuple[int, int, int], details: dict, started: float) -> None:
     retained, flops, elementwise = measured
     rows[spec] = {"retained_bytes": retained, "flops": flops, "elementwise": elementwise, "details": details,
                   "seconds": round(time.perf_counter() - started, 1)}
@@ -101,14 +105,14 @@ def _figures(name: str, args: argparse.Namespace) -> dict:
         setting = parse_setting(spec)
         setting.apply(model)
         try:
-            _row(rows, spec, _eager(model, batch, loss_fn), started, {})
+            _row(rows, spec, _eager(model, batch, loss_fn), {}, started)
         finally:
             setting.remove(model)
     compile_ok = not args.no_compile
     if compile_ok:
         try:
             started = time.perf_counter()
-            _row(rows, "compile:1", _compiled(model, batch, loss_fn, 1.0), started, {})
+            _row(rows, "compile:1", *_compiled(model, batch, loss_fn, 1.0), started)
         except RuntimeError as error:
             print(f"  compile: skipped: {error}", flush=True)
             compile_ok = False
@@ -118,38 +122,48 @@ def _figures(name: str, args: argparse.Namespace) -> dict:
             plan = hf_ckpt.plan(model, batch, budget, strategies=strategies, loss_fn=loss_fn)
             hf_ckpt.enable(model, plan=plan)
             try:
-                _row(rows, label, _eager(model, batch, loss_fn), started, _plan_details(plan))
+                _row(rows, label, _eager(model, batch, loss_fn), _plan_details(plan), started)
             finally:
                 hf_ckpt.disable(model)
         if not compile_ok:
             continue
-        started = time.perf_counter()
         spec = f"compile:{budget:g}"
-        _row(rows, spec, _compiled(model, batch, loss_fn, budget), started, {})
-        if args.no_matched:
-            continue
-        # Equal memory: plans made for compile:F's measured bytes (an int budget).
-        for label, strategies in ((f"plan@{spec}", BLOCK), (f"oplevel@{spec}", oplevel)):
+        started = time.perf_counter()
+        _row(rows, spec, *_compiled(model, batch, loss_fn, budget), started)
+        references = [spec]
+        if rows[spec]["details"]["backward_random"]:
+            # Its gradients are wrong (fresh dropout masks in backward): compare with a correct compile too.
             started = time.perf_counter()
-            try:
-                plan = hf_ckpt.plan(model, batch, int(rows[spec]["retained_bytes"]), strategies=strategies,
-                                    loss_fn=loss_fn)
-            except ValueError as error:
-                print(f"  {label}: no plan: {error}", flush=True)
-                continue
-            hf_ckpt.enable(model, plan=plan)
-            try:
-                _row(rows, label, _eager(model, batch, loss_fn), started, _plan_details(plan))
-            finally:
-                hf_ckpt.disable(model)
+            references.append(f"compile_seeded:{budget:g}")
+            _row(rows, references[-1], *_compiled(model, batch, loss_fn, budget, keep_random=True), started)
+        if not args.no_matched:
+            for reference in references:
+                _matched(rows, reference, model, batch, loss_fn, oplevel)
     none = rows["none"]
     for spec, row in rows.items():
         row["fraction"] = row["retained_bytes"] / none["retained_bytes"]
         # compile's graphs are counted statically: its recompute is relative to compile:1, counted the same way
-        reference = rows.get("compile:1", none) if spec.startswith("compile:") else none
+        reference = rows.get("compile:1", none) if spec.startswith("compile") else none
         row["recompute_flops"] = row["flops"] - reference["flops"]
         row["recompute_elementwise"] = row["elementwise"] - reference["elementwise"]
     return {"model": name, "info": work.info, "rows": rows}
+
+
+def _matched(rows: dict, reference: str, model, batch, loss_fn, oplevel: tuple) -> None:
+    """Equal memory: plans made for ``reference``'s measured bytes (an int budget)."""
+    for label, strategies in ((f"plan@{reference}", BLOCK), (f"oplevel@{reference}", oplevel)):
+        started = time.perf_counter()
+        try:
+            plan = hf_ckpt.plan(model, batch, int(rows[reference]["retained_bytes"]), strategies=strategies,
+                                loss_fn=loss_fn)
+        except ValueError as error:
+            print(f"  {label}: no plan: {error}", flush=True)
+            continue
+        hf_ckpt.enable(model, plan=plan)
+        try:
+            _row(rows, label, _eager(model, batch, loss_fn), _plan_details(plan), started)
+        finally:
+            hf_ckpt.disable(model)
 
 
 def _cell(row: dict | None) -> str:
@@ -180,27 +194,40 @@ def _check(result: dict) -> list[str]:
             same_f = op["fraction"] <= compiled["fraction"] and op["recompute_flops"] <= compiled["recompute_flops"]
             lines.append(f"{'INFO' if not same_f else 'PASS'} {model} {budget:.0%} same F: compile {_cell(compiled)} "
                          f"| oplevel {_cell(op)}")
-            matched = rows.get(f"oplevel@compile:{budget:g}")
-            if matched is not None:
-                equal = matched["recompute_flops"] <= compiled["recompute_flops"]
-                lines.append(f"{'PASS' if equal else 'INFO'} {model} {budget:.0%} equal memory: compile "
-                             f"{_cell(compiled)} | oplevel at compile's bytes {_cell(matched)} | block-level plan "
-                             f"at compile's bytes {_cell(rows.get(f'plan@compile:{budget:g}'))}")
+            lines += _equal_memory(rows, f"{model} {budget:.0%}", f"compile:{budget:g}")
+            fresh = compiled["details"].get("backward_random", 0)
+            if fresh:
+                lines.append(f"INFO {model} {budget:.0%}: compile:{budget:g}'s backward draws {fresh} random op(s) "
+                             "afresh (pytorch/pytorch#190758): its gradients are wrong; a correct compile keeps "
+                             "the seeds (compile_seeded)")
+                lines += _equal_memory(rows, f"{model} {budget:.0%}", f"compile_seeded:{budget:g}")
     lines.append(f"{'PASS' if strictly >= 2 else 'FAIL'} {model}: oplevel's recompute (GFLOP + elementwise) strictly "
                  f"below the block-level plan's at {strictly} budgets")
     return lines
 
 
+def _equal_memory(rows: dict, where: str, reference: str) -> list[str]:
+    compiled, matched = rows.get(reference), rows.get(f"oplevel@{reference}")
+    if compiled is None or matched is None:
+        return []
+    equal = matched["recompute_flops"] <= compiled["recompute_flops"]
+    return [f"{'PASS' if equal else 'INFO'} {where} equal memory: {reference} {_cell(compiled)} | oplevel at its "
+            f"bytes {_cell(matched)} | block-level plan at its bytes {_cell(rows.get(f'plan@{reference}'))}"]
+
+
 def _markdown(results: list[dict]) -> str:
-    header = ("| model | budget | plan (block-level) | oplevel | compile:F | oplevel at compile's bytes |"
-              " plan at compile's bytes |\n|---|---:|---|---|---|---|---|")
+    header = ("| model | budget | plan (block-level) | oplevel | compile:F | random drawn afresh | oplevel at "
+              "compile's bytes | compile_seeded:F | oplevel at its bytes |\n|---|---:|---|---|---|---:|---|---|---|")
     lines = [header]
     for result in results:
         rows = result["rows"]
         for budget in BUDGETS:
-            cells = [rows.get(f"{kind}:{budget:g}") for kind in ("plan", "oplevel", "compile")]
-            cells += [rows.get(f"{kind}@compile:{budget:g}") for kind in ("oplevel", "plan")]
-            lines.append(f"| {result['model']} | {budget:.0%} | " + " | ".join(_cell(c) for c in cells) + " |")
+            compiled = rows.get(f"compile:{budget:g}")
+            fresh = "-" if compiled is None else str(compiled["details"].get("backward_random", 0))
+            cells = [_cell(rows.get(f"{kind}:{budget:g}")) for kind in ("plan", "oplevel", "compile")]
+            cells += [fresh, _cell(rows.get(f"oplevel@compile:{budget:g}")),
+                      _cell(rows.get(f"compile_seeded:{budget:g}")), _cell(rows.get(f"oplevel@compile_seeded:{budget:g}"))]
+            lines.append(f"| {result['model']} | {budget:.0%} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -213,7 +240,9 @@ def _plot(results: list[dict], path: str) -> None:
     fig, axes = plt.subplots(2, len(results), figsize=(5 * len(results), 7.5), squeeze=False)
     styles = {"every_n": ("o", "#999999"), "full": ("o", "#999999"), "plan": ("s", "#3b7dd8"),
               "oplevel": ("D", "#d84b3b"), "compile": ("^", "#2a9d55"), "none": ("o", "black"),
-              "oplevel@compile": ("d", "#f2a541"), "plan@compile": ("s", "#9ec3f0")}
+              "oplevel@compile": ("d", "#f2a541"), "plan@compile": ("s", "#9ec3f0"),
+              "compile_seeded": ("v", "#115e33"), "oplevel@compile_seeded": ("d", "#b3701d"),
+              "plan@compile_seeded": ("s", "#6f95c4")}
     for column, result in enumerate(results):
         for row_index, (key, scale, unit) in enumerate((("recompute_flops", 1e9, "recompute GFLOP per step"),
                                                          ("recompute_elementwise", 1e6, "recompute elementwise, M elements"))):
@@ -226,7 +255,7 @@ def _plot(results: list[dict], path: str) -> None:
                 ax.scatter(100 * row["fraction"], row[key] / scale, marker=marker, color=color,
                            label=None if label in seen else label, zorder=3)
                 seen.add(label)
-                if kind in ("plan", "oplevel", "compile"):
+                if kind in ("plan", "oplevel", "compile", "compile_seeded"):
                     ax.annotate(spec.split(":")[-1], (100 * row["fraction"], row[key] / scale), fontsize=7,
                                 xytext=(3, 3), textcoords="offset points")
             for budget in BUDGETS:

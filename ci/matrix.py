@@ -200,8 +200,11 @@ class Result:
         return f"env built in {self.build_seconds:.0f} s" if self.env_built_now else "env reused"
 
 
-def read_junit(path: Path, result: Result) -> None:
-    """Count outcomes from pytest's JUnit XML: passed, failed, errors, skipped and (strict or not) xfailed."""
+def read_junit(path: Path, result: Result, skipped_before: set[str] | None = None) -> None:
+    """Count outcomes from pytest's JUnit XML: passed, failed, errors, skipped and (strict or not) xfailed.
+
+    ``skipped_before``: the cases already counted as skipped from another report of the same release, counted
+    once (a module skipped at collection, the clients', is reported skipped by every run that collects it)."""
     for case in ElementTree.parse(path).getroot().iter("testcase"):
         name = f"{case.get('classname', '')}::{case.get('name', '')}"
         tags = {child.tag: child for child in case}
@@ -214,8 +217,10 @@ def read_junit(path: Path, result: Result) -> None:
         elif "skipped" in tags:
             if tags["skipped"].get("type") == "pytest.xfail":
                 result.xfailed += 1
-            else:
+            elif skipped_before is None or name not in skipped_before:
                 result.skipped += 1
+                if skipped_before is not None:
+                    skipped_before.add(name)
         else:
             result.passed += 1
 
@@ -260,8 +265,9 @@ def adoptable(folder: Path) -> tuple[str | None, str]:
 def adopt(release: str, folder: Path) -> Result:
     """``release``'s result from the JUnit reports and the sweep report already written in ``folder``."""
     result = Result(release, pins=pin_lines(release), exit_status=0, env=sys.prefix, adopted=str(folder))
+    skipped: set[str] = set()
     for report in sorted(folder.glob("*.xml")):
-        read_junit(report, result)
+        read_junit(report, result, skipped)
         suites = ElementTree.parse(report).getroot().iter("testsuite")
         result.test_seconds += sum(float(suite.get("time", 0)) for suite in suites)
     sweep = folder / "sweep.json"

@@ -160,7 +160,8 @@ def test_an_adopted_release_is_not_run_again_and_counts_every_report(
     status = matrix.main(["--releases", "4.45.2,5.24.0", "--out", str(tmp_path / "out"), "--adopt", str(newest)])
     output = capsys.readouterr().out
     assert ran == ["4.45.2"] and status == 1  # the slow report holds a failure
-    assert f"transformers 5.24.0: 3 passed, 2 failed, 1 xfailed, 2 skipped (adopted from {newest}, tests 8 s)" in output
+    # test_skip is skipped in both reports (as a module skipped at collection is): counted once
+    assert f"transformers 5.24.0: 3 passed, 2 failed, 1 xfailed, 1 skipped (adopted from {newest}, tests 8 s)" in output
     report = json.loads((tmp_path / "out" / "matrix.json").read_text())["releases"][1]
     assert (report["release"], report["sweep"], report["ok"]) == ("5.24.0", {"transformers": "5.24.0"}, False)
 

@@ -27,11 +27,14 @@ def _partition_all(model, budget: float) -> hf_ckpt.CheckpointPlan:
     return hf_ckpt.CheckpointPlan((f"partition:{budget:g}",) * len(find_blocks(model)))
 
 
+@pytest.mark.parametrize("budget", [0.0, 0.25, 0.5])
 @pytest.mark.parametrize("build", [tiny_llama, tiny_gpt2, tiny_t5], ids=["llama", "gpt2-dropout", "t5-dropout"])
-def test_partitioned_blocks_give_the_gradients_of_no_checkpointing_and_are_measured_recomputed(build):
+def test_partitioned_blocks_give_the_gradients_of_no_checkpointing_and_are_measured_recomputed(build, budget):
+    """At every budget, dropout included: torch.compile's partitioner draws masks afresh where its budget makes it
+    recompute a random op (pytorch/pytorch#190758); a partitioned block replays the forward's."""
     model, batch = build(), _batch()
     reference = train_step(model, batch)
-    hf_ckpt.enable(model, plan=_partition_all(model, 0.0))
+    hf_ckpt.enable(model, plan=_partition_all(model, budget))
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the first-step probe sees the recompute: no "not recomputed" warning
         recomputed, grads = recomputed_in_step(model, batch)

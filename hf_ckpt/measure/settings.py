@@ -15,6 +15,7 @@ Until 0.3 the old names (``Strategy``, ``parse_strategy``, ``parse_strategies``,
 
 from __future__ import annotations
 
+import functools
 import inspect
 import weakref
 from dataclasses import dataclass, field
@@ -317,42 +318,63 @@ _graphplan = _finer_plan("graphplan", ("oplevel", "partition", "outside"),
                          "the blocks recomputed where that pays")
 
 
-def _compile(argument: str | None) -> Setting:
-    from ..oplevel._compiled import CompiledReference, compile_unavailable
+def _compiled_reference(name: str, keep_random: bool) -> Callable[[str | None], Setting]:
+    """The factory of ``compile:F`` (inductor as torch ships it) or ``compile_seeded:F`` (its random seeds kept)."""
 
-    try:
-        value = float(argument) if argument is not None else -1.0
-    except ValueError:
-        value = -1.0
-    if not 0.0 <= value <= 1.0:
-        raise ValueError(
-            "compile needs torch._functorch.config.activation_memory_budget in [0, 1], e.g. compile:0.5; "
-            f"got compile:{argument or ''}"
+    def factory(argument: str | None) -> Setting:
+        from ..oplevel._compiled import CompiledReference, compile_unavailable, seeded_unavailable
+
+        try:
+            value = float(argument) if argument is not None else -1.0
+        except ValueError:
+            value = -1.0
+        if not (0.0 < value <= 1.0 if keep_random else 0.0 <= value <= 1.0):
+            accepted = "in (0, 1] (at 0 torch's partitioner ignores what it must keep)" if keep_random else "in [0, 1]"
+            raise ValueError(
+                f"{name} needs torch._functorch.config.activation_memory_budget {accepted}, e.g. {name}:0.5; "
+                f"got {name}:{argument or ''}"
+            )
+        reason = compile_unavailable() or (seeded_unavailable() if keep_random else None)
+        if reason is not None:
+            raise ValueError(f"{name}:{value:g} cannot run: {reason}; leave it out of --settings")
+        reference = CompiledReference(value, keep_random=keep_random)
+        details: dict[str, Any] = {}
+        what = "with its random seeds saved for backward" if keep_random else "as torch ships it"
+        return Setting(
+            reference.name,
+            f"torch.compile(model, backend='inductor') with activation_memory_budget={value:g} (min-cut partitioner), "
+            f"{what}; under the bench's dispatch modes dynamo runs eagerly, so its memory and FLOPs are in details "
+            "(saved_bytes, graph_flops, backward_random; benchmarks/oplevel_budget.py compares them)",
+            apply=reference.apply,
+            remove=reference.remove,
+            prepare=functools.partial(_measure_compiled, reference, details),
+            details=details,
         )
-    reason = compile_unavailable()
-    if reason is not None:
-        raise ValueError(f"compile:{value:g} cannot run: {reason}; leave it out of --settings")
-    reference = CompiledReference(value)
-    details: dict[str, Any] = {}
 
-    def prepare(model: nn.Module, batch: Mapping[str, Any]) -> None:
-        from .step import training_step
+    return factory
 
-        reference.prepare(model, batch, lambda: training_step(model, batch))
-        saved_bytes, graph_flops = reference.measure(model, batch)
-        details.update(saved_bytes=saved_bytes, graph_flops=graph_flops)
-        model.zero_grad(set_to_none=True)
 
-    return Setting(
-        f"compile:{value:g}",
-        f"torch.compile(model, backend='inductor') with activation_memory_budget={value:g} (min-cut partitioner); "
-        "under the bench's dispatch modes dynamo runs eagerly, so its memory and FLOPs are in details "
-        "(saved_bytes, graph_flops; benchmarks/oplevel_budget.py compares them)",
-        apply=reference.apply,
-        remove=reference.remove,
-        prepare=prepare,
-        details=details,
-    )
+def _measure_compiled(reference: Any, details: dict[str, Any], model: nn.Module, batch: Mapping[str, Any]) -> None:
+    """Compile ``reference`` for the batch and put its figures in ``details``; warn once where its backward draws
+    random numbers afresh."""
+    from .._warnings import warn_once
+    from .step import training_step
+
+    reference.prepare(model, batch, lambda: training_step(model, batch))
+    saved_bytes, graph_flops = reference.measure(model, batch)
+    details.update(saved_bytes=saved_bytes, graph_flops=graph_flops, backward_random=reference.backward_random)
+    if reference.backward_random:
+        warn_once(
+            f"{reference.name}: the compiled backward draws {reference.backward_random} random op(s) afresh "
+            "(pytorch/pytorch#190758): its dropout masks are not the forward's, so its gradients are wrong and its "
+            "saved bytes leave out what a correct replay keeps; compile_seeded:F (F in (0, 1]) keeps the seeds.",
+            key=f"compile-random:{reference.name}",
+        )
+    model.zero_grad(set_to_none=True)
+
+
+_compile = _compiled_reference("compile", keep_random=False)
+_compile_seeded = _compiled_reference("compile_seeded", keep_random=True)
 
 
 #: The built-in settings, in the order ``available_settings`` lists them: (name, factory, syntax, help).
@@ -378,6 +400,9 @@ _BUILT_IN = (
      "partitioned, cheap modules between the blocks recomputed"),
     ("compile", _compile, "compile:F",
      "torch.compile (inductor) with torch._functorch.config.activation_memory_budget=F, the min-cut reference"),
+    ("compile_seeded", _compile_seeded, "compile_seeded:F",
+     "compile:F with the random seeds kept for backward, which replays the forward's dropout masks "
+     "(compile:F draws them afresh where it recomputes them: pytorch/pytorch#190758)"),
 )
 for _name, _factory, _syntax, _help in _BUILT_IN:
     register_setting(_name, _factory, syntax=_syntax, help=_help)

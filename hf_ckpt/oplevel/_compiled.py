@@ -15,6 +15,16 @@ Measuring it needs other instruments than eager strategies: while a ``TorchDispa
 * **step FLOPs** statically, over the forward and backward graphs the partitioner produced, with the formulas of
   ``torch.utils.flop_counter`` applied to each node's recorded shapes. The recompute is the difference with
   ``compile:1`` (graphs counted the same way), since a decomposed attention counts differently from the fused op.
+
+**Random ops recomputed afresh.** Inductor draws dropout masks from seeds (``prims.inductor_seeds``) that the
+partitioner does not know to be random: under a budget below 1 it may recompute the seeds in backward, which then
+draws *new* masks, so the gradients are not those of the forward that ran (pytorch/pytorch#190758, open as of torch
+2.13). :attr:`CompiledReference.backward_random` counts the backward graphs' nodes that draw random numbers
+(``Tag.nondeterministic_seeded``; an attention only where its ``dropout_p`` is not 0); any is that bug.
+``keep_random=True`` marks every such node of the joint graph ``MUST_SAVE`` before the partitioner runs (inductor's
+``custom_partitioner_fn``): backward then uses the forward's seeds, 8 bytes per random op of a graph, the cheapest
+correct choice for inductor's dropout (``compile_seeded:F``); a random op that inductor does not draw from a seed
+(an attention with dropout) keeps its outputs instead.
 """
 
 from __future__ import annotations
@@ -24,6 +34,8 @@ from typing import Any, Callable, Mapping
 
 import torch
 from torch import nn
+
+from ._partition import draws_random
 
 
 def compile_unavailable() -> str | None:
@@ -73,20 +85,68 @@ def graph_elementwise(graph_module: Any) -> int:
     return total
 
 
-class CompiledReference:
-    """``torch.compile(model, backend="inductor")`` with ``activation_memory_budget=budget`` during partitioning."""
+def seeded_unavailable() -> str | None:
+    """Why ``keep_random=True`` cannot run with this torch, or None when it can."""
+    try:
+        import torch._inductor.config as inductor_config
+        from torch._inductor.custom_graph_pass import CustomPartitionerFn  # noqa: F401
+    except ImportError as error:
+        return f"this torch's inductor takes no custom partitioner ({error})"
+    if not hasattr(inductor_config, "custom_partitioner_fn"):
+        return "this torch's inductor takes no custom partitioner (torch._inductor.config.custom_partitioner_fn)"
+    return None
 
-    def __init__(self, budget: float) -> None:
+
+def _saving_random_partitioner() -> Any:
+    """An inductor ``custom_partitioner_fn``: the min-cut partitioner, with every node that draws random numbers
+    marked ``MUST_SAVE`` (its output, a seed or a mask, is kept for backward instead of drawn again there)."""
+    from functorch.compile import min_cut_rematerialization_partition
+    from torch._inductor.custom_graph_pass import CustomPartitionerFn
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    class SavingRandom(CustomPartitionerFn):
+        def __call__(self, gm: Any, joint_inputs: Any, **kwargs: Any) -> Any:
+            for node in gm.graph.nodes:
+                if draws_random(node):
+                    node.meta["recompute"] = CheckpointPolicy.MUST_SAVE
+            return min_cut_rematerialization_partition(gm, joint_inputs, **kwargs)
+
+        def uuid(self) -> Any:
+            return None  # no inductor code caching
+
+    return SavingRandom()
+
+
+class CompiledReference:
+    """``torch.compile(model, backend="inductor")`` with ``activation_memory_budget=budget`` during partitioning.
+
+    ``keep_random``: random nodes are saved for backward instead of drawn again there (see the module's notes);
+    needs a budget above 0 (at 0 the partitioner returns before it reads the marks).
+    """
+
+    def __init__(self, budget: float, keep_random: bool = False) -> None:
+        if keep_random and budget == 0:
+            raise ValueError("keep_random needs an activation_memory_budget above 0: at 0 torch's partitioner "
+                             "recomputes everything it may and ignores MUST_SAVE marks")
         self.budget = budget
+        self.keep_random = keep_random
         self.graph_flops: list[int] = []
         self.graph_elementwise: list[int] = []
+        #: Nodes of the compiled backward graphs that draw random numbers afresh (pytorch/pytorch#190758).
+        self.backward_random = 0
         self._compiled: "weakref.WeakKeyDictionary[nn.Module, Callable[..., Any]]" = weakref.WeakKeyDictionary()
+
+    @property
+    def name(self) -> str:
+        return f"{'compile_seeded' if self.keep_random else 'compile'}:{self.budget:g}"
 
     def _inner(self, graph: Any, example_inputs: Any, **kwargs: Any) -> Any:
         from torch._inductor.compile_fx import compile_fx_inner
 
         self.graph_flops.append(graph_flops(graph))
         self.graph_elementwise.append(graph_elementwise(graph))
+        if kwargs.get("is_backward"):
+            self.backward_random += sum(draws_random(node) for node in graph.graph.nodes)
         return compile_fx_inner(graph, example_inputs, **kwargs)
 
     def _backend(self, graph: Any, example_inputs: Any) -> Any:
@@ -97,7 +157,10 @@ class CompiledReference:
         patches = {"activation_memory_budget": self.budget}
         if hasattr(functorch_config, "enable_autograd_cache"):
             patches["enable_autograd_cache"] = False  # a cache hit would skip the partitioner and our recording
-        with functorch_config.patch(**patches), inductor_config.patch(fx_graph_cache=False):
+        inductor_patches: dict[str, Any] = {"fx_graph_cache": False}
+        if self.keep_random:
+            inductor_patches["custom_partitioner_fn"] = _saving_random_partitioner()
+        with functorch_config.patch(**patches), inductor_config.patch(**inductor_patches):
             return compile_fx(graph, example_inputs, inner_compile=self._inner)
 
     def prepare(self, model: nn.Module, batch: Mapping[str, Any], step: Callable[[], Any]) -> None:
@@ -105,30 +168,31 @@ class CompiledReference:
 
         Resets dynamo first: compiled frames of another budget would otherwise be reused.
         """
-        reason = compile_unavailable()
+        reason = compile_unavailable() or (seeded_unavailable() if self.keep_random else None)
         if reason is not None:
-            raise RuntimeError(f"compile:{self.budget:g} cannot run: {reason}")
+            raise RuntimeError(f"{self.name} cannot run: {reason}")
         torch._dynamo.reset()
         self.graph_flops.clear()
         self.graph_elementwise.clear()
+        self.backward_random = 0
         self._compiled[model] = torch.compile(model._call_impl, backend=self._backend)
         self.apply(model)
         try:
             step()
         except Exception as error:
             raise RuntimeError(
-                f"compile:{self.budget:g} cannot run on this machine: torch.compile with inductor failed "
+                f"{self.name} cannot run on this machine: torch.compile with inductor failed "
                 f"({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}). On a CPU inductor "
-                "needs a C++ compiler (g++ or clang++); leave compile:F out of --strategies."
+                "needs a C++ compiler (g++ or clang++); leave compile:F and compile_seeded:F out."
             ) from error
         finally:
             self.remove(model)
         if not self.graph_flops:
-            raise RuntimeError(f"compile:{self.budget:g}: dynamo compiled no graph for this model (it ran eagerly)")
+            raise RuntimeError(f"{self.name}: dynamo compiled no graph for this model (it ran eagerly)")
 
     def apply(self, model: nn.Module) -> None:
         if model not in self._compiled:
-            raise RuntimeError(f"compile:{self.budget:g} was applied before it was prepared on a batch")
+            raise RuntimeError(f"{self.name} was applied before it was prepared on a batch")
         model._compiled_call_impl = self._compiled[model]
 
     def remove(self, model: nn.Module) -> None:
@@ -161,5 +225,5 @@ class CompiledReference:
         finally:
             self.remove(model)
         if len(self.graph_flops) != compiled_before:
-            raise RuntimeError(f"compile:{self.budget:g} recompiled while measured; its figures would mix graphs")
+            raise RuntimeError(f"{self.name} recompiled while measured; its figures would mix graphs")
         return sum(saved.values()), sum(self.graph_flops)

@@ -120,7 +120,7 @@ def _dropout_as_mask(input: torch.Tensor, p: float, train: bool | None) -> tuple
 _DROPOUT_AS_MASK = {torch.ops.aten.native_dropout.default: _dropout_as_mask}
 
 
-def _draws_random(node: Any) -> bool:
+def draws_random(node: Any) -> bool:
     """Whether ``node`` draws random numbers: a seeded op, unless its ``dropout_p`` argument is 0 (attention)."""
     if node.op != "call_function" or torch.Tag.nondeterministic_seeded not in getattr(node.target, "tags", ()):
         return False
@@ -144,7 +144,7 @@ def _partition_replaying_random_ops(partition: Callable[..., Any], joint: Any, j
     """
     from torch.utils.checkpoint import CheckpointPolicy
 
-    random = {node.name for node in joint.graph.nodes if _draws_random(node)}
+    random = {node.name for node in joint.graph.nodes if draws_random(node)}
     cheap = {node.name for node in joint.graph.nodes if node.name in random and _op_name(node) in _CHEAP_RANDOM}
     _mark(joint, {name: CheckpointPolicy.MUST_RECOMPUTE for name in cheap})
     forward_graph, backward_graph = partition(joint, joint_inputs, **kwargs)
