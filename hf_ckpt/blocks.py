@@ -78,12 +78,14 @@ def unwrapped(module: nn.Module) -> nn.Module:
 
 def _stack_block_list(stack: nn.Module) -> nn.ModuleList | None:
     """The ``ModuleList`` of repeated blocks a stack iterates over: its largest direct ``ModuleList`` child,
-    else the largest one below it; none where a direct one holds layer-flag blocks."""
+    else the largest one below it; none where a direct one holds layer-flag blocks. Of lists as long as each other
+    the one with more parameters: a stack that keeps a norm per block beside its blocks (CLVP's conditioning
+    encoder: ``group_norms`` and ``mel_attn_blocks``) iterates over both, and the blocks are the heavier."""
     direct = [child for child in stack.children() if isinstance(child, nn.ModuleList) and len(child) > 0]
     if any(is_gradient_checkpointing_layer(unwrapped(block)) for child in direct for block in child):
         return None  # its blocks flag themselves; another list (MusicGen's per-codebook embeddings) is no stack
     candidates = direct or [m for m in stack.modules() if isinstance(m, nn.ModuleList) and len(m) > 0]
-    return max(candidates, key=len, default=None)
+    return max(candidates, key=lambda blocks: (len(blocks), sum(p.numel() for p in blocks.parameters())), default=None)
 
 
 def find_blocks(model: nn.Module) -> list[Block]:

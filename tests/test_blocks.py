@@ -51,6 +51,19 @@ def test_a_stack_flag_models_blocks_are_its_largest_list():
     assert [b.name for b in find_blocks(_StackFlag())] == ["layers.0", "layers.1", "layers.2"]
 
 
+def test_of_lists_as_long_as_each_other_the_blocks_are_the_heavier():
+    """CLVP's conditioning encoder: a GroupNorm per block, listed before the attention blocks it precedes."""
+
+    class Stack(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.gradient_checkpointing = False
+            self.group_norms = nn.ModuleList(nn.GroupNorm(2, 4) for _ in range(3))
+            self.blocks = nn.ModuleList(_Plain() for _ in range(3))
+
+    assert [b.name for b in find_blocks(Stack())] == ["blocks.0", "blocks.1", "blocks.2"]
+
+
 @needs_layer_flags
 def test_a_list_beside_layer_flag_blocks_is_no_block_list():
     """MusicGen: a per-codebook embedding list (larger than the layer list) beside the decoder layers."""

@@ -138,6 +138,7 @@ class CompiledReference:
 
     @property
     def name(self) -> str:
+        """The bench setting this is: ``compile:F`` or ``compile_seeded:F``."""
         return f"{'compile_seeded' if self.keep_random else 'compile'}:{self.budget:g}"
 
     def _inner(self, graph: Any, example_inputs: Any, **kwargs: Any) -> Any:
