@@ -23,6 +23,7 @@ and FLOPs from the same graphs (:class:`hf_ckpt.oplevel._compiled.CompiledRefere
 from __future__ import annotations
 
 import argparse
+import functools
 import inspect
 import sys
 
@@ -30,7 +31,7 @@ import torch
 
 from hf_ckpt.measure.step import training_step
 from hf_ckpt.measure.workload import build_workload
-from hf_ckpt.oplevel._compiled import CompiledReference, graph_elementwise, graph_flops
+from hf_ckpt.oplevel._compiled import CompiledReference
 from hf_ckpt.oplevel._partition import _DROPOUT_AS_MASK, _eager, _partition_replaying_random_ops
 
 SIZES = {"llama": dict(layers=8, hidden=256), "gpt2": dict(layers=4, hidden=256), "bert": dict(layers=4, hidden=256)}
@@ -58,11 +59,10 @@ class WholeGraph(CompiledReference):
     def name(self) -> str:
         return f"whole-graph({self.rng}):{self.budget:g}"
 
-    def _compiler(self, graph_module, example_inputs):
+    def _compiler(self, graph_module, example_inputs, is_backward: bool):
         from torch._prims.rng_prims import run_and_save_rng_state, run_with_rng_state
 
-        self.graph_flops.append(graph_flops(graph_module))
-        self.graph_elementwise.append(graph_elementwise(graph_module))
+        self._record(graph_module, is_backward)
         if self.rng == "seed":
             for node in graph_module.graph.nodes:
                 node.target = {run_and_save_rng_state: _save_seed, run_with_rng_state: _with_seed}.get(node.target,
@@ -77,8 +77,9 @@ class WholeGraph(CompiledReference):
         def partition(joint, joint_inputs, **kwargs):
             return _partition_replaying_random_ops(min_cut_rematerialization_partition, joint, joint_inputs, **kwargs)
 
-        backend = aot_autograd(fw_compiler=self._compiler, bw_compiler=self._compiler, partition_fn=partition,
-                               decompositions=_DROPOUT_AS_MASK)
+        backend = aot_autograd(fw_compiler=functools.partial(self._compiler, is_backward=False),
+                               bw_compiler=functools.partial(self._compiler, is_backward=True),
+                               partition_fn=partition, decompositions=_DROPOUT_AS_MASK)
         with functorch_config.patch(activation_memory_budget=self.budget):
             return backend(graph, example_inputs)
 

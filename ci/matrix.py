@@ -200,12 +200,14 @@ class Result:
         return f"env built in {self.build_seconds:.0f} s" if self.env_built_now else "env reused"
 
 
-def read_junit(path: Path, result: Result, skipped_before: set[str] | None = None) -> None:
-    """Count outcomes from pytest's JUnit XML: passed, failed, errors, skipped and (strict or not) xfailed.
+def read_junit(path: Path, result: Result, skipped_before: set[str] | None = None) -> float:
+    """Count outcomes from pytest's JUnit XML: passed, failed, errors, skipped and (strict or not) xfailed; return
+    the time its test suites report.
 
     ``skipped_before``: the cases already counted as skipped from another report of the same release, counted
     once (a module skipped at collection, the clients', is reported skipped by every run that collects it)."""
-    for case in ElementTree.parse(path).getroot().iter("testcase"):
+    root = ElementTree.parse(path).getroot()
+    for case in root.iter("testcase"):
         name = f"{case.get('classname', '')}::{case.get('name', '')}"
         tags = {child.tag: child for child in case}
         if "failure" in tags:
@@ -223,6 +225,7 @@ def read_junit(path: Path, result: Result, skipped_before: set[str] | None = Non
                     skipped_before.add(name)
         else:
             result.passed += 1
+    return sum(float(suite.get("time", 0)) for suite in root.iter("testsuite"))
 
 
 def _base_version(version: str) -> str:
@@ -267,9 +270,7 @@ def adopt(release: str, folder: Path) -> Result:
     result = Result(release, pins=pin_lines(release), exit_status=0, env=sys.prefix, adopted=str(folder))
     skipped: set[str] = set()
     for report in sorted(folder.glob("*.xml")):
-        read_junit(report, result, skipped)
-        suites = ElementTree.parse(report).getroot().iter("testsuite")
-        result.test_seconds += sum(float(suite.get("time", 0)) for suite in suites)
+        result.test_seconds += read_junit(report, result, skipped)
     sweep = folder / "sweep.json"
     if sweep.is_file():
         result.sweep = json.loads(sweep.read_text())

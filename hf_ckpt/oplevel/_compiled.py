@@ -141,13 +141,17 @@ class CompiledReference:
         """The bench setting this is: ``compile:F`` or ``compile_seeded:F``."""
         return f"{'compile_seeded' if self.keep_random else 'compile'}:{self.budget:g}"
 
+    def _record(self, graph: Any, is_backward: bool) -> None:
+        """Count a partitioned graph's FLOPs and elementwise outputs, and a backward graph's random draws."""
+        self.graph_flops.append(graph_flops(graph))
+        self.graph_elementwise.append(graph_elementwise(graph))
+        if is_backward:
+            self.backward_random += sum(draws_random(node) for node in graph.graph.nodes)
+
     def _inner(self, graph: Any, example_inputs: Any, **kwargs: Any) -> Any:
         from torch._inductor.compile_fx import compile_fx_inner
 
-        self.graph_flops.append(graph_flops(graph))
-        self.graph_elementwise.append(graph_elementwise(graph))
-        if kwargs.get("is_backward"):
-            self.backward_random += sum(draws_random(node) for node in graph.graph.nodes)
+        self._record(graph, bool(kwargs.get("is_backward")))
         return compile_fx_inner(graph, example_inputs, **kwargs)
 
     def _backend(self, graph: Any, example_inputs: Any) -> Any:
