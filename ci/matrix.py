@@ -331,6 +331,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
     parser.add_argument("--releases", nargs="+", metavar="X", help="releases to run (default: all); commas work too")
     parser.add_argument("--list", action="store_true", help="list the releases, their pins and environments, and exit")
+    parser.add_argument("--newest-pins", action="store_true",
+                        help="print the newest release's pins file (the default run's constraints in .ci/run), and exit")
     parser.add_argument("--jobs", type=int, default=1, help="releases run at once (default 1)")
     parser.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE, help=f"where environments live ({DEFAULT_CACHE})")
     parser.add_argument("--out", type=Path, default=ROOT / "build" / "matrix", help="logs and reports (build/matrix)")
@@ -360,6 +362,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     if args.list:
         list_releases(args)
+        return 0
+    if args.newest_pins:
+        say(str(pins_file(RELEASES[-1])))
         return 0
     args.out.mkdir(parents=True, exist_ok=True)
     echo = args.jobs == 1

@@ -167,6 +167,22 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/test_outside.py",),
     ),
     Mutant(
+        "outside_sums_kept",
+        "a sum of recomputed modules' outputs (GPT-2's embeddings) is made again from them, not kept",
+        "hf_ckpt/_outside.py",
+        "            return MadeAgain(made, tensor) if made is not None else boundary_pack(tensor)\n",
+        "            return boundary_pack(tensor)  # mutant: sums of recomputed outputs kept\n",
+        ("tests/test_outside.py",),
+    ),
+    Mutant(
+        "oplevel_plan_rounded",
+        "the op-level planner finds the cheapest plan whose exact bytes fit, not only those its rounding sees",
+        "hf_ckpt/oplevel/_plan.py",
+        "    exact = _exact_plan(menu, none, required)\n",
+        "    exact = None  # mutant: savings rounded to a byte unit\n",
+        ("tests/test_oplevel.py",),
+    ),
+    Mutant(
         "boundary_outputs_kept",
         "a partitioned block's output made from what it saves is not kept by its consumers",
         "hf_ckpt/_boundary.py",

@@ -18,7 +18,8 @@ no block, spend at most :data:`MAX_FLOPS_PER_ELEMENT` FLOPs per output element (
 tables, embeddings, a whole embeddings module) and draw no random numbers outside torch's dropout modules: those
 are made again from the RNG state the call drew from. A call's argument that is the unchanged output of an
 earlier recomputed call is held as that call's recipe, so a chain (an activation, then a norm) keeps only its
-first input. The planner measures whether recomputing them pays (``strategies=(..., "outside")``). An input
+first input; so is a sum of such outputs made outside any module (GPT-2's token and position embeddings), found
+through the sum's autograd node. The planner measures whether recomputing them pays (``strategies=(..., "outside")``). An input
 changed in place after such a call makes backward raise, as checkpointing does, rather than recompute from changed
 values.
 
@@ -144,6 +145,7 @@ class OutsideRecompute:
         self._outputs: dict[Any, tuple[_Call, int, int, torch.dtype, int, Any]] = {}
         self._contexts: list[Any] = []
         self.drawn: dict[int, tuple] = {}  # per random module (by id): (device, RNG state) its running call drew from
+        self._nodes: dict[tuple[Any, int], tuple[_Call, int]] = {}  # (autograd node, output number) -> (call, index)
 
     def produced(self, name: str, forward: Any, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
         """Forward hook of a recomputed module: remember its output storages while the model's forward runs."""
@@ -155,12 +157,16 @@ class OutsideRecompute:
             ref = _storage_ref(tensor)
             if ref is not None:
                 self._outputs[ref] = (call, index, tensor._version, tensor.dtype, tensor.untyped_storage().nbytes(), ref)
+            if isinstance(tensor, torch.Tensor) and tensor.grad_fn is not None:
+                self._nodes[(tensor.grad_fn, tensor.output_nr)] = (call, index)
 
     def _pack(self, tensor: torch.Tensor) -> Any:
         ref = _storage_ref(tensor)
         entry = self._outputs.get(ref) if ref is not None else None
         if entry is None:
-            return boundary_pack(tensor)  # a partitioned block's output, or kept
+            made = _sum_of_outputs(self._nodes, tensor.grad_fn, tensor.output_nr) if tensor._base is None else None
+            # a sum of recomputed outputs (GPT-2's token and position embeddings), a partitioned block's output, or kept
+            return MadeAgain(made, tensor) if made is not None else boundary_pack(tensor)
         call, index, version, dtype, nbytes, key = entry
         if not still_noted(tensor, key, version, dtype, nbytes):
             return tensor  # changed in place since, or another view of the storage: keep it
@@ -200,6 +206,30 @@ class OutsideRecompute:
         if context is not None:
             context.__exit__(None, None, None)
             self._outputs.clear()
+            self._nodes.clear()
+
+
+#: How many sums deep :func:`_sum_of_outputs` looks (BERT's embeddings add three lookups: two).
+_MAX_SUMS = 4
+
+
+def _sum_of_outputs(nodes: dict, node: Any, output_nr: int, depth: int = 0) -> Any:
+    """How to make again the value autograd ``node`` produced (its output ``output_nr``): the output of a recomputed
+    call, or a sum (``a + alpha * b``, in place or not) of such values, found through the sum's backward node; None
+    where it is neither. The sum is made in the same order, so it is the same tensor, bit for bit."""
+    found = nodes.get((node, output_nr))
+    if found is not None:
+        return functools.partial(found[0].output, found[1])
+    if depth >= _MAX_SUMS or type(node).__name__ != "AddBackward0" or len(node.next_functions) != 2:
+        return None  # also an operand that needs no grad (its next function is None): nothing tells what it was
+    parts = [_sum_of_outputs(nodes, *operand, depth + 1) for operand in node.next_functions]
+    if None in parts:
+        return None
+    return functools.partial(_added, *parts, getattr(node, "_saved_alpha", 1))
+
+
+def _added(first: Any, second: Any, alpha: Any) -> torch.Tensor:
+    return torch.add(first(), second(), alpha=alpha) if alpha != 1 else first() + second()
 
 
 def _checkpointed(runtime: OutsideRecompute, forward: Any, random: bool, *args: Any, **kwargs: Any) -> Any:

@@ -312,3 +312,12 @@ def test_check_fails_when_the_page_is_not_what_the_run_gives(tmp_path: Path, cap
     failing["releases"][0]["failed"] = 1
     source.write_text(json.dumps(failing))
     assert compat_report.main([*arguments, "--check"]) == 1  # a red run never checks out
+
+
+def test_the_default_run_is_constrained_by_the_newest_releases_pins(capsys: pytest.CaptureFixture) -> None:
+    # .ci/run installs the default run with these constraints, so --adopt finds that release's environment
+    assert matrix.main(["--newest-pins"]) == 0
+    printed = Path(capsys.readouterr().out.strip())
+    assert printed == CI / "pins" / f"transformers-{matrix.RELEASES[-1]}.txt"
+    assert f"transformers=={matrix.RELEASES[-1]}" in printed.read_text().splitlines()
+    assert '-c "$(python ci/matrix.py --newest-pins)"' in (CI.parent / ".ci" / "run").read_text()

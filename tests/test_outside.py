@@ -191,10 +191,10 @@ def test_a_deep_copy_of_the_model_recomputes_on_its_own_and_gives_the_same_gradi
     assert max_grad_diff(reference, train_step(model, batch)) <= 1e-6
 
 
-def test_an_embeddings_module_recomputed_whole_keeps_only_its_inputs():
-    """BERT's embeddings add three lookups, then norm and drop the sum. Recomputed module by module, the chain
-    still keeps the sum (the norm's input is not the output of a recomputed module); recomputed whole (as
-    cheap_modules chooses it), only the module's inputs are kept, at the same FLOPs."""
+def test_an_embeddings_module_recomputed_whole_or_module_by_module_keeps_only_its_inputs():
+    """BERT's embeddings add three lookups (the second sum in place), then norm and drop the sum. Recomputed whole
+    (as cheap_modules chooses it), only the module's inputs are kept; recomputed module by module, the sum is not
+    a module's output, but a sum of recomputed outputs: made again from them, not kept, at the same FLOPs."""
     from torch.multiprocessing.reductions import StorageWeakRef
 
     model, batch = tiny_bert(), _batch()
@@ -204,17 +204,43 @@ def test_an_embeddings_module_recomputed_whole_keeps_only_its_inputs():
         lambda m, args, out: sums.append(StorageWeakRef(args[0].untyped_storage())))
     modules = tuple(f"bert.embeddings.{name}" for name in
                     ("word_embeddings", "position_embeddings", "token_type_embeddings", "LayerNorm", "dropout"))
+    reference = train_step(model, batch)
     kept, flops = {}, {}
-    for outside in (modules, ("bert.embeddings",)):
+    for outside in ((), modules, ("bert.embeddings",)):
         hf_ckpt.enable(model, plan=_plan(model, "none", outside))
         model.train()
         loss = model(**batch).loss
         kept[outside] = not sums[-1].expired()
         loss.backward()
         flops[outside] = measure_step(model, batch).flops
+        assert max_grad_diff(reference, train_step(model, batch)) <= 1e-6
         hf_ckpt.disable(model)
-    assert kept == {modules: True, ("bert.embeddings",): False}
+    assert kept == {(): True, modules: False, ("bert.embeddings",): False}
     assert flops[modules] == flops[("bert.embeddings",)]
+
+
+@pytest.mark.parametrize("frozen", [False, True], ids=["trained", "position-embeddings-frozen"])
+def test_the_sum_of_gpt2s_token_and_position_embeddings_is_made_again_where_both_are_recomputed(frozen):
+    """GPT-2 adds its token and position embeddings outside any module and drops the sum: the dropout's checkpoint
+    keeps the sum unless it is made again from the two lookups. A frozen operand leaves no trace of what it was
+    (no autograd node): the sum is then kept, and the gradients are right either way."""
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    model, batch = tiny_gpt2(), _batch()
+    model.transformer.wpe.weight.requires_grad_(not frozen)
+    sums = []
+    model.transformer.drop.register_forward_hook(
+        lambda m, args, out: sums.append(StorageWeakRef(args[0].untyped_storage())))
+    reference = train_step(model, batch)
+    hf_ckpt.enable(model, plan=_plan(model, "none", ("transformer.drop", "transformer.wpe", "transformer.wte")))
+    model.train()
+    loss = model(**batch).loss
+    kept = not sums[-1].expired()
+    loss.backward()
+    grads = train_step(model, batch)
+    hf_ckpt.disable(model)
+    assert kept == frozen
+    assert max_grad_diff(reference, grads) <= 1e-6
 
 
 def test_a_recomputed_dropout_keeps_one_rng_state():

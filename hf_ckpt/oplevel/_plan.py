@@ -8,8 +8,10 @@
    selective dispatch to save elementwise work only). An option's cost is its recompute FLOPs plus its recompute elementwise output elements (one
    each, :mod:`hf_ckpt.measure.flops`): ``none`` costs 0, ``full`` the whole block's recompute, ``selective``
    the measured FLOPs plus the elementwise ops its policy does not keep (the op profile asks the policy).
-3. **Solve.** A multiple-choice knapsack over blocks, solved exactly by dynamic programming over savings
-   quantised *down* (so memory is never understated), as the block-level planner does; ties go to fewer
+3. **Solve.** A multiple-choice knapsack over blocks, solved exactly: block by block, the Pareto front of (bytes
+   saved, capped at what the budget requires; cost), over the options' exact bytes (:func:`_exact_plan`). Where
+   that front grows beyond :data:`_MAX_STATES` (many blocks of many types), by dynamic programming over savings
+   quantised *down* (so memory is never understated), as the block-level planner does. Ties go to fewer
    checkpointed blocks, then to plain ``full`` over a selective policy (less dispatch overhead).
 4. **Verify.** The plan runs one step and its retained bytes are measured; on an overshoot the solver is asked for
    the overshoot less, up to a few times.
@@ -33,6 +35,9 @@ from ._solver import MAX_POINTS, frontier
 #: Strategies of the op-level planner that are not block-level strategies.
 _FINER = ("oplevel", "partition", "outside")
 _QUANTA = 4096
+#: The exact solver gives way to the quantised one where a front holds more states than this (on a 32-layer Llama
+#: with op-level menus the fronts reach 7,000 states and an exact solve takes 5 s; there it gives way at the 8th block).
+_MAX_STATES = 2_000
 _VERIFY_ROUNDS = 4
 #: Tie-breaks between options of equal FLOPs: no checkpoint, then plain checkpointing, then selective contexts.
 _OVERHEAD = {"none": 0, "full": 1}
@@ -135,6 +140,9 @@ def _solve(menu: list[list[Option]], base: int, budget_bytes: int) -> tuple[str,
             f"no plan fits a budget of {budget_bytes / 2**20:.2f} MiB: the smallest activation memory reachable is "
             f"{smallest / 2**20:.2f} MiB ({100 * smallest / baseline:.1f}% of no checkpointing)"
         )
+    exact = _exact_plan(menu, none, required)
+    if exact is not None:
+        return exact
     unit = max(1, math.ceil(required / _QUANTA))
     target = math.ceil(required / unit)
     infinity = (math.inf, math.inf, math.inf)
@@ -162,6 +170,56 @@ def _solve(menu: list[list[Option]], base: int, budget_bytes: int) -> tuple[str,
         k, name = picked[k]
         chosen.append(name)
     return _refine(menu, list(reversed(chosen)), base, budget_bytes)
+
+
+def _exact_plan(menu: list[list[Option]], none: list[int], required: int) -> tuple[str, ...] | None:
+    """The options of least total (recompute cost, checkpointed blocks, overhead) that save at least ``required``
+    bytes, over their exact bytes; None where a front grows beyond :data:`_MAX_STATES`.
+
+    After each block the states are the plans' savings so far (capped at ``required``: beyond it, saving more is
+    worth nothing) and their least cost; a state that saves less at no lower cost than another is dropped, since
+    whatever the later blocks add, the other does at least as well; so is an option another beats
+    (:func:`_undominated`)."""
+    front: dict[int, tuple[tuple[float, float, float], Any]] = {0: ((0, 0, 0), None)}
+    history = []
+    for i, options in enumerate(menu):
+        step: dict[int, tuple[tuple[float, float, float], Any]] = {}
+        useful = _undominated(options, none[i])
+        for saved, (cost, _) in front.items():
+            for name, bytes_, flops, overhead in useful:
+                reach = min(required, saved + none[i] - bytes_)
+                candidate = (cost[0] + flops, cost[1] + (name != "none"), cost[2] + overhead)
+                if reach not in step or candidate < step[reach][0]:
+                    step[reach] = (candidate, (saved, name))
+        front, least = {}, None
+        for saved in sorted(step, reverse=True):  # Pareto: each state cheaper than every state saving more
+            if least is None or step[saved][0] < least:
+                front[saved], least = step[saved], step[saved][0]
+        if len(front) > _MAX_STATES:
+            return None
+        history.append(front)
+    if required not in front:
+        return None
+    chosen, saved = [], required
+    for states in reversed(history):
+        saved, name = states[saved][1]
+        chosen.append(name)
+    return tuple(reversed(chosen))
+
+
+def _undominated(options: list[Option], none: int) -> list[tuple[str, int, int, int]]:
+    """(name, bytes, cost, overhead) of the options no other option beats: none keeps fewer or as many bytes at a
+    lower or equal (cost, checkpointed, overhead); an option keeping more than ``none`` never pays."""
+    def rank(option: Option) -> tuple[int, bool, int]:
+        return option[2], option[0] != "none", option[3]
+
+    kept: list[tuple[str, int, int, int]] = []
+    least = None
+    for option in sorted((o for o in options if o[1] <= none), key=lambda o: (o[1], rank(o))):
+        if least is None or rank(option) < least:
+            kept.append((option[0], option[1], option[2], option[3]))
+            least = rank(option)
+    return kept
 
 
 def _refine(menu: list[list[Option]], chosen: list[str], base: int, budget_bytes: int) -> tuple[str, ...]:
