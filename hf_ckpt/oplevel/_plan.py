@@ -186,9 +186,9 @@ def _exact_plan(menu: list[list[Option]], none: list[int], required: int) -> tup
         step: dict[int, tuple[tuple[float, float, float], Any]] = {}
         useful = _undominated(options, none[i])
         for saved, (cost, _) in front.items():
-            for name, bytes_, flops, overhead in useful:
+            for name, bytes_, rank in useful:
                 reach = min(required, saved + none[i] - bytes_)
-                candidate = (cost[0] + flops, cost[1] + (name != "none"), cost[2] + overhead)
+                candidate = (cost[0] + rank[0], cost[1] + rank[1], cost[2] + rank[2])
                 if reach not in step or candidate < step[reach][0]:
                     step[reach] = (candidate, (saved, name))
         front, least = {}, None
@@ -207,36 +207,33 @@ def _exact_plan(menu: list[list[Option]], none: list[int], required: int) -> tup
     return tuple(reversed(chosen))
 
 
-def _undominated(options: list[Option], none: int) -> list[tuple[str, int, int, int]]:
-    """(name, bytes, cost, overhead) of the options no other option beats: none keeps fewer or as many bytes at a
-    lower or equal (cost, checkpointed, overhead); an option keeping more than ``none`` never pays."""
-    def rank(option: Option) -> tuple[int, bool, int]:
-        return option[2], option[0] != "none", option[3]
+def _rank(option: Option) -> tuple[int, bool, int]:
+    """What an option adds to a plan's total: (recompute cost, checkpointed or not, overhead), compared in order."""
+    return option[2], option[0] != "none", option[3]
 
-    kept: list[tuple[str, int, int, int]] = []
-    least = None
-    for option in sorted((o for o in options if o[1] <= none), key=lambda o: (o[1], rank(o))):
-        if least is None or rank(option) < least:
-            kept.append((option[0], option[1], option[2], option[3]))
-            least = rank(option)
+
+def _undominated(options: list[Option], none: int) -> list[tuple[str, int, tuple[int, bool, int]]]:
+    """(name, bytes, rank) of the options no other option beats: none keeps fewer or as many bytes at a lower or
+    equal :func:`_rank`; an option keeping more than ``none`` never pays."""
+    kept: list[tuple[str, int, tuple[int, bool, int]]] = []
+    for option in sorted((o for o in options if o[1] <= none), key=lambda o: (o[1], _rank(o))):
+        if not kept or _rank(option) < kept[-1][2]:
+            kept.append((option[0], option[1], _rank(option)))
     return kept
 
 
 def _refine(menu: list[list[Option]], chosen: list[str], base: int, budget_bytes: int) -> tuple[str, ...]:
     """``chosen`` with single blocks moved to cheaper options while the exact bytes fit: the dynamic programme
     rounds each block's saving down to its byte unit, which can leave a cheaper plan unseen by a few KiB."""
-    def rank(option: Option) -> tuple[int, bool, int]:
-        return option[2], option[0] != "none", option[3]
-
     current = [next(o for o in options if o[0] == name) for options, name in zip(menu, chosen)]
     total = base + sum(option[1] for option in current)
     improved = True
     while improved:
         improved = False
         for i, options in enumerate(menu):
-            better = [o for o in options if rank(o) < rank(current[i]) and total - current[i][1] + o[1] <= budget_bytes]
+            better = [o for o in options if _rank(o) < _rank(current[i]) and total - current[i][1] + o[1] <= budget_bytes]
             if better:
-                best = min(better, key=rank)
+                best = min(better, key=_rank)
                 total += best[1] - current[i][1]
                 current[i], improved = best, True
     return tuple(option[0] for option in current)
