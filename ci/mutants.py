@@ -209,7 +209,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "outside_leaves_only",
         "cheap_modules takes a module that holds others whole",
-        "hf_ckpt/_outside.py",
+        "hf_ckpt/oplevel/_outside_menu.py",
         "             if name and not any(id(d) in inside for d in m.modules())}\n",
         "             if name and not any(id(d) in inside for d in m.modules()) and not any(True for _ in m.children())}\n",
         ("tests/test_outside.py",),

@@ -28,7 +28,7 @@ _EXPORTS = {
     "SelectiveRecomputeError": ".selective",
     "VerifyReport": ".verification",
     "verify": ".verification",
-    "BlockStrategy": ".block_strategy",
+    "BlockStrategy": ".strategies",
     "register_optimizer_states": "._optimizer_states",
 }
 _SUBMODULES = ("measure", "distributed", "estimate")
@@ -38,7 +38,7 @@ __all__ = sorted(_EXPORTS) + ["__version__"]
 if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerly
     from ._optimizer_states import register_optimizer_states
     from ._warnings import HfCkptWarning
-    from .block_strategy import BlockStrategy
+    from .strategies import BlockStrategy
     from .config import CheckpointConfig
     from .core import checkpointed_layers, disable, enable
     from .mixin import GradientCheckpointingMixin

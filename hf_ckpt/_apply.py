@@ -1,22 +1,27 @@
-"""Applying one :class:`~hf_ckpt.CheckpointConfig` to a model, and taking it back: the layer every entry point
-(``hf_ckpt.enable``, the mixin, the patch, the planner's profiling, a budget planned at the first batch) shares.
+"""Applying one :class:`~hf_ckpt.CheckpointConfig` to a model, reading it back, and taking it back: the runtime's
+one way in, which every entry point (``hf_ckpt.enable``, the mixin, the patch, the planner's profiling, a budget
+planned at the first batch) ends in.
 
 :func:`apply_config` resolves the config on the model first (everything that can fail fails there, before any
 change), restores a previous hf_ckpt setting, binds, adds the hooks and records it all in the one
-:class:`~hf_ckpt._state.CheckpointState`; :func:`remove` puts back exactly what that record says the model had.
+:class:`~hf_ckpt._state.CheckpointState`; :func:`remove` puts back exactly what that record says the model had;
+:func:`checkpointed_layers` reads back which blocks are recomputed.
 """
 
 from __future__ import annotations
 
+from typing import Any, Mapping
+
 from torch import nn
 
 from . import _hooks
-from ._binding import bind, resolve, run_model_logic, uses_legacy_signature
-from ._outside import install as install_outside, resolve_outside
+from ._binding import bind, is_block_checkpointed, resolve, run_model_logic, uses_legacy_signature
 from ._state import CheckpointState, get_state, set_state, take_back
 from ._target import target_model
 from ._warnings import warn_once
+from .blocks import find_blocks
 from .config import CheckpointConfig
+from .distributed._engines import wrapped_blocks
 from .distributed.checks import install as install_guard
 from .integrations.deepspeed import warn_ignored_config
 
@@ -32,15 +37,21 @@ def _warn_legacy(target: nn.Module) -> None:
     )
 
 
-def _partitions(config: CheckpointConfig) -> bool:
-    return config.plan is not None and any(s.startswith("partition:") for s in config.plan.strategies)
+def apply_options(model: nn.Module, kwargs_dict: Mapping[str, Any] | None = None,
+                  dict_name: str = "checkpoint_kwargs", **options: Any) -> nn.Module:
+    """:func:`apply_config` of the config these options make (:meth:`~hf_ckpt.CheckpointConfig.from_arguments`)."""
+    return apply_config(model, CheckpointConfig.from_arguments(kwargs_dict, dict_name=dict_name, **options))
 
 
 def apply_config(model: nn.Module, config: CheckpointConfig) -> nn.Module:
     """Enable checkpointing on ``model`` as ``config`` says. The shared implementation of every entry point."""
     target = target_model(model)
     binding = resolve(target, config)  # everything that can fail on this model fails here, before any change
-    outside = resolve_outside(target, config.plan.outside_blocks if config.plan is not None else (), binding.blocks)
+    names = config.plan.outside_blocks if config.plan is not None else ()
+    hooked = names or any(s.saved_tensor_hook for s in config.strategies())
+    if hooked:  # deferred: only plans with outside_blocks or partitions load the saved-tensor hook's runtime
+        from . import _outside
+    outside = _outside.resolve_outside(target, names, binding.blocks) if hooked else []
     if binding.legacy:
         _warn_legacy(target)
     warn_ignored_config(model, config.checkpoint_fn, owner=target)  # a DeepSpeed "activation_checkpointing" block
@@ -52,8 +63,8 @@ def apply_config(model: nn.Module, config: CheckpointConfig) -> nn.Module:
         raise
     state = CheckpointState(config=config, before=before, bound=bound)
     _hooks.add_checkpointing_hooks(state, target, binding, needs_input_grads=target is not model)
-    if outside or _partitions(config):  # one saved-tensor hook for both: recomputed modules, remade block outputs
-        install_outside(state, [model, target], outside)
+    if hooked:  # one saved-tensor hook for both: recomputed modules, remade block outputs
+        _outside.install(state, [model, target], outside)
     guard = install_guard(target)  # one checkpoint per block under any engine; the DDP trap
     if guard is not None:
         state.undo.append(guard.remove)
@@ -75,3 +86,14 @@ def remove(model: nn.Module) -> nn.Module:
         if getattr(module, "gradient_checkpointing", False):
             module.gradient_checkpointing = False
     return model
+
+
+def checkpointed_layers(model: nn.Module) -> list[int]:
+    """Indices of the blocks recomputed in backward, in global order: measured once a training step ran, else what
+    the flags and checkpoint wrappers say (see :func:`hf_ckpt.checkpointed_layers`)."""
+    target = target_model(model)
+    state = get_state(target)
+    if state is not None and state.measured is not None:
+        return list(state.measured)
+    wrapped = set(wrapped_blocks(target))  # hf_ckpt.distributed.apply, or anyone's checkpoint_wrapper
+    return [block.index for block in find_blocks(target) if block.index in wrapped or is_block_checkpointed(block)]

@@ -92,15 +92,12 @@ def resolve(target: nn.Module, config: CheckpointConfig) -> Binding:
     if config.plan is not None:
         config.plan.check_made_for(target)
     offloader = _offloader(target, config)
-    kwargs = dict(config.checkpoint_kwargs)
     return Binding(
         config=config,
         blocks=blocks,
-        functions=build_block_functions(
-            strategies, kwargs, offloader=offloader, policy=config.policy, checkpoint_fn=config.checkpoint_fn,
-            policies=getattr(config.plan, "policies", None),
-        ),
-        default=build_checkpoint_function(kwargs, offloader=offloader, checkpoint_fn=config.checkpoint_fn),
+        functions=build_block_functions(strategies, config, offloader=offloader),
+        default=build_checkpoint_function(dict(config.checkpoint_kwargs), offloader=offloader,
+                                          checkpoint_fn=config.checkpoint_fn),
         legacy=uses_legacy_signature(target),
     )
 

@@ -30,7 +30,8 @@ from typing import Any, Callable
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from .measure.memory import storage_of
+from ._flop_formulas import flop_registry
+from ._storage import storage_of
 
 #: A tail of more ops than this is not worth a graph of its own; the output is kept.
 MAX_TAIL_OPS = 32
@@ -70,8 +71,6 @@ def output_tails(forward_graph: Any, outputs: int, state: int) -> dict[int, tupl
     ``outputs + i``; ``("state", i)``: its input ``i``, one of the first ``state``, the block's parameters and
     buffers)."""
     from torch import fx
-
-    from .oplevel._profile import flop_registry
 
     registry = flop_registry()
     graph = forward_graph.graph

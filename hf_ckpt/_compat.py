@@ -82,6 +82,14 @@ def current_accelerator() -> torch.device | None:
     return None
 
 
+def defined_in(obj: object, package: str, *names: str) -> bool:
+    """Whether a class of ``obj``'s hierarchy is one of ``names`` and comes from ``package`` (no import)."""
+    return any(
+        cls.__name__ in names and (cls.__module__ == package or cls.__module__.startswith(package + "."))
+        for cls in type(obj).__mro__
+    )
+
+
 def peft_model_base(model: torch.nn.Module) -> torch.nn.Module | None:
     """The wrapped ``PreTrainedModel`` when ``model`` is a PEFT ``PeftModel``, else None (no peft import)."""
     if hasattr(model, "get_base_model") and hasattr(model, "peft_config"):

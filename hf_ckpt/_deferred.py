@@ -47,11 +47,18 @@ from . import _budget
 from ._apply import apply_config
 from ._binding import resolve
 from ._compat import has_peft_adapters
+from ._optimizer_states import pending_state_bytes, unwrap
 from ._precision import autocast_dtype
 from ._state import CheckpointState, get_state, set_state, take_back
 from ._target import target_model
 from ._units import format_bytes, precision_label
+from ._warnings import warn_once
 from .config import CheckpointConfig
+from .estimate import estimate, plan_from_estimate
+from .estimate._model import build_on_meta
+from .planner import plan as make_plan
+from .selective import selective_supported
+from .strategies import FULL, NONE, SELECTIVE
 
 logger = logging.getLogger("hf_ckpt")
 
@@ -105,20 +112,18 @@ class DeferredBudget:
         ``every_n_layers=1, offload=False`` (the ``Trainer``'s) and none at all (TRL's re-enable) are one request."""
         return self.budget == other.budget and self.config() == other.config()
 
+    def use_optimizer(self, optimizer: Any) -> None:
+        """Leave room for ``optimizer``'s first-step state in ``"auto"`` (the Trainer's callback tells it)."""
+        if optimizer is not None:
+            self.optimizer = weakref.ref(optimizer)
+
+    def save_in(self, output_dir: str | os.PathLike | None) -> None:
+        """Save the plan in ``output_dir`` (now, if it is made already, and at every re-plan)."""
+        self.output_dir = os.fspath(output_dir) if output_dir is not None else None
+        save_plan(self)
+
     def config(self, plan: Any = None) -> CheckpointConfig:
         return CheckpointConfig.from_arguments(self.checkpoint_kwargs, dict_name=self.dict_name, plan=plan, **self.options)
-
-
-def split_budget(kwargs_dict: Mapping[str, Any] | None, options: dict[str, Any]) -> tuple[Any, Any, dict[str, Any]]:
-    """Take ``budget`` out of a kwargs dict (a copy) and the keyword options: ``(budget, kwargs_dict, options)``."""
-    in_dict = None
-    if isinstance(kwargs_dict, Mapping) and "budget" in kwargs_dict:
-        kwargs_dict = dict(kwargs_dict)
-        in_dict = kwargs_dict.pop("budget")
-    argument = options.pop("budget", None)
-    if argument is not None and in_dict is not None and argument != in_dict:
-        raise ValueError(f"budget was given twice with different values: budget={argument!r} and {in_dict!r} in the dict. Give it once.")
-    return (argument if argument is not None else in_dict), kwargs_dict, options
 
 
 def _check_options(config: CheckpointConfig) -> None:
@@ -140,6 +145,21 @@ def _check_model(target: nn.Module, config: CheckpointConfig) -> None:
             "make a plan with hf_ckpt.plan(model, batch, budget) on a sample batch and pass plan= (or, with "
             "hf_ckpt.enable, give sample_inputs=)"
         )
+
+
+def enable_within(model: nn.Module, budget: Any, kwargs_dict: Mapping[str, Any] | None, dict_name: str,
+                  options: dict[str, Any], sample_inputs: Mapping[str, Any] | None) -> nn.Module:
+    """The cheapest plan within ``budget``, applied: profiled now on ``sample_inputs``, or (without) planned at the
+    first training batch (:func:`defer`). ``hf_ckpt.enable``, the mixin and the patch come here with a budget."""
+    if options.get("plan") is not None:
+        raise ValueError("give either plan or budget (which makes a plan), not both")
+    if sample_inputs is None:
+        return defer(model, budget, kwargs_dict, dict_name, options)
+    CheckpointConfig.from_arguments(kwargs_dict, dict_name=dict_name, **options)  # bad options fail before profiling
+    policy = options.get("policy")
+    made = make_plan(model, sample_inputs, budget, policy=policy, **dict(kwargs_dict or {}))
+    options.update(plan=made, policy=policy if SELECTIVE in made.strategies else None)
+    return apply_config(model, CheckpointConfig.from_arguments(kwargs_dict, dict_name=dict_name, **options))
 
 
 def defer(model: nn.Module, budget: Any, kwargs_dict: Mapping[str, Any] | None, dict_name: str,
@@ -329,20 +349,15 @@ def _peft_config(target: nn.Module) -> Any:
 
 
 def _strategies(request: DeferredBudget) -> tuple[str, ...]:
-    from .selective import selective_supported
-
     config = request.config()
     selective = config.checkpoint_fn is None and not config.use_reentrant and selective_supported()
-    return ("none", "full", "selective") if selective else ("none", "full")
+    return (NONE, FULL, SELECTIVE) if selective else (NONE, FULL)
 
 
 def estimate_for(target: nn.Module, shape: tuple[int, int], strategies: tuple[str, ...],
                  autocast: torch.dtype | None = None) -> Any:
     """The estimator's :class:`~hf_ckpt.estimate.MemoryEstimate` for ``target`` at ``shape`` (under autocast to
     ``autocast`` when given), cached."""
-    from .estimate import estimate
-    from .estimate._model import build_on_meta
-
     weights = _Weights.read(target)
     dtype, device = weights.dtype, weights.device
     estimated_on = "cuda" if device.type == "cuda" else "cpu"
@@ -361,8 +376,6 @@ def estimate_for(target: nn.Module, shape: tuple[int, int], strategies: tuple[st
 
 def _make_plan(target: nn.Module, request: DeferredBudget, shape: tuple[int, int],
                autocast: torch.dtype | None) -> tuple[Any, str]:
-    from .estimate import plan_from_estimate
-
     made, device = estimate_for(target, shape, _strategies(request), autocast)
     budget: float | int = request.budget  # type: ignore[assignment]
     trained = f", {made.peft}" if made.peft else ""
@@ -392,9 +405,6 @@ def _make_plan(target: nn.Module, request: DeferredBudget, shape: tuple[int, int
 def _optimizer_states(request: DeferredBudget, made: Any) -> tuple[int, str]:
     """(bytes, name): the state the optimizer's first step allocates: the optimizer's own when it is known and
     registered (:mod:`hf_ckpt._optimizer_states`), AdamW's as the estimator counts it otherwise."""
-    from ._optimizer_states import pending_state_bytes, unwrap
-    from ._warnings import warn_once
-
     optimizer = request.optimizer() if request.optimizer is not None else None
     if optimizer is None:
         return made.optimizer_bytes, "AdamW"
@@ -410,18 +420,23 @@ def _optimizer_states(request: DeferredBudget, made: Any) -> tuple[int, str]:
 
 def set_optimizer(model: nn.Module, optimizer: Any) -> None:
     """Plan ``model``'s ``"auto"`` budget for ``optimizer``'s state; no-op without a budget or an optimizer."""
+    request = _request_of(model)
+    if request is not None:
+        request.use_optimizer(optimizer)
+
+
+def _request_of(model: nn.Module) -> "DeferredBudget | None":
     try:
         target = target_model(model)
     except TypeError:
-        return
+        return None
     request = getattr(get_state(target), "budget", None)
-    if isinstance(request, DeferredBudget) and optimizer is not None:
-        request.optimizer = weakref.ref(optimizer)
+    return request if isinstance(request, DeferredBudget) else None
 
 
 def _summary(plan: Any) -> str:
     counts = Counter(plan.strategies)
-    return ", ".join(f"{counts[s]} {s}" for s in ("full", "selective", "none") if counts[s])
+    return ", ".join(f"{counts[s]} {s}" for s in (FULL, SELECTIVE, NONE) if counts[s])
 
 
 def _log(request: DeferredBudget, where: str, replanned: str) -> None:
@@ -452,13 +467,6 @@ def save_plan(request: DeferredBudget) -> str | None:
 
 def set_output_dir(model: nn.Module, output_dir: str | os.PathLike | None) -> None:
     """Save ``model``'s budget plan in ``output_dir`` (now, if it is made already); no-op without a budget."""
-    try:
-        target = target_model(model)
-    except TypeError:
-        return
-    state = get_state(target)
-    request = getattr(state, "budget", None)
-    if not isinstance(request, DeferredBudget):
-        return
-    request.output_dir = os.fspath(output_dir) if output_dir is not None else None
-    save_plan(request)
+    request = _request_of(model)
+    if request is not None:
+        request.save_in(output_dir)

@@ -13,8 +13,8 @@ plan names in ``outside_blocks``:
    module's ``forward`` again on the same inputs (no hooks, no grad, the autocast state of the forward), once per
    call. Its consumers (the LM head, the blocks, the loss) then hold only the inputs, which are kept anyway.
 
-Only cheap modules qualify: :func:`cheap_modules` measures one forward and picks the outermost modules that hold
-no block, spend at most :data:`MAX_FLOPS_PER_ELEMENT` FLOPs per output element (norms, activations, rotary
+Only cheap modules qualify: the planner (:func:`hf_ckpt.oplevel._outside_menu.cheap_modules`) measures one forward and picks the outermost modules that hold
+no block, spend at most a few FLOPs per output element (norms, activations, rotary
 tables, embeddings, a whole embeddings module) and draw no random numbers outside torch's dropout modules: those
 are made again from the RNG state the call drew from. A call's argument that is the unchanged output of an
 earlier recomputed call is held as that call's recipe, so a chain (an activation, then a norm) keeps only its
@@ -32,21 +32,20 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterator
 
 import torch
 from torch import nn
 from torch.multiprocessing.reductions import StorageWeakRef
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from ._boundary import pack as boundary_pack
 from ._boundary import MadeAgain, still_noted
 from ._boundary import unpack as _unpack
 from ._rng import rng_state, set_rng_state
-from .measure.memory import storage_of
+from ._storage import storage_of
+from ._warnings import warn_once
 
 #: A module's recompute counts as cheap up to this many matmul-class FLOPs per element of its output.
-MAX_FLOPS_PER_ELEMENT = 4
 
 
 def resolve_outside(target: nn.Module, names: tuple[str, ...], blocks: tuple) -> list[tuple[str, nn.Module]]:
@@ -183,8 +182,6 @@ class OutsideRecompute:
             return
         top = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
         if top is not None and top(False) is not None:  # the user's own hook (save_on_cpu, ...) sees every tensor
-            from ._warnings import warn_once
-
             warn_once(
                 "hf_ckpt: another saved-tensor hook (torch.autograd.graph.save_on_cpu or your own) is active around "
                 "the model's forward, so the plan's outside_blocks and partitioned blocks' outputs are kept as that "
@@ -289,70 +286,3 @@ def _draws(module: nn.Module) -> bool:
 
 def _restore_forward(module: nn.Module) -> None:
     module.__dict__.pop("forward", None)
-
-
-class _CallCosts(TorchDispatchMode):
-    """Per module (by id) on the stack: matmul-class FLOPs and whether a random op ran outside ``dropouts`` (torch's
-    dropout modules, whose draws are replayed from the RNG state)."""
-
-    def __init__(self, dropouts: set[int]) -> None:
-        super().__init__()
-        from .oplevel._profile import flop_registry
-
-        self.registry = flop_registry()
-        self.dropouts = dropouts
-        self.stack: list[int] = []
-        self.flops: dict[int, int] = {}
-        self.random: set[int] = set()
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        kwargs = kwargs or {}
-        out = func(*args, **kwargs)
-        if self.stack:
-            formula = self.registry.get(func.overloadpacket)
-            flops = int(formula(*args, **kwargs, out_val=out)) if formula is not None else 0
-            for key in self.stack:
-                self.flops[key] = self.flops.get(key, 0) + flops
-            if torch.Tag.nondeterministic_seeded in func.tags and self.stack[-1] not in self.dropouts:
-                self.random.update(self.stack)
-        return out
-
-
-def cheap_modules(model: nn.Module, inputs: Mapping[str, Any], blocks: tuple | list) -> tuple[str, ...]:
-    """Names of the outermost modules of ``model`` that hold no block and are cheap to recompute, measured in one
-    training forward: called, no random op outside torch's dropout modules (those are replayed from their RNG
-    state), at most :data:`MAX_FLOPS_PER_ELEMENT` FLOPs per output element, tensors (or a tuple of tensors) out.
-    A module holding others (BERT's embeddings: lookups, a sum, a norm, a dropout) is chosen whole where it is
-    cheap, so that only its inputs are kept; its modules then are not named."""
-    inside = {id(m) for block in blocks for m in block.module.modules()}
-    names = {id(m): name for name, m in model.named_modules()
-             if name and not any(id(d) in inside for d in m.modules())}
-    dropouts = {id(m) for m in model.modules() if isinstance(m, nn.modules.dropout._DropoutNd)}
-    costs, outputs = _CallCosts(dropouts), {}
-    handles = []
-    for module in model.modules():
-        if id(module) in names:
-            handles.append(module.register_forward_pre_hook(functools.partial(_note_call, costs)))
-            handles.append(module.register_forward_hook(functools.partial(_note_output, costs, outputs), always_call=True))
-    try:
-        with torch.enable_grad(), costs:
-            model(**inputs)
-    finally:
-        for handle in handles:
-            handle.remove()
-    cheap = {names[key] for key, elements in outputs.items()
-             if elements and key not in costs.random and costs.flops.get(key, 0) <= MAX_FLOPS_PER_ELEMENT * elements}
-    return tuple(sorted(name for name in cheap if not any(name.startswith(outer + ".") for outer in cheap)))
-
-
-def _note_call(costs: _CallCosts, module: nn.Module, args: Any) -> None:
-    costs.stack.append(id(module))
-
-
-def _note_output(costs: _CallCosts, outputs: dict, module: nn.Module, args: Any, output: Any) -> None:
-    costs.stack.pop()
-    values = output if isinstance(output, tuple) else (output,)
-    if all(isinstance(v, torch.Tensor) and v.is_floating_point() for v in values):
-        outputs[id(module)] = outputs.get(id(module), 0) + sum(v.numel() for v in values)
-    else:
-        outputs[id(module)] = 0  # anything but floating-point tensors out: never recomputed

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from ._units import format_bytes as _mib
-from .block_strategy import ALL_STRATEGIES
+from .strategies import ALL_STRATEGIES
 
 _QUANTA = 4096
 

@@ -20,8 +20,9 @@ from .selection import (
     check_num_layers_in_range,
     every_nth,
 )
-from .block_strategy import BlockStrategy
-from .selective import check_policy, selective_supported
+from .plans import CheckpointPlan
+from .selective import check_policy
+from .strategies import FULL, NONE, SELECTIVE, WHOLE_MODEL_STRATEGIES, Strategy, parse
 
 #: Keys of a checkpointing kwargs dict that hf_ckpt consumes itself; every other key goes to
 #: ``torch.utils.checkpoint.checkpoint``.
@@ -146,9 +147,20 @@ def _check_checkpoint_fn(checkpoint_fn: Any, given: Mapping[str, Any], source: s
         )
 
 
-def _load_plan(plan: Any) -> Any:
-    from .plans import CheckpointPlan
+def split_budget(kwargs_dict: Mapping[str, Any] | None, options: dict[str, Any]) -> tuple[Any, Any, dict[str, Any]]:
+    """Take ``budget`` out of a kwargs dict (a copy) and the keyword options: ``(budget, kwargs_dict, options)``.
+    A budget is not part of a config: it makes the plan the config then holds (:mod:`hf_ckpt._deferred`)."""
+    in_dict = None
+    if isinstance(kwargs_dict, Mapping) and "budget" in kwargs_dict:
+        kwargs_dict = dict(kwargs_dict)
+        in_dict = kwargs_dict.pop("budget")
+    argument = options.pop("budget", None)
+    if argument is not None and in_dict is not None and argument != in_dict:
+        raise ValueError(f"budget was given twice with different values: budget={argument!r} and {in_dict!r} in the dict. Give it once.")
+    return (argument if argument is not None else in_dict), kwargs_dict, options
 
+
+def _load_plan(plan: Any) -> Any:
     if plan is None or isinstance(plan, CheckpointPlan):
         return plan
     if isinstance(plan, (str, os.PathLike)):
@@ -208,53 +220,41 @@ class CheckpointConfig:
         object.__setattr__(
             self, "checkpoint_kwargs", _check_checkpoint_kwargs(self.checkpoint_kwargs, "checkpoint_kwargs")
         )
-        _check_choice("strategy", self.strategy, (BlockStrategy.FULL.value, BlockStrategy.SELECTIVE.value))
-        object.__setattr__(self, "strategy", BlockStrategy(self.strategy).value)
+        _check_choice("strategy", self.strategy, WHOLE_MODEL_STRATEGIES)
+        object.__setattr__(self, "strategy", str(self.strategy))
         if self.method is not None:
             _check_choice("method", self.method, tuple(SELECTION_METHODS))
             if self.num_layers is None:
                 raise ValueError("method only applies together with num_layers; give num_layers too")
         check_policy(self.policy)
         self._check_exclusive()
-        self._check_selective()
-        self._check_checkpoint_fn()
-        self._check_partition()
+        kinds = self.strategies()
+        self._check_policy(kinds)
+        self._check_checkpoint_fn(kinds)
+        for strategy in kinds:
+            strategy.check(self)
 
-    def _check_partition(self) -> None:
-        if self.plan is None or not any(s.startswith("partition:") for s in self.plan.strategies):
-            return
-        from .oplevel._partition import partition_unavailable
+    def strategies(self) -> tuple[Strategy, ...]:
+        """The distinct strategies of the checkpointed blocks, as the plan (or ``strategy``) spells them."""
+        spellings = set(self.plan.strategies) - {NONE} if self.plan is not None else {self.strategy}
+        policies = self.plan.policies if self.plan is not None else None
+        return tuple(parse(spelling, policies) for spelling in sorted(spellings))
 
-        reason = partition_unavailable()
-        if reason is not None:
-            raise ValueError(f"a plan with 'partition:<F>' blocks cannot run: {reason}")
-        refused = [
-            name
-            for name, active in (
-                ("use_reentrant=True", self.use_reentrant),
-                ("offload=True", self.offload),
-                ("checkpoint_fn", self.checkpoint_fn is not None),
-                ("context_fn", "context_fn" in self.checkpoint_kwargs),
-            )
-            if active
-        ]
-        if refused:
-            raise ValueError(
-                f"a plan with 'partition:<F>' blocks cannot be combined with {' and '.join(refused)}: a partitioned "
-                "block runs its own forward and backward graphs, not torch.utils.checkpoint. Drop them, or make the "
-                "plan without partitions."
-            )
+    def _check_policy(self, kinds: tuple[Strategy, ...]) -> None:
+        if self.policy is not None and not any(s.kind == SELECTIVE for s in kinds):
+            raise ValueError('policy only applies to strategy="selective"; set strategy="selective" or drop policy')
 
-    def _check_checkpoint_fn(self) -> None:
+    def _check_checkpoint_fn(self, kinds: tuple[Strategy, ...]) -> None:
         if self.checkpoint_fn is None:
             return
         _check_checkpoint_fn(self.checkpoint_fn, {}, "checkpoint_kwargs")
+        by_context = sorted(s.kind for s in kinds if s.uses_context_fn)
         refused = [
             name
             for name, active in (
                 ("offload=True", self.offload),
-                ('strategy="selective"', self.strategy == "selective"),
-                ("a plan with selective blocks", self.plan is not None and "selective" in self.plan.strategies),
+                ('strategy="selective"', self.strategy == SELECTIVE),
+                *((f"a plan with {kind} blocks", self.plan is not None) for kind in by_context),
                 ("context_fn", "context_fn" in self.checkpoint_kwargs),
             )
             if active
@@ -277,29 +277,13 @@ class CheckpointConfig:
             )
             if active
         ]
-        if self.plan is not None and self.strategy != BlockStrategy.FULL:
+        if self.plan is not None and self.strategy != FULL:
             given.append("strategy")
         if len(given) > 1:
             raise ValueError(
                 f"{' and '.join(given)} select blocks in different ways; give only one of every_n_layers, layers, "
                 "num_layers (with method) and plan"
             )
-
-    def _check_selective(self) -> None:
-        wants_selective = self.strategy == BlockStrategy.SELECTIVE or (
-            self.plan is not None
-            and any(s == BlockStrategy.SELECTIVE or s.startswith("oplevel:") for s in self.plan.strategies)
-        )
-        if self.policy is not None and not (self.strategy == "selective" or (self.plan is not None and "selective" in self.plan.strategies)):
-            raise ValueError('policy only applies to strategy="selective"; set strategy="selective" or drop policy')
-        if not wants_selective:
-            return
-        if not selective_supported():
-            raise ValueError('strategy="selective" needs torch.utils.checkpoint.create_selective_checkpoint_contexts (torch >= 2.4)')
-        if self.checkpoint_kwargs["use_reentrant"]:
-            raise ValueError('strategy="selective" needs use_reentrant=False (selective recompute is non-reentrant only)')
-        if "context_fn" in self.checkpoint_kwargs:
-            raise ValueError('strategy="selective" sets context_fn itself; drop context_fn or use strategy="full"')
 
     @property
     def use_reentrant(self) -> bool:
@@ -312,7 +296,7 @@ class CheckpointConfig:
             value = getattr(self, name)
             if value is not None:
                 parts.append(f"{name}={list(value) if name == 'layers' else value!r}")
-        if self.strategy != BlockStrategy.FULL:
+        if self.strategy != FULL:
             parts.append(f"strategy={self.strategy!r}")
         if self.plan is not None:
             parts.append(f"plan=<{self.plan.summary()}>")
@@ -321,11 +305,12 @@ class CheckpointConfig:
         parts.extend(f"{key}={value!r}" for key, value in sorted(self.checkpoint_kwargs.items()))
         return ", ".join(parts)
 
-    def resolve(self, num_blocks: int) -> dict[int, str]:
+    def resolve(self, num_blocks: int) -> dict[int, Strategy]:
         """The strategy of each checkpointed block, for a model with ``num_blocks`` repeated blocks."""
         if self.plan is not None:
             self.plan.check_fits(num_blocks)
-            return {i: s for i, s in enumerate(self.plan.strategies) if s != BlockStrategy.NONE}
+            kinds = {s.spelling: s for s in self.strategies()}
+            return {i: kinds[s] for i, s in enumerate(self.plan.strategies) if s != NONE}
         if self.layers is not None:
             check_layers_in_range(self.layers, num_blocks)
             indices = list(self.layers)
@@ -334,7 +319,8 @@ class CheckpointConfig:
             indices = SELECTION_METHODS[self.method or "uniform"](num_blocks, self.num_layers)
         else:
             indices = every_nth(num_blocks, self.every_n_layers)
-        return {i: self.strategy for i in indices}
+        strategy = parse(self.strategy)
+        return {i: strategy for i in indices}
 
     @classmethod
     def from_arguments(

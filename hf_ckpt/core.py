@@ -1,17 +1,17 @@
-"""``enable`` / ``disable``: activation checkpointing on any loaded model, without subclassing.
+"""``enable`` / ``disable``: activation checkpointing on any loaded model, without subclassing: the public layer.
 
-This module holds the one implementation every entry point shares: :func:`hf_ckpt.enable`, the
+:func:`configure` is the one enable path every entry point shares: :func:`hf_ckpt.enable`, the
 :class:`~hf_ckpt.GradientCheckpointingMixin` methods and the methods :func:`hf_ckpt.patch_transformers` puts on
-``PreTrainedModel``. The life of one call:
+``PreTrainedModel`` (so the stock ``Trainer``, TRL and sentence-transformers too). The life of one call:
 
-1. **Validate.** The options become a :class:`~hf_ckpt.CheckpointConfig` (bad values fail here, naming the
-   argument), and :func:`~hf_ckpt._binding.resolve` works out, without touching the model, which function
-   checkpoints which block (an index past the last block fails here). A call that raises changes nothing.
-2. **Restore, then bind.** A previous hf_ckpt setting is taken back to what the model had before hf_ckpt
-   (upstream's checkpointing included), then the flags and functions are set and recorded in the one
-   :class:`~hf_ckpt._state.CheckpointState`.
-3. **Hooks.** Input grads where the recompute needs them, ``use_cache`` off in training steps, checkpointing off
-   under ``no_grad``, the distributed guard, and a probe that measures what the first step recomputes.
+1. **Validate.** The options become one :class:`~hf_ckpt.CheckpointConfig` (bad values fail here, naming the
+   argument); a ``budget`` is taken out first and hands the call to the lab (:mod:`hf_ckpt._deferred`: a plan made
+   now on ``sample_inputs``, or at the first training batch), which makes the plan and comes back through the same
+   runtime function. A call that raises changes nothing.
+2. **Apply** (:func:`hf_ckpt._apply.apply_config`, the runtime): resolve the config on the model without touching
+   it (an index past the last block fails here), take back a previous hf_ckpt setting, bind the flags and
+   functions, add the hooks (input grads, ``use_cache`` off in training steps, checkpointing off under
+   ``no_grad``, the distributed guard, the probe that measures what the first step recomputes), record it all.
 
 ``disable`` puts back exactly what the record says the model had before.
 """
@@ -23,16 +23,26 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 from torch import nn
 
 from ._apply import apply_config, remove
-from ._binding import is_block_checkpointed
-from ._deferred import defer
-from ._state import get_state
-from ._target import target_model
-from .blocks import find_blocks
-from .config import CheckpointConfig
-from .distributed._engines import wrapped_blocks
+from ._apply import checkpointed_layers as _measured_or_flagged
+from .config import CheckpointConfig, split_budget
 
 if TYPE_CHECKING:
     from .plans import CheckpointPlan
+
+
+def configure(model: nn.Module, kwargs_dict: Mapping[str, Any] | None, dict_name: str, **options: Any) -> nn.Module:
+    """Enable checkpointing on ``model`` from a ``gradient_checkpointing_enable``-style call: hf_ckpt's options as
+    ``options`` or as keys of ``kwargs_dict`` (named ``dict_name`` in errors), the rest for
+    ``torch.utils.checkpoint.checkpoint``. The one path of :func:`enable`, the mixin and the patch."""
+    budget, kwargs_dict, options = split_budget(kwargs_dict, options)
+    sample_inputs = options.pop("sample_inputs", None)
+    if budget is None:
+        if sample_inputs is not None:
+            raise ValueError("sample_inputs is the batch a budget is profiled on: give budget too, or drop sample_inputs")
+        return apply_config(model, CheckpointConfig.from_arguments(kwargs_dict, dict_name=dict_name, **options))
+    from . import _deferred  # deferred: the lab (planner, estimator) loads only when a budget is asked for
+
+    return _deferred.enable_within(model, budget, kwargs_dict, dict_name, options, sample_inputs)
 
 
 def enable(
@@ -112,27 +122,11 @@ def enable(
     for the input embeddings of every tower, so LoRA weights get gradients whichever order the model was wrapped
     and enabled in.
     """
-    if sample_inputs is not None and budget is None:
-        raise ValueError("sample_inputs is the batch a budget is profiled on: give budget too, or drop sample_inputs")
-    options = dict(
-        every_n_layers=every_n_layers, layers=layers, num_layers=num_layers, method=method,
-        strategy=None if strategy == "full" else strategy, policy=policy, plan=plan, offload=offload,
-        checkpoint_fn=checkpoint_fn,
+    return configure(
+        model, checkpoint_kwargs, "checkpoint_kwargs", every_n_layers=every_n_layers, layers=layers,
+        num_layers=num_layers, method=method, strategy=None if strategy == "full" else strategy, policy=policy,
+        plan=plan, budget=budget, sample_inputs=sample_inputs, offload=offload, checkpoint_fn=checkpoint_fn,
     )
-    if budget is not None and sample_inputs is None:
-        if plan is not None:
-            raise ValueError("give either plan or budget (which makes a plan), not both")
-        return defer(model, budget, checkpoint_kwargs, "checkpoint_kwargs", options)
-    config = CheckpointConfig.from_arguments(checkpoint_kwargs, dict_name="checkpoint_kwargs", **options)
-    if budget is not None:
-        if plan is not None:
-            raise ValueError("give either plan or budget (which makes a plan), not both")
-        from .planner import plan as make_plan  # the planner profiles through this module: imported when used
-
-        made = make_plan(model, sample_inputs, budget, policy=policy, **checkpoint_kwargs)
-        options.update(plan=made, policy=policy if "selective" in made.strategies else None)
-        config = CheckpointConfig.from_arguments(checkpoint_kwargs, dict_name="checkpoint_kwargs", **options)
-    return apply_config(model, config)
 
 
 def disable(model: nn.Module) -> nn.Module:
@@ -155,9 +149,4 @@ def checkpointed_layers(model: nn.Module) -> list[int]:
     ``gradient_checkpointing_enable``, the model's legacy ``_set_gradient_checkpointing``, ``torch.distributed``'s
     ``checkpoint_wrapper``).
     """
-    target = target_model(model)
-    state = get_state(target)
-    if state is not None and state.measured is not None:
-        return list(state.measured)
-    wrapped = set(wrapped_blocks(target))  # hf_ckpt.distributed.apply, or anyone's checkpoint_wrapper
-    return [block.index for block in find_blocks(target) if block.index in wrapped or is_block_checkpointed(block)]
+    return _measured_or_flagged(model)

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ._target import unwrap
 from .blocks import Block, find_blocks, unwrapped
 
 
@@ -68,8 +69,6 @@ class BlockRunCounter:
     """
 
     def __init__(self, model: nn.Module, blocks: list[Block] | None = None) -> None:
-        from ._target import unwrap
-
         self.blocks: list[Block] = list(blocks) if blocks is not None else find_blocks(unwrap(model))
         self.counts: Counter[int] = Counter()
         self.backward_counts: Counter[int] = Counter()

@@ -15,9 +15,9 @@ from typing import Any, Callable
 from torch.utils.checkpoint import checkpoint
 
 from .blocks import SELECTED_ATTRIBUTE, module_of
-from .config import checkpoint_fn_keywords
+from .config import CheckpointConfig, checkpoint_fn_keywords
 from .offload import OverlappedOffload
-from .oplevel._policy import OpPolicy
+from .strategies import Strategy
 
 
 def offloaded_checkpoint(
@@ -70,33 +70,19 @@ def build_checkpoint_function(
 
 
 def build_block_functions(
-    strategies: dict[int, str],
-    checkpoint_kwargs: dict[str, Any],
-    *,
-    offloader: OverlappedOffload | None,
-    policy: Any,
-    checkpoint_fn: Any = None,
-    policies: dict[str, Any] | None = None,
-) -> dict[int, functools.partial]:
+    strategies: dict[int, Strategy], config: CheckpointConfig, *, offloader: OverlappedOffload | None
+) -> dict[int, Any]:
     """One checkpoint function per checkpointed block; blocks of the same strategy share one.
 
-    ``"oplevel:<name>"`` blocks get the selective contexts of ``policies[name]`` (a plan's op-level policies);
-    ``"partition:<F>[:norms]"`` blocks :func:`~hf_ckpt.oplevel._partition.partitioned_checkpoint` at budget ``F``.
+    Each strategy builds its own (:meth:`~hf_ckpt.strategies.Strategy.checkpoint_function`), with offload and
+    ``checkpoint_fn`` as the modifiers around ``torch.utils.checkpoint.checkpoint``.
     """
-    from .oplevel._partition import partitioned_checkpoint
-    from .plans import partition_setting
-    from .selective import selective_context_fn
 
-    by_strategy: dict[str, functools.partial] = {}
-    for strategy in set(strategies.values()):
-        kwargs = dict(checkpoint_kwargs)
-        if strategy == "selective":
-            kwargs["context_fn"] = selective_context_fn(policy)
-        elif strategy.startswith("oplevel:"):
-            kwargs["context_fn"] = OpPolicy((policies or {})[strategy.partition(":")[2]]).context_fn()
-        elif (setting := partition_setting(strategy)) is not None:
-            by_strategy[strategy] = functools.partial(partitioned_checkpoint, budget=setting.budget,
-                                                      recompute_norms=setting.norms, **kwargs)
-            continue
-        by_strategy[strategy] = build_checkpoint_function(kwargs, offloader=offloader, checkpoint_fn=checkpoint_fn)
+    def wrap(kwargs: dict[str, Any]) -> functools.partial:
+        return build_checkpoint_function(kwargs, offloader=offloader, checkpoint_fn=config.checkpoint_fn)
+
+    by_strategy = {
+        strategy: strategy.checkpoint_function(config, config.checkpoint_kwargs, wrap)
+        for strategy in set(strategies.values())
+    }
     return {index: by_strategy[strategy] for index, strategy in strategies.items()}

@@ -16,21 +16,13 @@ import sys
 import warnings
 from typing import Any
 
+from ._apply import remove
 from ._compat import has_activation_checkpointing_names
-from .config import CheckpointConfig
-from ._apply import apply_config, remove
+from .core import configure
 
 
 def _enable(model: Any, kwargs_dict: dict[str, Any] | None, dict_name: str, **options: Any) -> None:
-    if "budget" in options or (isinstance(kwargs_dict, dict) and "budget" in kwargs_dict):
-        from ._deferred import defer, split_budget  # planned from the first training batch's shapes
-
-        budget, kwargs_dict, options = split_budget(kwargs_dict, options)
-        if budget is not None:
-            defer(model, budget, kwargs_dict, dict_name, options)
-            return
-    config = CheckpointConfig.from_arguments(kwargs_dict, dict_name=dict_name, **options)
-    apply_config(model, config)
+    configure(model, kwargs_dict, dict_name, **options)  # the one enable path (a budget included)
 
 
 def _deprecated(old: str, new: str) -> None:

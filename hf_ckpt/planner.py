@@ -32,7 +32,7 @@ from ._solver import budget_bytes as _in_bytes
 from ._target import target_model
 from ._units import format_bytes as _mib
 from ._units import parse_budget
-from .block_strategy import ALL_STRATEGIES
+from .strategies import ALL_STRATEGIES
 from .config import CheckpointConfig
 from .estimate import plan_for
 from .measure.step import LossFn

@@ -12,62 +12,23 @@ import os
 import warnings
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 from torch import nn
 
 from ._units import format_bytes as _mib
 from ._warnings import HfCkptWarning
-from .block_strategy import check_strategy
+from .blocks import find_blocks
 from .oplevel._policy import OpPolicy
+from .strategies import FULL, NONE, SELECTIVE, kind_of, parse
 
 _FORMAT_VERSION = 1
 
 #: The config fields that decide a block's activation shapes; a plan records them and checks them when applied.
 _SHAPE_FIELDS = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "d_model", "d_ff",
                  "n_embd", "n_head", "num_heads")
-#: Prefix of a strategy that applies one of the plan's op-level policies: ``"oplevel:<name>"``.
-_OPLEVEL = "oplevel:"
-#: Prefix of a strategy that partitions the block's graph at a budget: ``"partition:0.5"`` (see
-#: :mod:`hf_ckpt.oplevel._partition`).
-PARTITION = "partition:"
-#: Suffix of a partition strategy whose partitioner may also recompute norms and softmaxes: ``"partition:0.5:norms"``.
-NORMS = ":norms"
-
-
-class PartitionSetting(NamedTuple):
-    """A ``"partition:<F>[:norms]"`` strategy: the partitioner's budget, and whether it may recompute norms and
-    softmaxes (their own kernels) as inductor does after decomposing them."""
-
-    budget: float
-    norms: bool = False
-
-    @property
-    def strategy(self) -> str:
-        return f"{PARTITION}{self.budget:g}{NORMS if self.norms else ''}"
-
-
-def partition_setting(strategy: str) -> PartitionSetting | None:
-    """The setting of a ``"partition:<F>"`` or ``"partition:<F>:norms"`` strategy, or None for any other strategy."""
-    if not strategy.startswith(PARTITION):
-        return None
-    from .oplevel._partition import check_budget
-
-    text = strategy[len(PARTITION):]
-    norms = text.endswith(NORMS)
-    text = text[: -len(NORMS)] if norms else text
-    try:
-        value = float(text)
-    except ValueError:
-        value = text
-    name = f"the budget of plan strategy {strategy!r} ('partition:<F>' or 'partition:<F>:norms')"
-    return PartitionSetting(check_budget(value, name), norms)
-
-
 def model_signature(model: nn.Module) -> dict[str, Any]:
     """What a plan records of the model it was made for: ``model_type``, the block count and the shape fields."""
-    from .blocks import find_blocks
-
     config = getattr(model, "config", None)
     signature: dict[str, Any] = {"model_type": getattr(config, "model_type", None), "num_blocks": len(find_blocks(model))}
     for name in _SHAPE_FIELDS:
@@ -128,23 +89,8 @@ class CheckpointPlan:
         )
 
     def _checked_strategy(self, strategy: Any) -> str:
-        """A block's strategy: a :class:`~hf_ckpt.BlockStrategy`, ``"oplevel:<name>"`` naming a policy, or
-        ``"partition:<F>"`` or ``"partition:<F>:norms"`` with ``F`` in ``[0, 1]``."""
-        if isinstance(strategy, str) and strategy.startswith(PARTITION):
-            return partition_setting(strategy).strategy
-        if isinstance(strategy, str) and strategy.startswith(_OPLEVEL):
-            if strategy[len(_OPLEVEL):] not in self.policies:
-                raise ValueError(
-                    f"each plan strategy 'oplevel:<name>' must name a key of policies "
-                    f"({', '.join(sorted(self.policies)) or 'none given'}); got {strategy!r}"
-                )
-            return strategy
-        try:
-            return check_strategy(strategy, "each plan strategy").value
-        except ValueError as error:
-            raise ValueError(
-                f"{error} (or 'oplevel:<name>' with <name> a key of policies, or 'partition:<F>[:norms]' with F in [0, 1])"
-            ) from None
+        """A block's strategy, as the registry (:func:`hf_ckpt.strategies.parse`) spells it."""
+        return parse(strategy, self.policies).spelling
 
     @property
     def num_blocks(self) -> int:
@@ -226,8 +172,8 @@ class CheckpointPlan:
     def summary(self) -> str:
         """One line: how many blocks run each strategy, and how many modules between the blocks are recomputed
         (``"2 full, 2 none"``, ``"4 partition:0.9, outside 3 modules"``)."""
-        order = ["full", "selective", *sorted({s for s in self.strategies if s.startswith((_OPLEVEL, PARTITION))}),
-                 "none"]
+        order = [FULL, SELECTIVE, *sorted({s for s in self.strategies if kind_of(s) not in (FULL, SELECTIVE, NONE)}),
+                 NONE]
         counts = {s: self.strategies.count(s) for s in order if s in self.strategies}
         parts = [f"{n} {s}" for s, n in counts.items()]
         if self.outside_blocks:

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import hf_ckpt
-from hf_ckpt._outside import cheap_modules
+from hf_ckpt.oplevel._outside_menu import cheap_modules
 from hf_ckpt.blocks import find_blocks
 from hf_ckpt.measure import measure_step
 from helpers import VOCAB, max_grad_diff, tiny_bert, tiny_gpt2, tiny_llama, train_step

@@ -34,7 +34,7 @@ from torch.utils._pytree import tree_leaves, tree_map
 
 from ..blocks import Block
 from ..config import CheckpointConfig
-from ..core import apply_config, remove
+from .._apply import apply_config, remove
 from ..plans import CheckpointPlan
 from ..selective import SelectiveRecomputeError
 from ._attention import attention_for
@@ -263,7 +263,7 @@ def _flops_step(
     parameters that received a gradient."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    from ..measure.flops import missing_formulas
+    from .._flop_formulas import missing_formulas
 
     handles = []
     if used is not None:
@@ -327,7 +327,7 @@ def _block_step_flops(block: Block, call: tuple | None, mode: Any) -> int:
     (as the next block, or the head, gives it in a real step)."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    from ..measure.flops import missing_formulas
+    from .._flop_formulas import missing_formulas
 
     if call is None:
         return 0

@@ -12,15 +12,8 @@ from __future__ import annotations
 
 from torch import nn
 
+from .._compat import defined_in
 from . import deepspeed, sentence_transformers
-
-
-def defined_in(obj: object, package: str, *names: str) -> bool:
-    """Whether a class of ``obj``'s hierarchy is one of ``names`` and comes from ``package`` (no import)."""
-    return any(
-        cls.__name__ in names and (cls.__module__ == package or cls.__module__.startswith(package + "."))
-        for cls in type(obj).__mro__
-    )
 
 
 def unwrap(model: nn.Module) -> nn.Module | None:

@@ -17,6 +17,7 @@ from typing import Any, Mapping
 
 from torch import nn
 
+from .._compat import defined_in
 from .._warnings import warn_once
 
 _PACKAGE = "deepspeed"
@@ -35,8 +36,6 @@ _INSTEAD = {
 
 def is_engine(model: object) -> bool:
     """A ``deepspeed`` ``DeepSpeedEngine`` (or a subclass, e.g. the pipeline engine)."""
-    from . import defined_in
-
     return defined_in(model, _PACKAGE, "DeepSpeedEngine")
 
 

@@ -10,19 +10,17 @@ from __future__ import annotations
 
 from torch import nn
 
+from .._compat import defined_in
+
 _PACKAGE = "sentence_transformers"
 
 
 def _is_transformer_module(module: nn.Module) -> bool:
-    from . import defined_in
-
     return defined_in(module, _PACKAGE, "Transformer") and isinstance(getattr(module, "auto_model", None), nn.Module)
 
 
 def is_sentence_transformers_model(model: object) -> bool:
     """A ``sentence_transformers`` model (``SentenceTransformer``, ``CrossEncoder``, ...) or its ``Transformer``."""
-    from . import defined_in
-
     return isinstance(model, nn.Module) and (
         defined_in(model, _PACKAGE, "BaseModel", "SentenceTransformer", "CrossEncoder", "SparseEncoder")
         or _is_transformer_module(model)

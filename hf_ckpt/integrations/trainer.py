@@ -15,6 +15,9 @@ from typing import Any
 
 from transformers.trainer_callback import TrainerCallback
 
+from .._state import get_state
+from .._target import target_model
+
 
 class BudgetPlanCallback(TrainerCallback):
     """Saves the plan of a ``budget`` given in ``gradient_checkpointing_kwargs`` in ``args.output_dir``, and tells
@@ -22,13 +25,24 @@ class BudgetPlanCallback(TrainerCallback):
 
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, optimizer: Any = None,
                        **kwargs: Any) -> None:
-        from .._deferred import set_optimizer, set_output_dir
-
-        if model is None:
+        request = _budget_of(model)
+        if request is None:
             return
-        set_optimizer(model, optimizer)
+        request.use_optimizer(optimizer)
         if getattr(args, "should_save", True):
-            set_output_dir(model, getattr(args, "output_dir", None))
+            request.save_in(getattr(args, "output_dir", None))
+
+
+def _budget_of(model: Any) -> Any:
+    """The budget planned at the first batch (:class:`hf_ckpt._deferred.DeferredBudget`) on ``model``'s record, or
+    None: read through the record, so the runtime loads none of the planning code."""
+    if model is None:
+        return None
+    try:
+        target = target_model(model)
+    except TypeError:
+        return None
+    return getattr(get_state(target), "budget", None)
 
 
 def _default_callbacks() -> list | None:

@@ -31,6 +31,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import FlopCounterMode
 
+from .._flop_formulas import missing_formulas
+
 
 class FlopCount:
     """The result of :func:`count_flops`, filled in when the ``with`` block exits.
@@ -78,33 +80,6 @@ class _ElementCounter(TorchDispatchMode):
         out = func(*args, **(kwargs or {}))
         self.total += elementwise_elements(func, out, self.registry)
         return out
-
-
-def _cpu_attention(query: Any, key: Any, value: Any, *args: Any, out_shape: Any = None, **kwargs: Any) -> int:
-    return flop_counter.sdpa_flop_count(query, key, value)
-
-
-def _cpu_attention_backward(
-    grad_out: Any, query: Any, key: Any, value: Any, *args: Any, out_shape: Any = None, **kwargs: Any
-) -> int:
-    return flop_counter.sdpa_backward_flop_count(grad_out, query, key, value)
-
-
-def missing_formulas() -> dict[Any, Any]:
-    """Formulas for ops that run on this machine and that ``FlopCounterMode`` does not count by itself."""
-    if not hasattr(flop_counter, "sdpa_flop_count") or not hasattr(flop_counter, "sdpa_backward_flop_count"):
-        return {}
-    candidates = {
-        "_scaled_dot_product_flash_attention_for_cpu": _cpu_attention,
-        "_scaled_dot_product_flash_attention_for_cpu_backward": _cpu_attention_backward,
-    }
-    registry = getattr(flop_counter, "flop_registry", {})
-    formulas = {}
-    for name, formula in candidates.items():
-        op = getattr(torch.ops.aten, name, None)
-        if op is not None and op not in registry:
-            formulas[op] = formula
-    return formulas
 
 
 @contextlib.contextmanager

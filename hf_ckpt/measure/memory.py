@@ -37,15 +37,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.weak import WeakIdKeyDictionary
 
-
-def storage_of(value: Any) -> torch.UntypedStorage | None:
-    """The untyped storage behind a plain tensor, or None (no tensor, meta/sparse tensor, tensor subclass)."""
-    if not isinstance(value, torch.Tensor) or value.is_meta or value.layout is not torch.strided:
-        return None
-    try:
-        return value.untyped_storage()
-    except (RuntimeError, NotImplementedError):
-        return None
+from .._storage import storage_of
 
 
 class StorageTracker(TorchDispatchMode):

@@ -23,7 +23,7 @@ from typing import Any, Callable, Mapping
 
 from torch import nn
 
-from ..core import disable, enable
+from .._apply import apply_options, remove
 
 
 @dataclass(frozen=True)
@@ -125,12 +125,12 @@ def _every_n(argument: str | None, spelled: str = "every_n") -> int:
 
 def _none(argument: str | None) -> Setting:
     _no_argument("none", argument)
-    return Setting("none", "no checkpointing", apply=disable, remove=disable)
+    return Setting("none", "no checkpointing", apply=remove, remove=remove)
 
 
 def _full(argument: str | None) -> Setting:
     _no_argument("full", argument)
-    return Setting("full", "hf_ckpt.enable(model): every block", apply=enable, remove=disable)
+    return Setting("full", "hf_ckpt.enable(model): every block", apply=apply_options, remove=remove)
 
 
 def _every_n_setting(argument: str | None) -> Setting:
@@ -138,8 +138,8 @@ def _every_n_setting(argument: str | None) -> Setting:
     return Setting(
         f"every_n:{n}",
         f"hf_ckpt.enable(model, every_n_layers={n})",
-        apply=lambda model: enable(model, every_n_layers=n),
-        remove=disable,
+        apply=lambda model: apply_options(model, every_n_layers=n),
+        remove=remove,
     )
 
 
@@ -148,8 +148,8 @@ def _offload(argument: str | None) -> Setting:
     return Setting(
         "offload",
         "hf_ckpt.enable(model, offload=True): every block, saved inputs in host memory",
-        apply=lambda model: enable(model, offload=True),
-        remove=disable,
+        apply=lambda model: apply_options(model, offload=True),
+        remove=remove,
     )
 
 
@@ -237,8 +237,8 @@ def _selective(argument: str | None) -> Setting:
         "selective" if policy is None else f"selective:{policy}",
         f"hf_ckpt.enable(model, strategy='selective'{'' if policy is None else f', policy={policy!r}'}): every "
         "block, matmul and attention outputs kept, cheap ops recomputed",
-        apply=lambda model: enable(model, strategy="selective", policy=policy),
-        remove=disable,
+        apply=lambda model: apply_options(model, strategy="selective", policy=policy),
+        remove=remove,
     )
 
 
@@ -280,10 +280,10 @@ def _planned(name: str, fraction: float, description: str, strategies: tuple[str
     def apply(model: nn.Module) -> None:
         if "plan" not in made:
             raise RuntimeError(f"{name}:{fraction:g} was applied before it was prepared on a batch")
-        enable(model, plan=made["plan"])
+        apply_options(model, plan=made["plan"])
 
     return Setting(
-        f"{name}:{fraction:g}", description, apply=apply, remove=disable, prepare=prepare, details=details
+        f"{name}:{fraction:g}", description, apply=apply, remove=remove, prepare=prepare, details=details
     )
 
 

@@ -55,7 +55,7 @@ def compile_unavailable() -> str | None:
 
 def graph_flops(graph_module: Any) -> int:
     """FLOPs of an aten FX graph, from each node's recorded ``meta["val"]`` and ``torch.utils.flop_counter``."""
-    from ._profile import flop_registry
+    from .._flop_formulas import flop_registry
 
     registry = flop_registry()
     total = 0
@@ -75,7 +75,7 @@ def graph_elementwise(graph_module: Any) -> int:
     counts them in eager mode. The partitioned graphs are decomposed (a layer norm is several nodes), so only
     differences between graphs of the same model compare (``compile:F`` less ``compile:1``)."""
     from ..measure.flops import elementwise_elements
-    from ._profile import flop_registry
+    from .._flop_formulas import flop_registry
 
     registry = flop_registry()
     total = 0

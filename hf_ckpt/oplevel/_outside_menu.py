@@ -9,14 +9,21 @@ more than it costs.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Mapping
 
+import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
+from .._flop_formulas import flop_registry
 from .._target import target_model
 from ..blocks import find_blocks
 from ..plans import CheckpointPlan
 
+#: The most FLOPs per output element a module between the blocks may spend to be recomputed (norms, activations,
+#: rotary tables, embeddings lookups: a few; a projection: thousands).
+MAX_FLOPS_PER_ELEMENT = 4
 #: One option: (strategy, bytes, recompute cost (FLOPs plus elementwise elements), overhead rank, recompute FLOPs).
 Option = tuple[str, int, int, int, int]
 
@@ -26,7 +33,6 @@ def outside_option(model: nn.Module, sample_inputs: Mapping[str, Any], *, loss_f
     """(module names, the menu row: keep them or recompute them), or ``((), [])`` when none qualifies or
     recomputing them saves nothing."""
     from .._apply import remove
-    from .._outside import cheap_modules
     from ..profiling import apply_setting, left_as_found, measured_step
 
     target = target_model(model)
@@ -48,3 +54,68 @@ def outside_option(model: nn.Module, sample_inputs: Mapping[str, Any], *, loss_f
     extra_flops = max(0, outside_flops - flops)
     extra = extra_flops + max(0, outside_elementwise - elementwise)
     return names, [("none", kept - recomputed, 0, 0, 0), ("outside", 0, extra, 1, extra_flops)]
+
+
+class _CallCosts(TorchDispatchMode):
+    """Per module (by id) on the stack: matmul-class FLOPs and whether a random op ran outside ``dropouts`` (torch's
+    dropout modules, whose draws are replayed from the RNG state)."""
+
+    def __init__(self, dropouts: set[int]) -> None:
+        super().__init__()
+        self.registry = flop_registry()
+        self.dropouts = dropouts
+        self.stack: list[int] = []
+        self.flops: dict[int, int] = {}
+        self.random: set[int] = set()
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if self.stack:
+            formula = self.registry.get(func.overloadpacket)
+            flops = int(formula(*args, **kwargs, out_val=out)) if formula is not None else 0
+            for key in self.stack:
+                self.flops[key] = self.flops.get(key, 0) + flops
+            if torch.Tag.nondeterministic_seeded in func.tags and self.stack[-1] not in self.dropouts:
+                self.random.update(self.stack)
+        return out
+
+
+def cheap_modules(model: nn.Module, inputs: Mapping[str, Any], blocks: tuple | list) -> tuple[str, ...]:
+    """Names of the outermost modules of ``model`` that hold no block and are cheap to recompute, measured in one
+    training forward: called, no random op outside torch's dropout modules (those are replayed from their RNG
+    state), at most :data:`MAX_FLOPS_PER_ELEMENT` FLOPs per output element, tensors (or a tuple of tensors) out.
+    A module holding others (BERT's embeddings: lookups, a sum, a norm, a dropout) is chosen whole where it is
+    cheap, so that only its inputs are kept; its modules then are not named."""
+    inside = {id(m) for block in blocks for m in block.module.modules()}
+    names = {id(m): name for name, m in model.named_modules()
+             if name and not any(id(d) in inside for d in m.modules())}
+    dropouts = {id(m) for m in model.modules() if isinstance(m, nn.modules.dropout._DropoutNd)}
+    costs, outputs = _CallCosts(dropouts), {}
+    handles = []
+    for module in model.modules():
+        if id(module) in names:
+            handles.append(module.register_forward_pre_hook(functools.partial(_note_call, costs)))
+            handles.append(module.register_forward_hook(functools.partial(_note_output, costs, outputs), always_call=True))
+    try:
+        with torch.enable_grad(), costs:
+            model(**inputs)
+    finally:
+        for handle in handles:
+            handle.remove()
+    cheap = {names[key] for key, elements in outputs.items()
+             if elements and key not in costs.random and costs.flops.get(key, 0) <= MAX_FLOPS_PER_ELEMENT * elements}
+    return tuple(sorted(name for name in cheap if not any(name.startswith(outer + ".") for outer in cheap)))
+
+
+def _note_call(costs: _CallCosts, module: nn.Module, args: Any) -> None:
+    costs.stack.append(id(module))
+
+
+def _note_output(costs: _CallCosts, outputs: dict, module: nn.Module, args: Any, output: Any) -> None:
+    costs.stack.pop()
+    values = output if isinstance(output, tuple) else (output,)
+    if all(isinstance(v, torch.Tensor) and v.is_floating_point() for v in values):
+        outputs[id(module)] = outputs.get(id(module), 0) + sum(v.numel() for v in values)
+    else:
+        outputs[id(module)] = 0  # anything but floating-point tensors out: never recomputed

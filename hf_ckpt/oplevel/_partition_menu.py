@@ -19,7 +19,8 @@ from torch import nn
 
 from .._target import target_model
 from ..blocks import find_blocks
-from ..plans import CheckpointPlan, PartitionSetting
+from ..plans import CheckpointPlan
+from ..strategies.partition import Partition
 from ._partition import traced_norm_ops
 
 #: One option: (strategy, bytes, recompute cost (FLOPs plus elementwise elements), overhead rank, recompute FLOPs).
@@ -45,14 +46,14 @@ def partition_options(
         _, _, none_flops, none_elementwise = measured_step(model, blocks, sample_inputs, loss_fn)
         for group in twin_groups(blocks):
             seen: set[tuple[int, int]] = set()
-            settings = [PartitionSetting(budget) for budget in budgets]
+            settings = [Partition(budget) for budget in budgets]
             for index, setting in enumerate(settings):  # the :norms settings are appended once the block is traced
-                strategy = setting.strategy
+                strategy = setting.spelling
                 plan = CheckpointPlan(tuple(strategy if i in group else "none" for i in range(len(blocks))))
                 apply_setting(model, checkpoint_kwargs, plan=plan)
                 _, per_block, flops, elementwise = measured_step(model, blocks, sample_inputs, loss_fn)
                 if index == 0 and traced_norm_ops(blocks[group[0]].module):
-                    settings += [PartitionSetting(budget, norms=True) for budget in budgets]
+                    settings += [Partition(budget, norms=True) for budget in budgets]
                 extra_flops = max(0, flops - none_flops) // len(group)
                 extra_elementwise = max(0, elementwise - none_elementwise) // len(group)
                 measured = (sum(per_block[i] for i in group), extra_flops + extra_elementwise)

@@ -51,7 +51,7 @@ def profile_ops(
     ``policy`` is the block-level selective policy (default ``"matmuls_and_attention"``): each op records whether
     it keeps the op's output. The model is left as found (checkpointing setting, mode, gradients, RNG state).
     """
-    from ..core import remove
+    from .._apply import remove
     from ..profiling import left_as_found, loss_of_sample, twin_groups
     from ..selective import check_policy, policy_function
 

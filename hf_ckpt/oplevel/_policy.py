@@ -17,6 +17,8 @@ from typing import Any, Callable, Iterable
 
 import torch
 
+from ..selective import InPlaceGuard
+
 _KEY = re.compile(r"^[A-Za-z_][\w.]*#\d+$")
 
 
@@ -116,8 +118,6 @@ class _Counting:
 def _op_contexts(saved: frozenset) -> tuple[Any, Any]:
     """PyTorch's selective checkpoint contexts for ``saved``, plus hf_ckpt's in-place guard in forward."""
     from torch.utils.checkpoint import create_selective_checkpoint_contexts
-
-    from ..selective import InPlaceGuard
 
     policy = _Counting(saved)
     forward_context, recompute_context = create_selective_checkpoint_contexts(policy)

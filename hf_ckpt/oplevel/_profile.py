@@ -36,6 +36,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves, tree_map
 
+from .._flop_formulas import flop_registry
 from ..blocks import Block
 from ._policy import ignored_ops, op_key
 
@@ -119,16 +120,6 @@ class BlockOpProfile:
         """Recompute elementwise output elements that saving ``keys`` avoids."""
         wanted = set(keys)
         return sum(op.recompute_elementwise for op in self.ops if op.key in wanted)
-
-
-def flop_registry() -> dict[Any, Callable[..., int]]:
-    from torch.utils.flop_counter import FlopCounterMode
-
-    from ..measure.flops import missing_formulas
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return dict(FlopCounterMode(display=False, custom_mapping=missing_formulas()).flop_registry)
 
 
 def _flops(registry: Mapping[Any, Callable[..., int]], func: Any, args: tuple, kwargs: dict, out: Any) -> int:

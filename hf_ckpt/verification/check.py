@@ -12,7 +12,7 @@ from .._preserve import accelerator_devices, check_trainable, preserved
 from .._state import ACTIVE_ATTRIBUTE, get_state, suspended
 from .._target import target_model
 from ..blocks import find_blocks
-from ..core import checkpointed_layers
+from .._apply import checkpointed_layers
 from ..counting import BlockRunCounter
 from ..distributed._engines import wrapped_blocks
 from ..measure.step import LossFn, loss_of

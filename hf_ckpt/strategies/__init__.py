@@ -1,0 +1,196 @@
+"""Per-block strategies: what happens to one repeated block in backward, and the one registry of their kinds.
+
+A block's strategy is an object, a :class:`Strategy`. Its *spelling* is the form plans, JSON and the
+``gradient_checkpointing_kwargs`` dict carry (``"full"``, ``"selective"``, ``"oplevel:<name>"``,
+``"partition:<F>[:norms]"``); :func:`parse` is the one place that reads a spelling, and each kind owns the rest:
+its arguments, its validation against a :class:`~hf_ckpt.CheckpointConfig` (the errors users get at the call),
+and its checkpoint function. Offload and ``checkpoint_fn`` are modifiers on any kind (the ``wrap`` every kind's
+:meth:`Strategy.checkpoint_function` ends with).
+
+The kinds, and the module that defines each (loaded the first time a setting uses it, so a setting that uses only
+``full`` blocks never loads the partitioner)::
+
+    none, full       this module
+    selective        hf_ckpt.strategies.selective   (torch's selective checkpointing, a named policy)
+    oplevel:<name>   hf_ckpt.strategies.oplevel     (a plan's op-level policy: which op outputs are kept)
+    partition:<F>    hf_ckpt.strategies.partition   (the block's graph split by torch's min-cut partitioner)
+
+A new kind is a subclass with a ``kind``, registered with :func:`register` in its module, and a line in
+:data:`KIND_MODULES`; nothing else in the package matches spellings.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from importlib import import_module
+from typing import Any, Callable, ClassVar, Mapping, Protocol
+
+
+class BlockStrategy(str, Enum):
+    """The block strategies without arguments.
+
+    A ``str`` enum: members compare equal to their values, so plans and configs may carry plain strings
+    (``"full"``), as JSON does.
+
+    Attributes:
+        FULL: Recompute the whole block in backward; only its inputs are kept.
+        SELECTIVE: Keep the outputs of its matmuls and attention, recompute the cheap ops in between.
+        NONE: No checkpointing: keep every activation.
+    """
+
+    FULL = "full"
+    SELECTIVE = "selective"
+    NONE = "none"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+NONE, FULL, SELECTIVE = BlockStrategy.NONE.value, BlockStrategy.FULL.value, BlockStrategy.SELECTIVE.value
+#: The strategies without arguments, in the order the planner tries them (cheapest recompute first).
+ALL_STRATEGIES: tuple[str, ...] = (NONE, SELECTIVE, FULL)
+#: What ``hf_ckpt.enable(strategy=...)`` accepts: a strategy for every selected block.
+WHOLE_MODEL_STRATEGIES: tuple[str, ...] = (FULL, SELECTIVE)
+
+#: Kind -> the module that defines (and registers) it.
+KIND_MODULES: dict[str, str] = {
+    NONE: __name__,
+    FULL: __name__,
+    SELECTIVE: f"{__name__}.selective",
+    "oplevel": f"{__name__}.oplevel",
+    "partition": f"{__name__}.partition",
+}
+_registered: dict[str, type["Strategy"]] = {}
+#: Builds a kind's checkpoint function from the checkpoint keyword arguments: the modifiers (offload,
+#: ``checkpoint_fn``) around ``torch.utils.checkpoint.checkpoint``.
+Wrap = Callable[[dict[str, Any]], Callable[..., Any]]
+
+
+class Setting(Protocol):
+    """What a strategy reads of the :class:`~hf_ckpt.CheckpointConfig` it is checked against and built for."""
+
+    checkpoint_kwargs: Mapping[str, Any]
+    offload: bool
+    checkpoint_fn: Any
+    policy: Any
+
+    @property
+    def use_reentrant(self) -> bool: ...
+
+
+class Strategy:
+    """One block's strategy. Subclasses are the kinds; instances are immutable values.
+
+    Attributes:
+        kind: The registry key, the spelling's part before the first ``:``.
+        recomputes: Whether a block with this strategy is recomputed in backward (``none``: not).
+        uses_context_fn: It works through ``torch.utils.checkpoint.checkpoint``'s ``context_fn`` (torch's
+            selective checkpointing), so it needs non-reentrant checkpointing and no ``context_fn`` or
+            ``checkpoint_fn`` of the user's.
+        saved_tensor_hook: Its blocks' outputs are made again from what they keep, by the one saved-tensor hook
+            :mod:`hf_ckpt._outside` installs (partitions).
+    """
+
+    kind: ClassVar[str]
+    recomputes: ClassVar[bool] = True
+    uses_context_fn: ClassVar[bool] = False
+    saved_tensor_hook: ClassVar[bool] = False
+
+    @classmethod
+    def from_argument(cls, argument: str | None, spelling: str, policies: Mapping[str, Any]) -> "Strategy":
+        """The strategy spelled ``spelling`` (``argument`` is its part after ``kind:``, None without one)."""
+        if argument is not None:
+            raise ValueError(_unknown(spelling))
+        return cls()
+
+    @property
+    def spelling(self) -> str:
+        """The form plans and JSON carry."""
+        return self.kind
+
+    def check(self, config: Setting) -> None:
+        """Raise ValueError when ``config`` asks for something this strategy cannot do (at the enable call)."""
+
+    def context_fn(self, config: Setting) -> Callable[[], Any] | None:
+        """The ``context_fn`` for ``torch.utils.checkpoint.checkpoint``, or None."""
+        return None
+
+    def checkpoint_function(self, config: Setting, checkpoint_kwargs: Mapping[str, Any],
+                            wrap: Wrap) -> Callable[..., Any]:
+        """The function that checkpoints a block with this strategy, ``checkpoint(function, *args, **kwargs)``."""
+        kwargs = dict(checkpoint_kwargs)
+        context = self.context_fn(config)
+        if context is not None:
+            kwargs["context_fn"] = context
+        return wrap(kwargs)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Strategy) and other.spelling == self.spelling
+
+    def __hash__(self) -> int:
+        return hash(self.spelling)
+
+    def __repr__(self) -> str:
+        return f"<strategy {self.spelling}>"
+
+
+def register(cls: type[Strategy]) -> type[Strategy]:
+    """Class decorator: make ``cls`` the kind ``cls.kind``."""
+    _registered[cls.kind] = cls
+    return cls
+
+
+def kind_of(spelling: str) -> str:
+    """The kind of a spelling: ``"partition"`` for ``"partition:0.5"``."""
+    return spelling.partition(":")[0]
+
+
+def _unknown(value: Any) -> str:
+    return (f"each plan strategy must be one of {', '.join(repr(s) for s in ALL_STRATEGIES)}; got {value!r} "
+            "(or 'oplevel:<name>' with <name> a key of policies, or 'partition:<F>[:norms]' with F in [0, 1])")
+
+
+def strategy_class(kind: str) -> type[Strategy]:
+    """The class of ``kind``, its module loaded on first use; ValueError for a kind nobody registered."""
+    if kind not in _registered:
+        if kind not in KIND_MODULES:
+            raise ValueError(_unknown(kind))
+        import_module(KIND_MODULES[kind])
+    return _registered[kind]
+
+
+def parse(value: Any, policies: Mapping[str, Any] | None = None) -> Strategy:
+    """The :class:`Strategy` spelled ``value`` (a string or a :class:`BlockStrategy`), ``oplevel:<name>``
+    looked up in ``policies``; ValueError listing the accepted spellings otherwise."""
+    if isinstance(value, Strategy):
+        return value
+    if not isinstance(value, str):
+        raise ValueError(_unknown(value))
+    spelling = value.value if isinstance(value, BlockStrategy) else value
+    kind, colon, argument = spelling.partition(":")
+    if kind not in KIND_MODULES:
+        raise ValueError(_unknown(value))
+    return strategy_class(kind).from_argument(argument if colon else None, spelling, policies or {})
+
+
+def check_strategy(value: object, name: str = "strategy") -> BlockStrategy:
+    """``value`` as a :class:`BlockStrategy`; ValueError naming ``name`` and the accepted values otherwise."""
+    try:
+        return BlockStrategy(value)
+    except ValueError:
+        raise ValueError(f"{name} must be one of {', '.join(repr(s) for s in ALL_STRATEGIES)}; got {value!r}") from None
+
+
+@register
+class NoCheckpoint(Strategy):
+    """``"none"``: the block keeps every activation; nothing is recomputed."""
+
+    kind = NONE
+    recomputes = False
+
+
+@register
+class Full(Strategy):
+    """``"full"``: the block is recomputed whole in backward; only its inputs are kept."""
+
+    kind = FULL

@@ -1,0 +1,44 @@
+"""The ``"oplevel:<name>"`` kind: a plan's op-level policy, the op occurrences whose outputs a block keeps
+(:mod:`hf_ckpt.oplevel._policy`); every other op is recomputed."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping
+
+from ..oplevel._policy import OpPolicy
+from . import Setting, Strategy, register
+from .selective import check_selective_contexts
+
+@register
+class OpLevel(Strategy):
+    """``"oplevel:<name>"``: keep the outputs of the op occurrences ``policies[name]`` lists (``"aten.mm.default#0"``).
+
+    Attributes:
+        name: The policy's name in the plan.
+        saved: The op occurrences it keeps.
+    """
+
+    kind = "oplevel"
+    uses_context_fn = True
+
+    def __init__(self, name: str, saved: tuple[str, ...]) -> None:
+        self.name, self.saved = name, tuple(saved)
+
+    @classmethod
+    def from_argument(cls, argument: str | None, spelling: str, policies: Mapping[str, Any]) -> "OpLevel":
+        if argument is None or argument not in policies:
+            raise ValueError(
+                f"each plan strategy 'oplevel:<name>' must name a key of policies "
+                f"({', '.join(sorted(policies)) or 'none given'}); got {spelling!r}"
+            )
+        return cls(argument, policies[argument])
+
+    @property
+    def spelling(self) -> str:
+        return f"{self.kind}:{self.name}"
+
+    def check(self, config: Setting) -> None:
+        check_selective_contexts(config)
+
+    def context_fn(self, config: Setting) -> Callable[[], Any]:
+        return OpPolicy(self.saved).context_fn()

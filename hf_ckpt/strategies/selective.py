@@ -1,0 +1,32 @@
+"""The ``"selective"`` kind: torch's selective checkpointing with a named policy (:mod:`hf_ckpt.selective`)."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from ..selective import selective_context_fn, selective_supported
+from . import SELECTIVE, Setting, Strategy, register
+
+def check_selective_contexts(config: Setting) -> None:
+    """What every kind that works through torch's selective checkpoint contexts needs (``context_fn``)."""
+    if not selective_supported():
+        raise ValueError('strategy="selective" needs torch.utils.checkpoint.create_selective_checkpoint_contexts (torch >= 2.4)')
+    if config.checkpoint_kwargs["use_reentrant"]:
+        raise ValueError('strategy="selective" needs use_reentrant=False (selective recompute is non-reentrant only)')
+    if "context_fn" in config.checkpoint_kwargs:
+        raise ValueError('strategy="selective" sets context_fn itself; drop context_fn or use strategy="full"')
+
+
+@register
+class Selective(Strategy):
+    """``"selective"``: keep the outputs of the block's matmuls and attention (or what ``policy`` names),
+    recompute the cheap ops in between. The policy is the config's (``hf_ckpt.enable(policy=...)``)."""
+
+    kind = SELECTIVE
+    uses_context_fn = True
+
+    def check(self, config: Setting) -> None:
+        check_selective_contexts(config)
+
+    def context_fn(self, config: Setting) -> Callable[[], Any]:
+        return selective_context_fn(config.policy)
