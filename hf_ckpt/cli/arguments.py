@@ -17,7 +17,7 @@ import os
 import struct
 from typing import Any, Callable
 
-from .errors import CommandError
+from ._lazy import converter as lazy_converter
 
 DEFAULT_MODEL = "llama"
 DEFAULT_LAYERS = 8
@@ -92,11 +92,8 @@ def autocast_name(text: str) -> str:
     return name
 
 
-def device(text: str) -> Any:
-    """A ``torch.device`` that exists on this machine (imports torch: only when ``--device`` is given)."""
-    from ..measure.workload import parse_device
-
-    return converter(parse_device)(text)
+#: ``--device``: a ``torch.device`` that exists on this machine (imports torch: only when the option is given).
+device = lazy_converter("hf_ckpt.measure.workload:parse_device")
 
 
 def output_file(text: str) -> str:
@@ -204,39 +201,3 @@ def add_workload_arguments(parser: Any, *, seed_help: str = "seed of the weights
         "bf16=True runs it (--autocast bf16)")
     add("--device", type=device, default=None, help="cpu, cuda, cuda:1, ... (default: the first accelerator, else cpu)")
     add("--seed", type=int, default=0, help=f"{seed_help} (default %(default)s)")
-
-
-def build_workload_from(args: argparse.Namespace, device: Any = None) -> Any:
-    """The :class:`~hf_ckpt.measure.Workload` the parsed ``args`` describe.
-
-    A model directory that passed the parse-time checks can still fail to load (weights that do not match the
-    config, a format transformers refuses): that is a one-line :class:`CommandError` naming the directory.
-    """
-    from ..measure import workload
-
-    spec = args.model
-    try:
-        return workload.build_workload(
-            spec,
-            layers=args.layers,
-            hidden=args.hidden,
-            batch=args.batch,
-            seq=args.seq,
-            dtype=workload.parse_dtype(args.dtype) if isinstance(args.dtype, str) else args.dtype,
-            device=device if device is not None else (args.device or workload.default_device()),
-            seed=args.seed,
-            autocast=workload.parse_dtype(args.autocast) if getattr(args, "autocast", None) else None,
-        )
-    except ValueError as error:
-        if spec is None or not os.path.isdir(spec):
-            raise CommandError(str(error)) from None
-        raise _load_error(spec, error) from None
-    except Exception as error:  # noqa: BLE001  (a user's directory: any loading failure is a one-line error)
-        if spec is None or not os.path.isdir(spec):
-            raise
-        raise _load_error(spec, error) from None
-
-
-def _load_error(directory: str, error: BaseException) -> CommandError:
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    return CommandError(f"cannot load the model in {directory}: {type(error).__name__}: {lines[0] if lines else ''}")

@@ -9,10 +9,11 @@ writes it where a training script loads it (``hf_ckpt.enable(model, plan="plan.j
 from __future__ import annotations
 
 import argparse
+import os
 
-from .._units import BUDGET_FORMS, parse_budget, precision_label
-from .arguments import add_workload_arguments, build_workload_from, output_file
-from .errors import CommandError
+from .._units import BUDGET_FORMS, parse_budget
+from ._lazy import runner
+from .arguments import add_workload_arguments, output_file
 
 NAME = "plan"
 HELP = "the cheapest per-block checkpointing plan that fits an activation-memory budget"
@@ -87,59 +88,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def config_path(text: str) -> str:
     """``--config``: an existing config.json, or a folder holding one."""
-    import os
-
     path = os.path.join(text, "config.json") if os.path.isdir(text) else text
     if not os.path.isfile(path):
         raise argparse.ArgumentTypeError(f"no config.json at {text!r}")
     return path
 
 
-def run(args: argparse.Namespace) -> int:
-    """Run ``hf-ckpt plan``; returns the exit status."""
-    from ..planner import plan
-
-    if args.config is not None:
-        return _run_from_config(args)
-    work = build_workload_from(args)
-    try:
-        made = plan(work.model, work.batch, args.budget, strategies=args.strategies, loss_fn=work.loss_fn)
-    except ValueError as error:  # the arguments were checked while parsing: what is left is "no plan fits"
-        raise CommandError(str(error), exit_code=1) from None
-    info = work.info
-    print(
-        f"model: {info['class']} ({info['source']}), {info['layers']} layers, hidden {info['hidden']}; "
-        f"batch {info['batch']} x seq {info['seq']}, {precision_label(info['dtype'], info.get('autocast'))} on "
-        f"{info['device']}"
-    )
-    print(made)
-    if args.json is not None:
-        made.save(args.json)
-        print(f"plan written to {args.json}")
-    return 0
-
-
-def _run_from_config(args: argparse.Namespace) -> int:
-    """``--config``: the plan from the estimate of ``args.config`` at ``--batch`` x ``--seq``."""
-    from ..planner import plan
-
-    if args.model is not None:
-        raise CommandError("give --model (profile a real step) or --config (plan from shapes), not both")
-    if args.strategies != list(PLAN_STRATEGIES):
-        raise CommandError(
-            f"--strategies cannot be combined with --config: a plan from shapes chooses among "
-            f"{', '.join(PLAN_STRATEGIES)}; leave --strategies out, or profile a real step with --model"
-        )
-    device = "cuda" if args.device is None else str(args.device).split(":")[0]
-    try:
-        made = plan(args.config, batch_size=args.batch, seq_len=args.seq, budget=args.budget,
-                    dtype=args.dtype, autocast=args.autocast, device=device)
-    except ValueError as error:
-        raise CommandError(str(error), exit_code=1) from None
-    print(f"config: {args.config}; batch {args.batch} x seq {args.seq}, {precision_label(args.dtype, args.autocast)} "
-          f"on {device} (estimated)")
-    print(made)
-    if args.json is not None:
-        made.save(args.json)
-        print(f"plan written to {args.json}")
-    return 0
+run = runner("hf_ckpt.cli._plan_run:run")
