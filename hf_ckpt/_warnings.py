@@ -49,15 +49,12 @@ def warn_user(message: str, category: type[Warning] = None) -> None:
         warnings.warn(message, category, stacklevel=2)
         return
     globals_ = frame.f_globals
-    warnings.warn_explicit(
-        message,
-        category,
-        frame.f_code.co_filename,
-        frame.f_lineno,
-        module=globals_.get("__name__", "__main__"),
-        registry=globals_.setdefault("__warningregistry__", {}),
-        module_globals=globals_,
-    )
+    where = dict(filename=frame.f_code.co_filename, lineno=frame.f_lineno, module=globals_.get("__name__", "__main__"),
+                 registry=globals_.setdefault("__warningregistry__", {}))
+    try:
+        warnings.warn_explicit(message, category, **where, module_globals=globals_)
+    except ImportError:  # code whose loader has no source (``python -c``, stdin): the warning without a source line
+        warnings.warn_explicit(message, category, **where)
 
 
 def warn_once(message: str, *, key: str | None = None, owner: Any = None, stacklevel: int | str = "user") -> bool:

@@ -39,6 +39,7 @@ from .measure.step import LossFn
 from .oplevel._plan import plan_oplevel
 from .plans import CheckpointPlan, model_signature
 from .profiling import measured_bytes, profile_blocks
+from .oplevel._partition import partition_unavailable
 
 __all__ = ["BlockProfile", "plan", "profile_blocks", "solve"]
 
@@ -109,8 +110,6 @@ def plan(
             f"{list(strategies)}"
         )
     if "partition" in strategies:
-        from .oplevel._partition import partition_unavailable
-
         if partition_unavailable() is not None:
             raise ValueError(f"strategies: 'partition' cannot run here: {partition_unavailable()}")
     check_trainable(target_model(model), "plan: ")

@@ -31,6 +31,8 @@ from ._apply import apply_config, remove
 from .measure.step import LossFn, loss_of, model_device, run_forward
 from .plans import CheckpointPlan
 from .selective import SelectiveRecomputeError
+from .measure.memory import StorageTracker, block_labels
+from .measure.flops import count_flops
 
 
 def loss_of_sample(output: Any, loss_fn: LossFn | None) -> torch.Tensor:
@@ -40,8 +42,6 @@ def loss_of_sample(output: Any, loss_fn: LossFn | None) -> torch.Tensor:
 
 def retained_per_block(model: nn.Module, blocks: list[Block], inputs: Mapping[str, Any], loss_fn: LossFn | None):
     """(base bytes, bytes per block) alive when forward returns, labelled by the block that created them."""
-    from .measure.memory import StorageTracker, block_labels
-
     with block_labels(blocks) as label, StorageTracker(label=label) as tracker:
         loss = loss_of_sample(run_forward(model, inputs), loss_fn)
         by_block = tracker.live_bytes_by_label(str(model_device(model)))
@@ -51,8 +51,6 @@ def retained_per_block(model: nn.Module, blocks: list[Block], inputs: Mapping[st
 
 def step_counts(model: nn.Module, inputs: Mapping[str, Any], loss_fn: LossFn | None) -> Any:
     """What :func:`hf_ckpt.measure.flops.count_flops` counted over one step (``.total`` FLOPs, ``.elementwise``)."""
-    from .measure.flops import count_flops
-
     torch.manual_seed(0)
     model.zero_grad(set_to_none=True)
     with count_flops() as counted:

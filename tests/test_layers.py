@@ -1,23 +1,37 @@
-"""The package's layering: no import cycle, no module reaching into another's private names.
+"""The package's layering: the runtime never loads the lab, no import cycle, few imports inside functions, each
+with its reason, and no module reaching into another's private names.
 
-Read from the source with ``ast`` (nothing is imported), so the test sees imports inside functions too. A lazy
-import inside a function that closes a cycle is allowed only where listed in ``_LAZY_CYCLES``, each with its reason.
+Read from the source with ``ast`` (nothing is imported), so the test sees imports inside functions too: an import
+deferred into a function is an edge like any other (deferring hides a cycle, it does not remove it).
 """
 
 from __future__ import annotations
 
 import ast
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "hf_ckpt"
 
-#: (importer, imported) edges allowed to close a cycle, because the import is deferred to call time.
-_LAZY_CYCLES = {
-    # enable(budget=...) makes a plan; the planner profiles through the core's enable/disable.
-    ("hf_ckpt.core", "hf_ckpt.planner"),
+#: Every import of a package module made inside a function, (importer, imported): why it waits for the call.
+DEFERRED = {
+    ("hf_ckpt.core", "hf_ckpt._deferred"): "the lab (planner, estimator) loads only when a budget is asked for",
+    ("hf_ckpt._apply", "hf_ckpt._outside"): "the saved-tensor hook's runtime loads only for plans that use it",
+    ("hf_ckpt.patch", "hf_ckpt.integrations.trainer"): "transformers' Trainer is imported only when patching",
 }
+#: The lab: what decides or measures (planners, profiling, the estimator, the bench, verify, the CLI). The runtime
+#: (what applying, running and undoing a setting needs) never loads these.
+LAB = ("hf_ckpt.planner", "hf_ckpt.profiling", "hf_ckpt._solver", "hf_ckpt._deferred", "hf_ckpt._budget",
+       "hf_ckpt._optimizer_states", "hf_ckpt._precision", "hf_ckpt._preserve", "hf_ckpt.plan_command",
+       "hf_ckpt.estimate", "hf_ckpt.measure", "hf_ckpt.verification", "hf_ckpt.cli", "hf_ckpt.oplevel._plan",
+       "hf_ckpt.oplevel._profile", "hf_ckpt.oplevel._solver", "hf_ckpt.oplevel._partition_menu",
+       "hf_ckpt.oplevel._outside_menu", "hf_ckpt.oplevel._compiled", "hf_ckpt.measure._compiled")
+#: The most lines of hf_ckpt source a training step with a runtime setting may load.
+RUNTIME_LINES = 4500
 
 
 def _module_name(path: Path) -> str:
@@ -82,7 +96,7 @@ def _graph():
                 continue
             packages = [".".join(target.split(".")[:i]) for i in range(2, target.count(".") + 1)]
             for module in [target, *packages]:
-                if module != name and not name.startswith(module + ".") and (name, module) not in _LAZY_CYCLES:
+                if module != name and not name.startswith(module + "."):
                     edges[name].add(module)
             if imported_name and imported_name.startswith("_") and not imported_name.startswith("__"):
                 private.append(f"{name} imports {imported_name} from {target}")
@@ -112,6 +126,69 @@ def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
 def test_the_package_has_no_import_cycle():
     edges, _ = _graph()
     assert _cycles(edges) == []
+
+
+def _deferred_imports() -> set[tuple[str, str]]:
+    modules = _modules()
+    return {(name, target) for name, path in modules.items()
+            for target, _, lazy in _imports(name, path, modules) if lazy and target in modules}
+
+
+def test_every_import_inside_a_function_is_listed_with_its_reason():
+    assert _deferred_imports() == set(DEFERRED)
+    assert len(DEFERRED) <= 10 and all(reason for reason in DEFERRED.values())
+
+
+def _lab(module: str) -> bool:
+    return any(module == lab or module.startswith(lab + ".") for lab in LAB)
+
+
+def test_no_runtime_module_imports_the_lab():
+    edges, _ = _graph()
+    runtime = [name for name in edges if not _lab(name) and name not in ("hf_ckpt", "hf_ckpt.core", "hf_ckpt.__main__")]
+    reaching = {f"{name} -> {target}" for name in runtime for target in edges[name]
+                if _lab(target) and (name, target) not in DEFERRED}
+    assert reaching == set()
+
+
+_STEP = """
+import json, sys, warnings
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+import hf_ckpt
+setting = sys.argv[1]
+config = LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=4, num_attention_heads=2,
+                     num_key_value_heads=1)
+model = LlamaForCausalLM(config).train()
+warnings.simplefilter("ignore")
+if setting == "every_n_layers":
+    hf_ckpt.enable(model, every_n_layers=2)
+elif setting == "selective":
+    hf_ckpt.enable(model, strategy="selective")
+elif setting == "offload":
+    hf_ckpt.enable(model, offload=True)
+elif setting == "plan":
+    hf_ckpt.CheckpointPlan(strategies=("full", "selective", "none", "full")).save(sys.argv[2])
+    hf_ckpt.enable(model, plan=sys.argv[2])
+elif setting == "patched":
+    hf_ckpt.patch_transformers()
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"every_n_layers": 2})
+ids = torch.randint(0, 64, (2, 8))
+model(input_ids=ids, labels=ids).loss.backward()
+assert hf_ckpt.checkpointed_layers(model), "nothing was recomputed"
+loaded = {name: getattr(module, "__file__", None) for name, module in sys.modules.items() if name.startswith("hf_ckpt")}
+print(json.dumps(loaded))
+"""
+
+
+@pytest.mark.parametrize("setting", ["every_n_layers", "selective", "offload", "plan", "patched"])
+def test_a_training_step_with_a_runtime_setting_loads_no_lab_module(setting, tmp_path):
+    done = subprocess.run([sys.executable, "-c", _STEP, setting, str(tmp_path / "plan.json")],
+                          capture_output=True, text=True, check=True)
+    loaded = json.loads(done.stdout.strip().splitlines()[-1])
+    assert sorted(name for name in loaded if _lab(name)) == []
+    lines = sum(len(Path(file).read_text().splitlines()) for file in loaded.values() if file)
+    assert lines <= RUNTIME_LINES, f"{lines} lines of hf_ckpt loaded"
 
 
 def test_no_module_imports_another_modules_private_names():

@@ -99,3 +99,24 @@ def test_a_tensor_saved_by_several_checkpoints_is_copied_once():
     shared.add_(1)  # a new version is a new tensor for the recompute: copied again
     third = offload._pack(shared)
     assert third is not first and torch.equal(offload._unpack(third), shared)
+
+
+def test_the_warning_reaches_a_script_run_with_python_c():
+    """``python -c`` code has no source a warning can quote: the warning is still shown (it once raised
+    ImportError: '__main__' is not a built-in module)."""
+    import subprocess
+    import sys
+
+    script = (
+        "import hf_ckpt, torch\n"
+        "from transformers import LlamaConfig, LlamaForCausalLM\n"
+        "model = LlamaForCausalLM(LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, "
+        "num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1))\n"
+        "hf_ckpt.enable(model, offload=True)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    if torch.cuda.is_available():
+        assert done.returncode == 0
+        return
+    assert done.returncode == 0, done.stderr
+    assert "offload=True has no effect on this machine" in done.stderr

@@ -18,6 +18,7 @@ from .._apply import checkpointed_layers
 from .step import LossFn, StepMeasurement, measure_step, model_device, training_step
 from .settings import Setting, parse_setting
 from .timing import CLOCKS, interleaved_step_times, median, synchronizer
+from .. import __version__
 
 BASELINE = "none"
 
@@ -238,8 +239,6 @@ def environment() -> dict[str, Any]:
     import platform
 
     import transformers
-
-    from .. import __version__
 
     return {
         "hf_ckpt": __version__,

@@ -8,6 +8,7 @@ from typing import Any
 from .._units import format_bytes
 from .bench import BenchmarkReport
 from .timing import median
+from .labels import place_labels
 
 MIB = 2**20
 
@@ -296,8 +297,6 @@ def plot_tradeoff(report: BenchmarkReport, path: str) -> None:
 
 def _annotate(axes: Any, figure: Any, points: list[tuple[float, float, str]]) -> None:
     """Label each point, placed by :func:`~hf_ckpt.measure.labels.place_labels` so that no two labels overlap."""
-    from .labels import place_labels
-
     fontsize = 8.0
     axes.margins(0.15)  # room for labels beside the outermost points
     figure.tight_layout()

@@ -20,6 +20,8 @@ from .._flop_formulas import flop_registry
 from .._target import target_model
 from ..blocks import find_blocks
 from ..plans import CheckpointPlan
+from .._apply import remove
+from ..profiling import apply_setting, left_as_found, measured_step
 
 #: The most FLOPs per output element a module between the blocks may spend to be recomputed (norms, activations,
 #: rotary tables, embeddings lookups: a few; a projection: thousands).
@@ -32,9 +34,6 @@ def outside_option(model: nn.Module, sample_inputs: Mapping[str, Any], *, loss_f
                    **checkpoint_kwargs: Any) -> tuple[tuple[str, ...], list[Option]]:
     """(module names, the menu row: keep them or recompute them), or ``((), [])`` when none qualifies or
     recomputing them saves nothing."""
-    from .._apply import remove
-    from ..profiling import apply_setting, left_as_found, measured_step
-
     target = target_model(model)
     blocks = find_blocks(target)
     with left_as_found(model):

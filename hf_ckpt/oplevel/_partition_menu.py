@@ -22,6 +22,8 @@ from ..blocks import find_blocks
 from ..plans import CheckpointPlan
 from ..strategies.partition import Partition
 from ._partition import traced_norm_ops
+from .._apply import remove
+from ..profiling import apply_setting, left_as_found, measured_step, twin_groups
 
 #: One option: (strategy, bytes, recompute cost (FLOPs plus elementwise elements), overhead rank, recompute FLOPs).
 Option = tuple[str, int, int, int, int]
@@ -36,9 +38,6 @@ def partition_options(
 ) -> list[list[Option]]:
     """Per block, its measured ``"partition:<F>[:norms]"`` options (one per budget and variant, equal measurements
     once)."""
-    from .._apply import remove
-    from ..profiling import apply_setting, left_as_found, measured_step, twin_groups
-
     blocks = find_blocks(target_model(model))
     options: list[list[Option]] = [[] for _ in blocks]
     with left_as_found(model):

@@ -31,6 +31,13 @@ from ..blocks import find_blocks
 from ..plans import CheckpointPlan
 from ._profile import BlockOpProfile, capture_inputs, profile_block
 from ._solver import MAX_POINTS, frontier
+from .._apply import remove
+from ..profiling import left_as_found, loss_of_sample, twin_groups
+from ..selective import check_policy, policy_function
+from .._solver import budget_bytes as in_bytes
+from ..profiling import measured_bytes, profile_blocks
+from ._partition_menu import partition_options
+from ._outside_menu import outside_option
 
 #: Strategies of the op-level planner that are not block-level strategies.
 _FINER = ("oplevel", "partition", "outside")
@@ -51,10 +58,6 @@ def profile_ops(
     ``policy`` is the block-level selective policy (default ``"matmuls_and_attention"``): each op records whether
     it keeps the op's output. The model is left as found (checkpointing setting, mode, gradients, RNG state).
     """
-    from .._apply import remove
-    from ..profiling import left_as_found, loss_of_sample, twin_groups
-    from ..selective import check_policy, policy_function
-
     if not isinstance(sample_inputs, Mapping):
         raise TypeError(
             f"sample_inputs must be a mapping of keyword arguments for the model; got {type(sample_inputs).__name__}"
@@ -251,14 +254,10 @@ def _finer_menu(model: nn.Module, sample_inputs: Mapping[str, Any], strategies: 
         for options in menu
     ]
     if "partition" in strategies:
-        from ._partition_menu import partition_options
-
         for options, more in zip(menu, partition_options(model, sample_inputs, loss_fn=loss_fn, **checkpoint_kwargs)):
             options.extend(more)
     base_bytes, outside = block_profile.base_bytes, ()
     if "outside" in strategies:
-        from ._outside_menu import outside_option
-
         outside, row = outside_option(model, sample_inputs, loss_fn=loss_fn, **checkpoint_kwargs)
         if row:  # one more row: keep the outside modules' tensors (bytes of the base) or recompute them
             menu.append(row)
@@ -279,9 +278,6 @@ def plan_oplevel(
     """:func:`hf_ckpt.plan` with op-level policies (``"oplevel"`` in ``strategies``), graph partitions
     (``"partition"``: :mod:`hf_ckpt.oplevel._partition_menu`) or the modules between the blocks (``"outside"``:
     :mod:`hf_ckpt.oplevel._outside_menu`) among the options."""
-    from .._solver import budget_bytes as in_bytes
-    from ..profiling import measured_bytes, profile_blocks
-
     block_strategies = tuple(dict.fromkeys(s for s in (*strategies, "full") if s not in _FINER))
     block_profile = profile_blocks(
         model, sample_inputs, strategies=block_strategies, policy=policy, loss_fn=loss_fn, **checkpoint_kwargs
