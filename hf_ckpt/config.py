@@ -14,13 +14,13 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from ._compat import checkpoint_keyword_names
+from .plans import CheckpointPlan
 from .selection import (
     SELECTION_METHODS,
     check_layers_in_range,
     check_num_layers_in_range,
     every_nth,
 )
-from .plans import CheckpointPlan
 from .selective import check_policy
 from .strategies import FULL, NONE, SELECTIVE, WHOLE_MODEL_STRATEGIES, Strategy, parse
 

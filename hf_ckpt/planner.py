@@ -32,14 +32,14 @@ from ._solver import budget_bytes as _in_bytes
 from ._target import target_model
 from ._units import format_bytes as _mib
 from ._units import parse_budget
-from .strategies import ALL_STRATEGIES
 from .config import CheckpointConfig
 from .estimate import plan_for
 from .measure.step import LossFn
+from .oplevel._partition import partition_unavailable
 from .oplevel._plan import plan_oplevel
 from .plans import CheckpointPlan, model_signature
 from .profiling import measured_bytes, profile_blocks
-from .oplevel._partition import partition_unavailable
+from .strategies import ALL_STRATEGIES
 
 __all__ = ["BlockProfile", "plan", "profile_blocks", "solve"]
 

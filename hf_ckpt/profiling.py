@@ -21,18 +21,18 @@ from typing import Any, Iterator, Mapping, Sequence
 import torch
 from torch import nn
 
+from ._apply import apply_config, remove
 from ._preserve import preserved
 from ._solver import BlockProfile
 from ._state import suspended
 from ._target import target_model
 from .blocks import Block, find_blocks
 from .config import CheckpointConfig
-from ._apply import apply_config, remove
+from .measure.flops import count_flops
+from .measure.memory import StorageTracker, block_labels
 from .measure.step import LossFn, loss_of, model_device, run_forward
 from .plans import CheckpointPlan
 from .selective import SelectiveRecomputeError
-from .measure.memory import StorageTracker, block_labels
-from .measure.flops import count_flops
 
 
 def loss_of_sample(output: Any, loss_fn: LossFn | None) -> torch.Tensor:

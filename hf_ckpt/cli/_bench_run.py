@@ -13,9 +13,9 @@ import torch
 from tqdm.auto import tqdm  # a dependency of transformers
 
 from .._units import format_bytes, precision_label
+from ..measure import report as reporting
 from ..measure import workload
 from ..measure.bench import environment, run_benchmark, steps_of
-from ..measure import report as reporting
 from ..measure.settings import parse_settings, upstream_supports
 from ._workload import build_workload_from
 from .bench import NAME

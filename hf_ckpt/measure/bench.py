@@ -14,11 +14,11 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 from torch import nn
 
-from .._apply import checkpointed_layers
-from .step import LossFn, StepMeasurement, measure_step, model_device, training_step
-from .settings import Setting, parse_setting
-from .timing import CLOCKS, interleaved_step_times, median, synchronizer
 from .. import __version__
+from .._apply import checkpointed_layers
+from .settings import Setting, parse_setting
+from .step import LossFn, StepMeasurement, measure_step, model_device, training_step
+from .timing import CLOCKS, interleaved_step_times, median, synchronizer
 
 BASELINE = "none"
 

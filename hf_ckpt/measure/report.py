@@ -7,8 +7,8 @@ from typing import Any
 
 from .._units import format_bytes
 from .bench import BenchmarkReport
-from .timing import median
 from .labels import place_labels
+from .timing import median
 
 MIB = 2**20
 

@@ -16,11 +16,11 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from .._apply import remove
 from .._flop_formulas import flop_registry
 from .._target import target_model
 from ..blocks import find_blocks
 from ..plans import CheckpointPlan
-from .._apply import remove
 from ..profiling import apply_setting, left_as_found, measured_step
 
 #: The most FLOPs per output element a module between the blocks may spend to be recomputed (norms, activations,

@@ -17,13 +17,13 @@ from typing import Any, Mapping
 
 from torch import nn
 
+from .._apply import remove
 from .._target import target_model
 from ..blocks import find_blocks
 from ..plans import CheckpointPlan
+from ..profiling import apply_setting, left_as_found, measured_step, twin_groups
 from ..strategies.partition import Partition
 from ._partition import traced_norm_ops
-from .._apply import remove
-from ..profiling import apply_setting, left_as_found, measured_step, twin_groups
 
 #: One option: (strategy, bytes, recompute cost (FLOPs plus elementwise elements), overhead rank, recompute FLOPs).
 Option = tuple[str, int, int, int, int]

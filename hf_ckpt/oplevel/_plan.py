@@ -19,25 +19,26 @@
 
 from __future__ import annotations
 
-import math
 import inspect
+import math
 from typing import Any, Mapping, Sequence
 
 import torch
 from torch import nn
 
+from .._apply import remove
+from .._solver import budget_bytes as in_bytes
 from .._target import target_model
 from ..blocks import find_blocks
 from ..plans import CheckpointPlan
+from ..profiling import left_as_found, loss_of_sample, measured_bytes, profile_blocks, twin_groups
+from ..selective import check_policy, policy_function
+from ..strategies import kind_of
+from ..strategies.oplevel import OpLevel
+from ._outside_menu import outside_option
+from ._partition_menu import partition_options
 from ._profile import BlockOpProfile, capture_inputs, profile_block
 from ._solver import MAX_POINTS, frontier
-from .._apply import remove
-from ..profiling import left_as_found, loss_of_sample, twin_groups
-from ..selective import check_policy, policy_function
-from .._solver import budget_bytes as in_bytes
-from ..profiling import measured_bytes, profile_blocks
-from ._partition_menu import partition_options
-from ._outside_menu import outside_option
 
 #: Strategies of the op-level planner that are not block-level strategies.
 _FINER = ("oplevel", "partition", "outside")
@@ -125,7 +126,8 @@ def _menu(block_profile: Any, op_profiles: list[BlockOpProfile]) -> tuple[list[l
                 flops = max(0, block_profile.recompute_flops["full"][i] - point.avoided_flops)
                 elementwise = profile.recompute_elementwise - point.avoided_elementwise
                 menu[i].append((
-                    f"oplevel:{name}", block_profile.retained["full"][i] + point.bytes, flops + elementwise, 2, flops
+                    OpLevel(name, point.saved).spelling, block_profile.retained["full"][i] + point.bytes,
+                    flops + elementwise, 2, flops
                 ))
     return menu, policies
 
@@ -250,7 +252,7 @@ def _finer_menu(model: nn.Module, sample_inputs: Mapping[str, Any], strategies: 
     menu, policies = _menu(block_profile, op_profiles)
     allowed = set(strategies) - set(_FINER)
     menu = [
-        [o for o in options if o[0] in allowed or (o[0].startswith("oplevel:") and "oplevel" in strategies)]
+        [o for o in options if o[0] in allowed or (kind_of(o[0]) == OpLevel.kind and OpLevel.kind in strategies)]
         for options in menu
     ]
     if "partition" in strategies:
@@ -288,7 +290,7 @@ def plan_oplevel(
     slack = 0  # what a measured step keeps beyond the per-block prediction (blocks interact a little on some releases)
     for _ in range(_VERIFY_ROUNDS):
         chosen = _solve(menu, base_bytes, budget_bytes - slack)
-        used = {s.partition(":")[2] for s in chosen if s.startswith("oplevel:")}
+        used = {name for name in policies if OpLevel(name, ()).spelling in chosen}
         candidate = CheckpointPlan(strategies=chosen[:len(block_profile.retained["none"])],
                                    policies={name: policies[name] for name in sorted(used)},
                                    outside_blocks=outside if "outside" in chosen else ())

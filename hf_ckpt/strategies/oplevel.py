@@ -9,6 +9,7 @@ from ..oplevel._policy import OpPolicy
 from . import Setting, Strategy, register
 from .selective import check_selective_contexts
 
+
 @register
 class OpLevel(Strategy):
     """``"oplevel:<name>"``: keep the outputs of the op occurrences ``policies[name]`` lists (``"aten.mm.default#0"``).

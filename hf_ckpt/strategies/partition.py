@@ -8,6 +8,7 @@ from typing import Any, Callable, Mapping
 
 from ..oplevel._partition import check_budget, partition_unavailable, partitioned_checkpoint
 from . import Setting, Strategy, Wrap, register
+
 #: Suffix of a partition whose partitioner may also recompute norms and softmaxes: ``"partition:0.5:norms"``.
 NORMS = ":norms"
 

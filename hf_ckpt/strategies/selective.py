@@ -7,6 +7,7 @@ from typing import Any, Callable
 from ..selective import selective_context_fn, selective_supported
 from . import SELECTIVE, Setting, Strategy, register
 
+
 def check_selective_contexts(config: Setting) -> None:
     """What every kind that works through torch's selective checkpoint contexts needs (``context_fn``)."""
     if not selective_supported():
