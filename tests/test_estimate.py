@@ -109,6 +109,56 @@ def test_autocast_retained_bytes_equal_a_step_whose_forward_runs_under_autocast(
         hf_ckpt.disable(model)
 
 
+def _loop_keeping_outputs(model, batch, keep):
+    """Bytes a real CPU step holds at the end of forward: ``outputs = model(**batch)`` kept through
+    ``outputs.loss.backward()`` (``keep``), or the loss alone (the Trainer's step)."""
+    from hf_ckpt.measure.memory import StorageTracker
+
+    model.zero_grad(set_to_none=True)
+    with StorageTracker() as tracker:
+        outputs = model(**batch)
+        loss = outputs.loss
+        outputs = outputs if keep else None
+        retained = tracker.live_bytes().get("cpu", 0)
+        loss.backward()
+    del outputs
+    return retained
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_keep_outputs_matches_a_loop_that_keeps_the_outputs_through_backward():
+    """keep_outputs=True: within 3% of a real step that keeps ``outputs`` (none and full checkpointing), on a
+    vocabulary large enough that the logits matter; the default matches the loss-only step, not this loop."""
+    config = transformers.LlamaConfig(hidden_size=32, intermediate_size=64, num_attention_heads=4,
+                                      num_key_value_heads=2, num_hidden_layers=BLOCKS, vocab_size=1000,
+                                      max_position_embeddings=64)
+    batch_size, seq_len = 2, 64
+    strategies = ("none", "full")
+    kept = estimate(config, batch_size=batch_size, seq_len=seq_len, dtype="float32", device="cpu",
+                    strategies=strategies, keep_outputs=True)
+    dropped = estimate(config, batch_size=batch_size, seq_len=seq_len, dtype="float32", device="cpu",
+                       strategies=strategies)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).train()
+    ids = torch.randint(3, 1000, (batch_size, seq_len), generator=torch.Generator().manual_seed(0))
+    batch = {"input_ids": ids, "labels": ids.clone()}
+    for strategy in strategies:
+        _apply(model, strategy)
+        loop, trainer = _loop_keeping_outputs(model, batch, True), _loop_keeping_outputs(model, batch, False)
+        assert kept.activation_bytes[strategy] == pytest.approx(loop, rel=0.03), strategy
+        assert dropped.activation_bytes[strategy] == pytest.approx(trainer, rel=0.03), strategy
+        assert dropped.activation_bytes[strategy] < loop / 1.03, strategy  # the default does not model this loop
+        # the difference is the logits the output holds, in their dtype (float32 here)
+        logits = batch_size * seq_len * config.vocab_size * 4
+        assert kept.activation_bytes[strategy] - dropped.activation_bytes[strategy] == logits, strategy
+        assert kept.peak_bytes[strategy] - dropped.peak_bytes[strategy] >= logits, strategy
+    hf_ckpt.disable(model)
+    assert kept.to_dict()["keep_outputs"] is True and dropped.to_dict()["keep_outputs"] is False
+    assert any(note.startswith("outputs: kept") for note in kept.to_dict()["notes"])
+    assert any(note.startswith("outputs: dropped") for note in dropped.to_dict()["notes"])
+    assert "outputs kept through backward" in str(kept) and "outputs dropped" in str(dropped)
+
+
 @pytest.mark.filterwarnings("ignore")
 def test_parameter_gradient_and_adamw_bytes_are_exact(predicted_and_real):
     predicted, model = predicted_and_real
@@ -213,6 +263,8 @@ def test_accepts_a_config_json_path_and_its_folder(tmp_path):
         ({"strategies": "full"}, "strategies must be a non-empty list or tuple of none, full, selective, every_n:K (K a positive int) or a hf_ckpt.CheckpointPlan; got 'full'"),
         ({"strategies": ("full", "every_n:0")}, "strategies: each must be none, full, selective, every_n:K (K a positive int) or a hf_ckpt.CheckpointPlan; got 'every_n:0'"),
         ({"strategies": ("full", "full")}, "strategies must not repeat; full appears more than once"),
+        ({"keep_outputs": "yes"}, "keep_outputs must be True or False; got 'yes'"),
+        ({"keep_outputs": None}, "keep_outputs must be True or False; got None"),
     ],
 )
 def test_bad_arguments_fail_at_the_call_naming_the_argument(kwargs, message):

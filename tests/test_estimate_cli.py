@@ -46,6 +46,30 @@ def test_table_json_and_the_plan_that_fits(config_path, tmp_path, capsys):
     assert plan.predicted_bytes <= plan.budget_bytes
 
 
+def test_keep_outputs_is_estimated_and_said_in_the_json(config_path, tmp_path, capsys):
+    """--keep-outputs counts the logits the kept output object holds (float32: 4 bytes each) and the JSON says
+    which loop was estimated."""
+    data = {}
+    for flag in ([], ["--keep-outputs"]):
+        path = tmp_path / f"est{len(flag)}.json"
+        code = cli.main(["estimate", config_path, "--batch", "2", "--seq", "16", "--dtype", "float32", "--device",
+                         "cpu", "--strategies", "none,full", "--json", str(path), *flag])
+        assert code == 0
+        data[bool(flag)] = json.loads(path.read_text())
+    out = capsys.readouterr().out
+    assert "outputs kept through backward" in out and "outputs dropped" in out
+    assert data[True]["keep_outputs"] is True and data[False]["keep_outputs"] is False
+    logits = 2 * 16 * 128 * 4
+    for strategy in ("none", "full"):
+        assert data[True]["activation_bytes"][strategy] - data[False]["activation_bytes"][strategy] == logits
+
+
+def test_keep_outputs_with_check_is_refused(config_path, capsys):
+    code = cli.main(["estimate", config_path, "--batch", "1", "--seq", "8", "--check", "--keep-outputs"])
+    err = capsys.readouterr().err
+    assert code == 2 and "--keep-outputs: --check compares the Trainer's step" in err
+
+
 def test_nothing_fits_is_exit_status_1(config_path, capsys):
     code = cli.main(["estimate", config_path, "--batch", "1", "--seq", "8", "--device-memory", "1KiB",
                      "--strategies", "none,full"])

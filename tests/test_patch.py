@@ -95,3 +95,50 @@ def test_stock_trainer_with_the_kwargs_dict(tmp_path, key):
     # each of the 2 steps runs every block once forward, and blocks 0 and 2 once more in backward
     assert dict(runs.counts) == {0: 4, 1: 2, 2: 4, 3: 2}
     assert hf_ckpt.checkpointed_layers(model) == [0, 2]
+
+
+_DS_BLOCK = {"activation_checkpointing": {"partition_activations": True, "cpu_checkpointing": True,
+                                          "contiguous_memory_optimization": False, "number_checkpoints": "auto"}}
+
+
+def _train_begin(model, ds_config):
+    """What the patched Trainer's DeepSpeedConfigCallback does at on_train_begin, on args holding ``ds_config``
+    as TrainingArguments(deepspeed=...) does (the real Trainer under DeepSpeed: tests/clients/test_deepspeed.py)."""
+    from types import SimpleNamespace
+
+    from transformers import trainer
+
+    from hf_ckpt.integrations.trainer import DeepSpeedConfigCallback
+
+    assert DeepSpeedConfigCallback in trainer.DEFAULT_CALLBACKS  # the patch added it
+    args = SimpleNamespace(hf_deepspeed_config=SimpleNamespace(config=ds_config))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        DeepSpeedConfigCallback().on_train_begin(args, None, None, model=model)
+    return [str(w.message) for w in caught if '"activation_checkpointing" block' in str(w.message)]
+
+
+def test_deepspeed_block_with_checkpointing_off_is_warned_once_at_train_begin():
+    from transformers import trainer
+
+    from hf_ckpt.integrations.trainer import DeepSpeedConfigCallback
+
+    hf_ckpt.patch_transformers()
+    try:
+        model = tiny_llama()
+        warned = _train_begin(model, _DS_BLOCK)
+        assert len(warned) == 1
+        assert "sets partition_activations, cpu_checkpointing, but activation checkpointing is off" in warned[0]
+        assert "gradient_checkpointing=True" in warned[0] and "cpu_checkpointing: offload=True" in warned[0]
+        assert _train_begin(model, _DS_BLOCK) == []  # once per model
+        assert _train_begin(tiny_llama(), {"activation_checkpointing": {"partition_activations": False}}) == []
+        assert _train_begin(tiny_llama(), {"zero_optimization": {"stage": 3}}) == []
+        on = tiny_llama()
+        _stock_enable(on, every_n_layers=2)  # checkpointing on: warned where it is enabled, not here
+        assert _train_begin(on, _DS_BLOCK) == []
+        budgeted = tiny_llama()
+        hf_ckpt.enable(budgeted, budget=0.5)  # a budget waiting for its first batch is checkpointing on
+        assert _train_begin(budgeted, _DS_BLOCK) == []
+    finally:
+        hf_ckpt.unpatch_transformers()
+    assert DeepSpeedConfigCallback not in trainer.DEFAULT_CALLBACKS

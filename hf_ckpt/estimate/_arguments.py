@@ -23,6 +23,12 @@ def check_positive_int(name: str, value: Any) -> int:
     return value
 
 
+def check_bool(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be True or False; got {value!r}")
+    return value
+
+
 def check_dtype(value: Any) -> torch.dtype:
     if isinstance(value, torch.dtype) and value in _DTYPES.values():
         return value

@@ -25,6 +25,13 @@ _NOTES = (
     "peak: fixed states + activations + the largest transient of the step; gradients counted whole "
     "throughout backward; optimizer-step temporaries (foreach buffers) not included",
 )
+#: What is held into backward besides the activations, by ``keep_outputs``: the note each estimate carries.
+OUTPUTS_NOTES = {
+    False: "outputs: dropped once the loss is computed, as the Trainer's step does (only the loss is held into "
+    "backward); a loop that keeps `outputs = model(**batch)` through backward holds more: keep_outputs=True",
+    True: "outputs: kept through backward, as a loop holding `outputs = model(**batch)` does (logits and all the "
+    "output object holds, in their dtype, counted with the activations)",
+}
 
 
 def _source(model_or_config: Any, dtype: torch.dtype) -> tuple[Any, type, nn.Module | None, Any]:
@@ -144,7 +151,8 @@ def _per_strategy(traced: Trace, rep: Sequence[int], strategies: Sequence[Any], 
     return activation, peak, recompute, step, ratio, unusable
 
 
-def _checked(model_or_config, batch_size, seq_len, dtype, autocast, device, optimizer, peft_config, strategies):
+def _checked(model_or_config, batch_size, seq_len, dtype, autocast, device, optimizer, peft_config, strategies,
+             keep_outputs):
     """Every argument of :func:`estimate`, checked at the call (each error names its argument)."""
     arguments.check_source(model_or_config)
     return (
@@ -156,18 +164,20 @@ def _checked(model_or_config, batch_size, seq_len, dtype, autocast, device, opti
         arguments.check_optimizer(optimizer),
         arguments.check_peft_config(peft_config),
         arguments.check_strategies(strategies),
+        arguments.check_bool("keep_outputs", keep_outputs),
     )
 
 
 def _trace_reduced(reduced: nn.Module, traced_blocks: list, strategies: Sequence[Any], num_blocks: int,
-                   batch_size: int, seq_len: int, device: str, autocast: torch.dtype | None) -> Trace:
+                   batch_size: int, seq_len: int, device: str, autocast: torch.dtype | None,
+                   keep_outputs: bool = False) -> Trace:
     """The reduced model traced on fake tensors under every per-block strategy the asked strategies use."""
     mode = fake_mode()
     to_fake(reduced, mode)
     needed = {s for strategy in strategies for s in _per_block(strategy, num_blocks)} | {"none"}
     mixed = any(len(set(_per_block(strategy, num_blocks))) > 1 for strategy in strategies) or set(TRACED) <= needed
     return trace(reduced, traced_blocks, _inputs(reduced, batch_size, seq_len, mode), mode, device,
-                 tuple(s for s in TRACED if s in needed), mixed=mixed, autocast=autocast)
+                 tuple(s for s in TRACED if s in needed), mixed=mixed, autocast=autocast, keep_outputs=keep_outputs)
 
 
 def estimate(
@@ -181,6 +191,7 @@ def estimate(
     optimizer: str = "adamw",
     peft_config: Any = None,
     strategies: Sequence[Any] = DEFAULT_STRATEGIES,
+    keep_outputs: bool = False,
 ) -> MemoryEstimate:
     """Estimate one training step's memory and compute, per checkpointing strategy, without allocating.
 
@@ -203,6 +214,11 @@ def estimate(
         strategies: The settings to report, in ``hf-ckpt bench --settings``'s vocabulary: ``none``, ``full``,
             ``selective``, ``every_n:K``, or a :class:`~hf_ckpt.CheckpointPlan`. ``none`` is always included
             (ratios are relative to it).
+        keep_outputs: Which training loop is estimated. False (the default): the ``Trainer``'s, whose step keeps
+            only the loss, the model's outputs dropped before backward. True: a loop that keeps the outputs alive
+            through backward (``outputs = model(**batch); accelerator.backward(outputs.loss)``, as transformers'
+            and accelerate's ``no_trainer`` examples do): the logits and everything else the output object holds
+            are counted, in their dtype, with the activations (outside the blocks), and in the peak.
 
     Returns:
         A :class:`MemoryEstimate`.
@@ -211,9 +227,9 @@ def estimate(
         ValueError: an argument is invalid (the message names it and what it accepts), or the model cannot be
             traced.
     """
-    batch_size, seq_len, torch_dtype, autocast_dtype, device, optimizer, peft_config, strategies = _checked(
-        model_or_config, batch_size, seq_len, dtype, autocast, device, optimizer, peft_config, strategies
-    )
+    batch_size, seq_len, torch_dtype, autocast_dtype, device, optimizer, peft_config, strategies, keep_outputs = \
+        _checked(model_or_config, batch_size, seq_len, dtype, autocast, device, optimizer, peft_config, strategies,
+                 keep_outputs)
 
     config, cls, full, reduced = _models(model_or_config, torch_dtype, peft_config)
     full_blocks, traced_blocks = blocks_of(full), blocks_of(reduced)
@@ -223,13 +239,12 @@ def estimate(
     num_blocks = len(full_blocks)
 
     traced = _trace_reduced(reduced, traced_blocks, strategies, num_blocks, batch_size, seq_len, device,
-                            autocast_dtype)
+                            autocast_dtype, keep_outputs)
     renamed = _traced_name(full_blocks, traced_blocks, mapping.representative)
     states = count_states(full, optimizer, device, lambda name: renamed(name) in traced.used_parameters)
     del full
 
-    rep = mapping.representative
-    usable = traced.strategies
+    rep, usable = mapping.representative, traced.strategies
     block_bytes = {s: tuple(_bound(traced, rep, i, s, usable) for i in range(num_blocks)) for s in usable}
     block_flops = {s: tuple(traced.recompute_flops[s][r] for r in rep) for s in usable}
     none_flops = traced.step_flops + sum(traced.block_flops[r] for r in rep) - sum(traced.block_flops)
@@ -269,5 +284,6 @@ def estimate(
         unusable=unusable,
         attention={"device": attention.device, "modelled": attention.modelled, "kernel": attention.kernel,
                    "note": attention.note},
-        notes=_NOTES,
+        notes=(*_NOTES, OUTPUTS_NOTES[keep_outputs]),
+        keep_outputs=keep_outputs,
     )

@@ -89,7 +89,8 @@ def plan_for(
         seq_len: Tokens per sequence.
         budget: See :func:`plan_from_estimate` (``"40GiB"``, ``0.5``, ``"50%"``, bytes as an int).
         whole_step: The budget is the device memory for the whole step, not for activations only.
-        **estimate_kwargs: ``dtype``, ``autocast``, ``device``, ``optimizer``, ``peft_config`` for the estimate.
+        **estimate_kwargs: ``dtype``, ``autocast``, ``device``, ``optimizer``, ``peft_config``, ``keep_outputs``
+            (plan for a loop that keeps the model's outputs through backward) for the estimate.
 
     Returns:
         A :class:`~hf_ckpt.CheckpointPlan` to apply with ``hf_ckpt.enable(model, plan=plan)`` or save.

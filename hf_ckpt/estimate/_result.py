@@ -54,6 +54,9 @@ class MemoryEstimate:
         unusable: Strategies that cannot run on this model, with the reason.
         attention: How attention's saved tensors were obtained (traced or modelled) for the device.
         notes: What the figures assume.
+        keep_outputs: The training loop estimated: False, the ``Trainer``'s (only the loss is held into backward);
+            True, a loop that keeps the model's outputs (logits, ...) alive through backward, counted in
+            ``activation_bytes``, ``base_bytes`` and ``peak_bytes``.
     """
 
     model_type: str | None
@@ -85,6 +88,7 @@ class MemoryEstimate:
     attention: dict[str, Any] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
     autocast: str | None = None
+    keep_outputs: bool = False
 
     @property
     def fixed_bytes(self) -> int:
@@ -129,11 +133,12 @@ class MemoryEstimate:
 
     def __str__(self) -> str:
         lora = f", {self.peft}" if self.peft else ""
+        loop = "outputs kept through backward" if self.keep_outputs else "outputs dropped (the Trainer's step)"
         head = (
             f"{self.model_class} ({self.parameters / 1e9:.2f}B parameters, {self.num_blocks} blocks, "
             f"{self.traced_blocks} traced); batch {self.batch_size} x seq {self.seq_len}, "
             f"{precision_label(self.dtype, self.autocast)} on "
-            f"{self.device}, {self.optimizer}{lora}\n"
+            f"{self.device}, {self.optimizer}{lora}; {loop}\n"
             f"parameters {format_bytes(self.parameters_bytes)}, gradients {format_bytes(self.gradients_bytes)}, "
             f"optimizer {format_bytes(self.optimizer_bytes)} (fixed {format_bytes(self.fixed_bytes)})\n"
             f"attention: {self.attention.get('kernel', '-')}"

@@ -235,12 +235,16 @@ def _quiet() -> Iterator[None]:
 
 
 def _memory_step(model: nn.Module, blocks: list[Block], inputs: Mapping[str, Any], mode: Any, device: str,
-                 autocast: torch.dtype | None = None):
-    """(base bytes, bytes per block, transient peak) of one fake step, labelled by block."""
+                 autocast: torch.dtype | None = None, keep_outputs: bool = False):
+    """(base bytes, bytes per block, transient peak) of one fake step, labelled by block. Only the loss is held
+    into backward (the ``Trainer``'s step), or, with ``keep_outputs``, the whole output object (a loop that keeps
+    ``outputs = model(**batch)`` alive through ``outputs.loss.backward()``: logits and all else it holds)."""
     from ..measure.memory import StorageTracker, block_labels
 
     with block_labels(blocks) as label, mode, _AssumedChecks(), attention_for(device), StorageTracker(label=label) as tracker:
-        loss = _loss(_forward(model, inputs, autocast))
+        outputs = _forward(model, inputs, autocast)
+        loss = _loss(outputs)
+        outputs = outputs if keep_outputs else None
         # fake tensors live on "meta"; checkpointing's RNG states are real host tensors: activations where the
         # target is the CPU, host memory beside the device's otherwise
         devices = ("meta", "cpu") if device == "cpu" else ("meta",)
@@ -251,7 +255,7 @@ def _memory_step(model: nn.Module, blocks: list[Block], inputs: Mapping[str, Any
         tracker.reset_peak()
         loss.backward()
         peak = sum(tracker.peak_bytes().get(name, 0) for name in devices)
-        del loss
+        del loss, outputs
     return by_block.get(None, 0), tuple(by_block.get(block.index, 0) for block in blocks), max(0, peak - retained)
 
 
@@ -389,9 +393,11 @@ def trace(
     strategies: tuple[str, ...] = TRACED,
     mixed: bool = True,
     autocast: torch.dtype | None = None,
+    keep_outputs: bool = False,
 ) -> Trace:
     """Trace the fake ``model`` (its blocks ``blocks``) on ``inputs`` under each of ``strategies`` (and, with
-    ``mixed``, their alternations, for plans that mix strategies), under autocast to ``autocast`` if given."""
+    ``mixed``, their alternations, for plans that mix strategies), under autocast to ``autocast`` if given; with
+    ``keep_outputs`` the model's outputs are held into backward (counted outside the blocks)."""
     count = len(blocks)
     base: dict[str, int] = {}
     seen: dict[tuple[int, str | None, str, str | None, str | None], int] = {}
@@ -408,7 +414,7 @@ def trace(
                 continue
             _apply(model, pattern)
             try:
-                outside, per_block, above = _memory_step(model, blocks, inputs, mode, device, autocast)
+                outside, per_block, above = _memory_step(model, blocks, inputs, mode, device, autocast, keep_outputs)
             except SelectiveRecomputeError as error:
                 unusable[next(s for s in pattern if s != "none")] = str(error)
                 continue

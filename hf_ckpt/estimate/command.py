@@ -2,7 +2,9 @@
 
     hf-ckpt estimate path/to/config.json --batch 1 --seq 8192 --device-memory 80GiB --lora-r 16 --json est.json
 
-Prints one row per strategy (activation memory, predicted peak, whether it fits, FLOPs ratio) and, with
+The step estimated is the ``Trainer``'s (only the loss is held into backward); ``--keep-outputs`` estimates a loop
+that keeps the model's outputs alive through backward instead (the JSON's ``keep_outputs`` says which). Prints
+one row per strategy (activation memory, predicted peak, whether it fits, FLOPs ratio) and, with
 ``--device-memory``, the cheapest per-block plan whose whole step fits (``--plan-json`` saves it for
 ``hf_ckpt.enable(model, plan=...)``). ``--check`` instead runs a real CPU step of a tiny model of the same
 architecture and compares it with the estimate. Exit status: 0, 1 when nothing fits (or the check fails), 2 for
@@ -36,6 +38,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="train LoRA adapters of rank R on every linear layer (peft), the base frozen")
     parser.add_argument("--strategies", default="none,full,every_n:2,selective",
                         help="comma-separated: none, full, selective, every_n:K (default %(default)s)")
+    parser.add_argument("--keep-outputs", action="store_true",
+                        help="estimate a loop that keeps the model's outputs (logits, ...) alive through backward "
+                             "(outputs = model(**batch); backward(outputs.loss)); default: the Trainer's step, which "
+                             "keeps only the loss")
     parser.add_argument("--device-memory", default=None, metavar="SIZE",
                         help="memory of one device (80GiB): marks what fits and prints the cheapest plan that fits")
     parser.add_argument("--json", metavar="PATH", help="write the estimate (and the plan) as JSON to PATH")
@@ -85,6 +91,8 @@ def run(args: argparse.Namespace) -> int:
             raise CommandError(f"--device-memory: {error}") from None
     if args.plan_json is not None and device_memory is None:
         raise CommandError("--plan-json needs --device-memory (the plan is the cheapest that fits it)")
+    if args.check and args.keep_outputs:
+        raise CommandError("--keep-outputs: --check compares the Trainer's step (outputs dropped) only; drop one")
     if args.check:
         from ._check import run_check
 
@@ -95,7 +103,8 @@ def run(args: argparse.Namespace) -> int:
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
     try:
         made = estimate(args.config, batch_size=args.batch, seq_len=args.seq, dtype=args.dtype, autocast=args.autocast,
-                        device=args.device, optimizer=args.optimizer, peft_config=_lora(args.lora_r), strategies=strategies)
+                        device=args.device, optimizer=args.optimizer, peft_config=_lora(args.lora_r), strategies=strategies,
+                        keep_outputs=args.keep_outputs)
     except (ValueError, FileNotFoundError) as error:
         raise CommandError(str(error)) from None
     print(str(made).rsplit("\n", 1 + len(made.activation_bytes) + 1)[0])

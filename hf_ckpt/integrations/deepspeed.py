@@ -7,7 +7,14 @@ The ``"activation_checkpointing"`` block of a DeepSpeed config (``partition_acti
 ``contiguous_memory_optimization``, ``cpu_checkpointing``, ...) configures ``deepspeed.checkpointing.checkpoint``
 only, and only once ``deepspeed.checkpointing.configure`` has read it: neither the ``DeepSpeedEngine`` nor
 transformers calls it, and transformers models checkpoint with ``torch.utils.checkpoint``. So the block has no effect
-on a transformers model; :func:`warn_ignored_config` says so, once, naming the keys and what to set instead.
+on a transformers model; :func:`warn_ignored_config` says so, once, naming the keys and what to set instead, when
+hf_ckpt is asked to checkpoint. :func:`warn_unused_config` covers the other case: the block alone, transformers'
+checkpointing off (a user expecting DeepSpeed to checkpoint, as Megatron-DeepSpeed does): then nothing is
+checkpointed at all. hf_ckpt warns rather than turning checkpointing on: none of the block's keys selects blocks
+or a strategy, so there is no setting it could be honoured as, and checkpointing changes the step's speed, which
+the user did not ask hf_ckpt for. With :func:`hf_ckpt.patch_transformers` in force the ``Trainer`` calls it at
+``on_train_begin`` (:class:`hf_ckpt.integrations.trainer.DeepSpeedConfigCallback`), after its DeepSpeed set-up
+has read the config and after it has enabled checkpointing or not.
 """
 
 from __future__ import annotations
@@ -95,6 +102,36 @@ def _uses_configured_deepspeed_checkpoint(checkpoint_fn: Any) -> bool:
     return bool(is_configured and is_configured())
 
 
+def _advice(keys: list[str]) -> str:
+    return "; ".join(f"{key}: {_INSTEAD.get(key, 'nothing (unknown to hf_ckpt)')}" for key in keys)
+
+
+def warn_unused_config(config: Mapping[str, Any] | None, owner: Any = None) -> list[str]:
+    """Warn once that ``config``'s ``"activation_checkpointing"`` block asks for checkpointing that never happens:
+    call it where transformers' checkpointing is known to be off. Names the keys set, says how to checkpoint
+    instead and what each key becomes. Returns the keys named (empty: no block, or nothing set in it).
+
+    Args:
+        config: A DeepSpeed config (a dict, as ``TrainingArguments.hf_deepspeed_config.config`` holds it), or None
+            for the one in force (:func:`active_config`).
+        owner: Warn once per this object (the model), else once per process.
+    """
+    keys = ignored_keys(config if config is not None else active_config())
+    if not keys:
+        return []
+    warn_once(
+        f'The DeepSpeed config\'s "activation_checkpointing" block sets {", ".join(keys)}, but activation '
+        "checkpointing is off, so nothing is checkpointed: transformers models never call DeepSpeed's "
+        "checkpointing, and the block does not turn it on. To checkpoint, set gradient_checkpointing=True in "
+        "TrainingArguments (or call hf_ckpt.enable(model)); gradient_checkpointing_kwargs chooses how, e.g. "
+        "{'every_n_layers': 2}, {'offload': True} or a memory budget {'budget': '40GiB'}. Otherwise remove the "
+        f"block. Instead of each key: {_advice(keys)}.",
+        key="deepspeed-activation-checkpointing-off:" + ",".join(keys),
+        owner=owner,
+    )
+    return keys
+
+
 def warn_ignored_config(model: Any, checkpoint_fn: Any = None, owner: Any = None) -> list[str]:
     """Warn once when a DeepSpeed config in force has an ``"activation_checkpointing"`` block: name its keys,
     say they have no effect on the transformers model and what to set instead. Returns the keys named.
@@ -106,7 +143,7 @@ def warn_ignored_config(model: Any, checkpoint_fn: Any = None, owner: Any = None
     keys = ignored_keys(active_config(model))
     if not keys or _uses_configured_deepspeed_checkpoint(checkpoint_fn):
         return []
-    advice = "; ".join(f"{key}: {_INSTEAD.get(key, 'nothing (unknown to hf_ckpt)')}" for key in keys)
+    advice = _advice(keys)
     warn_once(
         f'The DeepSpeed config\'s "activation_checkpointing" block sets {", ".join(keys)}, which have no effect: '
         "neither transformers nor the DeepSpeed engine applies that block to a transformers model, whose blocks "

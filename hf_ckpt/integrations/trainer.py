@@ -7,6 +7,9 @@ as ``hf_ckpt_plan.json`` (on the process that saves checkpoints). :func:`hf_ckpt
 callback to every ``Trainer`` made after it (``transformers.trainer.DEFAULT_CALLBACKS``);
 :func:`hf_ckpt.unpatch_transformers` takes it out. Without the patch, pass it yourself:
 ``Trainer(..., callbacks=[BudgetPlanCallback()])``.
+
+:class:`DeepSpeedConfigCallback`, added the same way, warns once when the Trainer's DeepSpeed config has an
+``"activation_checkpointing"`` block while checkpointing is off (:func:`hf_ckpt.integrations.deepspeed.warn_unused_config`).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from transformers.trainer_callback import TrainerCallback
 
 from .._state import get_state
 from .._target import target_model
+from .deepspeed import warn_unused_config
 
 
 class BudgetPlanCallback(TrainerCallback):
@@ -45,6 +49,31 @@ def _budget_of(model: Any) -> Any:
     return getattr(get_state(target), "budget", None)
 
 
+def checkpointing_on(model: Any) -> bool:
+    """Whether ``model`` checkpoints: hf_ckpt set it up (a budget waiting for its first batch included) or
+    upstream's flag says so. True for an object that is no model hf_ckpt knows (nothing to say about it)."""
+    try:
+        target = target_model(model)
+    except TypeError:
+        return True
+    return get_state(target) is not None or bool(getattr(target, "is_gradient_checkpointing", False))
+
+
+class DeepSpeedConfigCallback(TrainerCallback):
+    """At ``on_train_begin`` (the Trainer's DeepSpeed set-up has read its config, and checkpointing was enabled
+    or not): warns once when that config's ``"activation_checkpointing"`` block asks for something while the model
+    does not checkpoint, naming the keys and what to do instead."""
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
+        if model is None or checkpointing_on(model):
+            return
+        config = getattr(getattr(args, "hf_deepspeed_config", None), "config", None)
+        warn_unused_config(config if isinstance(config, dict) else None, owner=model)
+
+
+_CALLBACKS = (BudgetPlanCallback, DeepSpeedConfigCallback)
+
+
 def _default_callbacks() -> list | None:
     try:
         from transformers import trainer
@@ -55,14 +84,17 @@ def _default_callbacks() -> list | None:
 
 
 def install() -> None:
-    """Add :class:`BudgetPlanCallback` to the callbacks every ``Trainer`` starts with (idempotent)."""
+    """Add :class:`BudgetPlanCallback` and :class:`DeepSpeedConfigCallback` to the callbacks every ``Trainer``
+    starts with (idempotent)."""
     callbacks = _default_callbacks()
-    if callbacks is not None and BudgetPlanCallback not in callbacks:
-        callbacks.append(BudgetPlanCallback)
+    for callback in _CALLBACKS if callbacks is not None else ():
+        if callback not in callbacks:
+            callbacks.append(callback)
 
 
 def uninstall() -> None:
-    """Take :class:`BudgetPlanCallback` out of the ``Trainer``'s default callbacks."""
+    """Take hf_ckpt's callbacks out of the ``Trainer``'s default callbacks."""
     callbacks = _default_callbacks()
-    while callbacks is not None and BudgetPlanCallback in callbacks:
-        callbacks.remove(BudgetPlanCallback)
+    for callback in _CALLBACKS if callbacks is not None else ():
+        while callback in callbacks:
+            callbacks.remove(callback)

@@ -13,7 +13,8 @@ engine, and ``hf_ckpt.verify`` on the engine at stage 2, then ``hf_ckpt.disable`
 (``checkpoint_fn=deepspeed.checkpointing.non_reentrant_checkpoint``); ``ds-cpu`` (DeepSpeed's own
 ``checkpoint_in_cpu``); ``config-block`` (the config carries an ``"activation_checkpointing"`` block, checkpointing
 via ``hf_ckpt.enable``); ``trainer`` (the stock ``Trainer``, patched, with ``TrainingArguments(deepspeed=...,
-use_cpu=True)``, a config with that block and ``gradient_checkpointing_kwargs={"every_n_layers": 2}``). ``OPTION``: ``reuse0`` sets ``stage3_max_reuse_distance`` (and the prefetch bucket) to 0; ``step2`` takes one
+use_cpu=True)``, a config with that block and ``gradient_checkpointing_kwargs={"every_n_layers": 2}``);
+``trainer-off`` (the same with ``gradient_checkpointing=False``: the block alone). ``OPTION``: ``reuse0`` sets ``stage3_max_reuse_distance`` (and the prefetch bucket) to 0; ``step2`` takes one
 optimizer step first and measures the second step; several join with ``+``.
 """
 
@@ -103,8 +104,9 @@ class _AllGatherCounter:
             setattr(self._module, name, original)
 
 
-def run_trainer(stage: int, world_size: int, rank: int, out_dir: str) -> dict:
-    """The stock ``Trainer`` with ``TrainingArguments(deepspeed=config, use_cpu=True)``, patched, one step."""
+def run_trainer(stage: int, world_size: int, rank: int, out_dir: str, checkpointing: bool = True) -> dict:
+    """The stock ``Trainer`` with ``TrainingArguments(deepspeed=config, use_cpu=True)``, patched, one step;
+    ``checkpointing`` False: ``gradient_checkpointing=False``, the config's block alone."""
     from transformers import Trainer, TrainingArguments
 
     hf_ckpt.patch_transformers()
@@ -116,8 +118,9 @@ def run_trainer(stage: int, world_size: int, rank: int, out_dir: str) -> dict:
     config["train_micro_batch_size_per_gpu"] = config["train_batch_size"] = "auto"
     args = TrainingArguments(
         output_dir=out_dir, deepspeed=config, use_cpu=True, max_steps=1, per_device_train_batch_size=MICRO_BATCH,
-        learning_rate=0.0, report_to=[], save_strategy="no", logging_strategy="no", gradient_checkpointing=True,
-        gradient_checkpointing_kwargs={"every_n_layers": 2}, max_grad_norm=0.0,
+        learning_rate=0.0, report_to=[], save_strategy="no", logging_strategy="no",
+        gradient_checkpointing=checkpointing, gradient_checkpointing_kwargs={"every_n_layers": 2} if checkpointing else None,
+        max_grad_norm=0.0,
     )
     trainer = Trainer(model=model, args=args, train_dataset=dataset)
     with BlockRunCounter(model) as runs:
@@ -133,8 +136,8 @@ def run(scenario: str, rank: int, world_size: int) -> dict:
 
     parts = scenario.split(":")
     stage, method, options = int(parts[0]), parts[1], set(parts[2].split("+") if len(parts) > 2 else ())
-    if method == "trainer":
-        return run_trainer(stage, world_size, rank, os.environ["HF_CKPT_WORKER_OUT"])
+    if method in ("trainer", "trainer-off"):
+        return run_trainer(stage, world_size, rank, os.environ["HF_CKPT_WORKER_OUT"], method == "trainer")
     torch.manual_seed(0)
     model = tiny_llama()
     model.train()

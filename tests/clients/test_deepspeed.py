@@ -151,6 +151,23 @@ def test_config_block_is_named_in_one_warning(one_process):
     assert "partition_activations, cpu_checkpointing" in warned[0] and "offload=True" in warned[0]
 
 
+@pytest.fixture(scope="module")
+def trainer_without_checkpointing(tmp_path_factory):
+    return _run(1, ("3:trainer-off",), tmp_path_factory.mktemp("ds-off"))
+
+
+def test_trainer_with_the_config_block_and_checkpointing_off_warns_once(trainer_without_checkpointing):
+    """TrainingArguments(deepspeed=config with the block, gradient_checkpointing=False), patched: nothing is
+    recomputed (the block alone checkpoints nothing), and one warning at the start of training says so, naming
+    the keys set and what to do instead."""
+    result = _ok(trainer_without_checkpointing[0]["3:trainer-off"])
+    assert result["recomputed"] == [] and result["checkpointed_layers"] == []
+    warned = [w for w in result["warnings"] if '"activation_checkpointing" block' in w]
+    assert len(warned) == 1, result["warnings"]
+    assert "sets partition_activations, cpu_checkpointing, but activation checkpointing is off" in warned[0]
+    assert "gradient_checkpointing=True" in warned[0] and "cpu_checkpointing: offload=True" in warned[0]
+
+
 @pytest.mark.parametrize("world_size, scenario", [(1, "3:trainer"), (2, "2:trainer")])
 def test_trainer_with_deepspeed_config(one_process, two_processes, world_size, scenario):
     """TrainingArguments(deepspeed=config, use_cpu=True), patched: every_n_layers applies, the block is named."""
