@@ -68,6 +68,7 @@ _GROUP = "budget"
 _SEQUENCE_INPUTS = ("inputs_embeds", "decoder_input_ids", "decoder_inputs_embeds", "labels")
 _ESTIMATE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _CACHE_SIZE = 16
+_KEEP = "keep_outputs"
 _estimates: dict[tuple, Any] = {}
 _last: "weakref.WeakKeyDictionary[nn.Module, DeferredBudget]" = weakref.WeakKeyDictionary()
 
@@ -92,6 +93,8 @@ class DeferredBudget:
         plan: The plan in effect; None until the first batch.
         auto_bytes: ``"auto"`` resolved to activation bytes at the first batch.
         plan_path: Where the plan was last saved.
+        keep_outputs: Plan for a loop that keeps the model's outputs alive through backward
+            (:func:`hf_ckpt.estimate.estimate`'s ``keep_outputs``); False: the ``Trainer``'s step.
     """
 
     budget: float | int | str
@@ -106,11 +109,13 @@ class DeferredBudget:
     plan: Any = None
     auto_bytes: int | None = None
     plan_path: str | None = None
+    keep_outputs: bool = False
 
     def same_request(self, other: "DeferredBudget") -> bool:
         """The same budget and the same configuration: options are compared as the configuration they make, so
         ``every_n_layers=1, offload=False`` (the ``Trainer``'s) and none at all (TRL's re-enable) are one request."""
-        return self.budget == other.budget and self.config() == other.config()
+        return (self.budget == other.budget and self.keep_outputs == other.keep_outputs
+                and self.config() == other.config())
 
     def use_optimizer(self, optimizer: Any) -> None:
         """Leave room for ``optimizer``'s first-step state in ``"auto"`` (the Trainer's callback tells it)."""
@@ -124,6 +129,24 @@ class DeferredBudget:
 
     def config(self, plan: Any = None) -> CheckpointConfig:
         return CheckpointConfig.from_arguments(self.checkpoint_kwargs, dict_name=self.dict_name, plan=plan, **self.options)
+
+
+def split_keep_outputs(kwargs_dict: Mapping[str, Any] | None, options: dict[str, Any]) -> tuple[bool, Any, dict[str, Any]]:
+    """Take ``keep_outputs`` out of a kwargs dict (a copy) and the options (a copy): ``(keep_outputs, kwargs_dict,
+    options)``; each value must be True or False, and the two the same."""
+    given = []
+    if isinstance(kwargs_dict, Mapping) and _KEEP in kwargs_dict:
+        kwargs_dict = dict(kwargs_dict)
+        given.append(kwargs_dict.pop(_KEEP))
+    if _KEEP in options:
+        options = dict(options)
+        given.append(options.pop(_KEEP))
+    for value in given:
+        if not isinstance(value, bool):
+            raise ValueError(f"keep_outputs must be True or False; got {value!r}")
+    if len(set(given)) > 1:
+        raise ValueError("keep_outputs was given twice with different values, as an argument and in the dict. Give it once.")
+    return (given[0] if given else False), kwargs_dict, options
 
 
 def _check_options(config: CheckpointConfig) -> None:
@@ -167,11 +190,12 @@ def defer(model: nn.Module, budget: Any, kwargs_dict: Mapping[str, Any] | None, 
     """Check everything, then leave ``model`` with a record that plans ``budget`` at the first training batch."""
     target = target_model(model)
     checked = _budget.check_budget(budget)
+    keep_outputs, kwargs_dict, options = split_keep_outputs(kwargs_dict, options)
     config = CheckpointConfig.from_arguments(kwargs_dict, dict_name=dict_name, **options)
     _check_options(config)
     _check_model(target, config)
     request = DeferredBudget(checked, {k: v for k, v in options.items() if v is not None},
-                             dict(kwargs_dict or {}), dict_name)
+                             dict(kwargs_dict or {}), dict_name, keep_outputs=keep_outputs)
     previous = _last.get(target)
     if previous is not None and previous.same_request(request):
         request = previous  # the plan made for this model and budget (TRL re-enables within every step)
@@ -355,19 +379,19 @@ def _strategies(request: DeferredBudget) -> tuple[str, ...]:
 
 
 def estimate_for(target: nn.Module, shape: tuple[int, int], strategies: tuple[str, ...],
-                 autocast: torch.dtype | None = None) -> Any:
+                 autocast: torch.dtype | None = None, keep_outputs: bool = False) -> Any:
     """The estimator's :class:`~hf_ckpt.estimate.MemoryEstimate` for ``target`` at ``shape`` (under autocast to
-    ``autocast`` when given), cached."""
+    ``autocast`` when given; for a loop that keeps the outputs with ``keep_outputs``), cached."""
     weights = _Weights.read(target)
     dtype, device = weights.dtype, weights.device
     estimated_on = "cuda" if device.type == "cuda" else "cpu"
     peft_config = _peft_config(target)
     key = (type(target), target.config.to_json_string(), shape, dtype, autocast, estimated_on, repr(peft_config),
-           strategies)
+           strategies, keep_outputs)
     if key not in _estimates:
         meta = build_on_meta(type(target), target.config, dtype)
         made = estimate(meta, batch_size=shape[0], seq_len=shape[1], dtype=dtype, autocast=autocast,
-                        device=estimated_on, peft_config=peft_config, strategies=strategies)
+                        device=estimated_on, peft_config=peft_config, strategies=strategies, keep_outputs=keep_outputs)
         while len(_estimates) >= _CACHE_SIZE:
             _estimates.pop(next(iter(_estimates)))
         _estimates[key] = made
@@ -376,9 +400,10 @@ def estimate_for(target: nn.Module, shape: tuple[int, int], strategies: tuple[st
 
 def _make_plan(target: nn.Module, request: DeferredBudget, shape: tuple[int, int],
                autocast: torch.dtype | None) -> tuple[Any, str]:
-    made, device = estimate_for(target, shape, _strategies(request), autocast)
+    made, device = estimate_for(target, shape, _strategies(request), autocast, request.keep_outputs)
     budget: float | int = request.budget  # type: ignore[assignment]
     trained = f", {made.peft}" if made.peft else ""
+    trained += "; outputs kept through backward" if made.keep_outputs else ""
     where = (f"{type(target).__name__} at batch {shape[0]} x seq {shape[1]} "
              f"({precision_label(made.dtype, made.autocast)} on {made.device}{trained})")
     if request.budget == _budget.AUTO:

@@ -36,6 +36,10 @@ def configure(model: nn.Module, kwargs_dict: Mapping[str, Any] | None, dict_name
     ``torch.utils.checkpoint.checkpoint``. The one path of :func:`enable`, the mixin and the patch."""
     budget, kwargs_dict, options = split_budget(kwargs_dict, options)
     sample_inputs = options.pop("sample_inputs", None)
+    keeps = "keep_outputs" in options or (isinstance(kwargs_dict, Mapping) and "keep_outputs" in kwargs_dict)
+    if keeps and (budget is None or sample_inputs is not None):
+        raise ValueError("keep_outputs chooses the loop a budget without sample_inputs is planned for: give budget "
+                         "without sample_inputs, or drop keep_outputs")
     if budget is None:
         if sample_inputs is not None:
             raise ValueError("sample_inputs is the batch a budget is profiled on: give budget too, or drop sample_inputs")
@@ -57,6 +61,7 @@ def enable(
     plan: "CheckpointPlan | str | None" = None,
     budget: float | int | str | None = None,
     sample_inputs: Mapping[str, Any] | None = None,
+    keep_outputs: bool = False,
     offload: bool = False,
     checkpoint_fn: Any = None,
     **checkpoint_kwargs: Any,
@@ -92,6 +97,9 @@ def enable(
             logged, and re-made when a later batch is larger (see :mod:`hf_ckpt._deferred`).
         sample_inputs: A representative batch (a dict of the model's keyword arguments) for ``budget``'s
             profiling step.
+        keep_outputs: With ``budget`` and no ``sample_inputs``: plan for a loop that keeps the model's outputs
+            (logits, ...) alive through backward (``outputs = model(**batch); backward(outputs.loss)``) instead of
+            the ``Trainer``'s step, which keeps only the loss (see :func:`hf_ckpt.estimate.estimate`).
         offload: Keep the inputs saved for the recompute in pinned host memory. Without an accelerator there is
             nothing to offload: plain checkpointing runs and one warning says so.
         checkpoint_fn: Checkpoint the selected blocks with this function instead of
@@ -126,6 +134,7 @@ def enable(
         model, checkpoint_kwargs, "checkpoint_kwargs", every_n_layers=every_n_layers, layers=layers,
         num_layers=num_layers, method=method, strategy=None if strategy == "full" else strategy, policy=policy,
         plan=plan, budget=budget, sample_inputs=sample_inputs, offload=offload, checkpoint_fn=checkpoint_fn,
+        **({} if keep_outputs is False else {"keep_outputs": keep_outputs}),
     )
 
 

@@ -58,6 +58,7 @@ def plan(
     strategies: Sequence[str] = ("none", "selective", "full"),
     policy: Any = None,
     loss_fn: LossFn | None = None,
+    keep_outputs: bool = False,
     **checkpoint_kwargs: Any,
 ) -> CheckpointPlan:
     """Make the plan that fits ``budget`` at the least recompute.
@@ -84,6 +85,8 @@ def plan(
             embeddings, a head's activation and norm) instead of keeping their tensors (``outside_blocks``).
         policy: The selective policy (see :mod:`hf_ckpt.selective`).
         loss_fn: Maps the model output to the scalar loss; default ``output.loss``.
+        keep_outputs: With ``batch_size`` and ``seq_len``: plan for a loop that keeps the model's outputs alive
+            through backward, not the ``Trainer``'s step (see :func:`hf_ckpt.estimate.estimate`).
         **checkpoint_kwargs: Passed to ``torch.utils.checkpoint.checkpoint`` while profiling and kept for the plan's
             application.
 
@@ -98,7 +101,11 @@ def plan(
     if budget is None:
         raise TypeError("plan() needs a budget: bytes (int or '40GiB'), or a fraction (0.5 or '50%')")
     if sample_inputs is None and (batch_size is not None or seq_len is not None):
-        return plan_for(model, batch_size=batch_size, seq_len=seq_len, budget=budget, **checkpoint_kwargs)
+        return plan_for(model, batch_size=batch_size, seq_len=seq_len, budget=budget, keep_outputs=keep_outputs,
+                        **checkpoint_kwargs)
+    if keep_outputs is not False:
+        raise ValueError("keep_outputs applies to a plan from shapes (batch_size and seq_len): with sample_inputs "
+                         "the plan is profiled on real steps, which keep only the loss")
     if batch_size is not None or seq_len is not None:
         raise ValueError("give either sample_inputs (profile real steps) or batch_size and seq_len (estimate), not both")
     budget = parse_budget(budget)

@@ -417,3 +417,66 @@ def test_enabling_again_with_the_defaults_left_out_is_the_same_request():
     assert hf_ckpt.checkpointed_layers(model) == _planned_blocks(request.plan)
     hf_ckpt.enable(model, budget=0.5, every_n_layers=1, offload=False, preserve_rng_state=False)
     assert get_state(model).budget is not request
+
+
+def _logits_bytes(batch: int = 2, seq: int = SEQ) -> int:
+    return batch * seq * VOCAB * 4  # float32 logits: what a loop that keeps the outputs holds besides the loss
+
+
+def test_keep_outputs_plans_for_a_loop_that_keeps_the_outputs(patched, tmp_path):
+    """The Trainer's kwargs dict and hf_ckpt.enable take keep_outputs with a budget: the plan is made from an
+    estimate that counts the kept logits (its baseline exceeds the Trainer-step plan's by exactly their bytes)."""
+    from transformers import Trainer, TrainingArguments
+
+    trainer_step = tiny_llama()
+    hf_ckpt.enable(trainer_step, budget=0.5)
+    train_step(trainer_step, _batch())
+    kept = tiny_llama()
+    hf_ckpt.enable(kept, budget=0.5, keep_outputs=True)
+    train_step(kept, _batch())
+    assert get_state(kept).budget.keep_outputs is True and get_state(trainer_step).budget.keep_outputs is False
+    assert _plan_of(kept).baseline_bytes - _plan_of(trainer_step).baseline_bytes == _logits_bytes()
+
+    model = tiny_llama()
+    args = TrainingArguments(
+        output_dir=str(tmp_path), gradient_checkpointing=True, max_steps=1, per_device_train_batch_size=2,
+        gradient_checkpointing_kwargs={"budget": 0.5, "keep_outputs": True}, learning_rate=0.0, report_to=[],
+        use_cpu=True, save_strategy="no", logging_strategy="no", dataloader_num_workers=0,
+    )
+    Trainer(model=model, args=args, train_dataset=_Tokens()).train()
+    assert get_state(model).budget.keep_outputs is True
+    assert _plan_of(model).baseline_bytes == _plan_of(kept).baseline_bytes
+
+
+def test_keep_outputs_in_plan_from_shapes():
+    config = tiny_llama().config
+    kept = hf_ckpt.plan(config, batch_size=2, seq_len=SEQ, budget=0.5, dtype="float32", device="cpu",
+                        keep_outputs=True)
+    plain = hf_ckpt.plan(config, batch_size=2, seq_len=SEQ, budget=0.5, dtype="float32", device="cpu")
+    assert kept.baseline_bytes - plain.baseline_bytes == _logits_bytes()
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda m: hf_ckpt.enable(m, keep_outputs=True), "keep_outputs chooses the loop a budget without sample_inputs"),
+        (lambda m: hf_ckpt.enable(m, budget=0.5, sample_inputs=_batch(), keep_outputs=True),
+         "keep_outputs chooses the loop a budget without sample_inputs"),
+        (lambda m: hf_ckpt.enable(m, budget=0.5, keep_outputs="yes"), "keep_outputs must be True or False; got 'yes'"),
+        (lambda m: m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"keep_outputs": True}),
+         "keep_outputs chooses the loop a budget without sample_inputs is planned for"),
+        (lambda m: m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"budget": 0.5, "keep_outputs": 1}),
+         "keep_outputs must be True or False; got 1"),
+        (lambda m: m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"budget": 0.5, "keep_outputs": True},
+                                                   keep_outputs=False), "keep_outputs was given twice"),
+        (lambda m: hf_ckpt.plan(m, _batch(), 0.5, keep_outputs=True), "keep_outputs applies to a plan from shapes"),
+    ],
+)
+def test_keep_outputs_errors_name_it_at_the_call_and_change_nothing(patched, call, message):
+    import warnings
+
+    model = tiny_llama()
+    with pytest.raises(ValueError, match=re.escape(message)), warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # transformers >= 5.23: the old method name is deprecated
+        call(model)
+    assert get_state(model) is None and hf_ckpt.checkpointed_layers(model) == []
