@@ -38,6 +38,8 @@ from torch.utils._pytree import tree_leaves, tree_map
 
 from .._flop_formulas import flop_registry
 from ..blocks import Block
+from ..measure.flops import elementwise_elements
+from ..selective import written_tensors
 from ._policy import ignored_ops, op_key
 
 
@@ -155,8 +157,6 @@ class _ForwardRecorder(TorchDispatchMode):
         self.keep: list[Any] = []  # outputs held so that no storage address is reused during the profile
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        from ..selective import written_tensors
-
         kwargs = kwargs or {}
         if func in self.ignored:
             return func(*args, **kwargs)
@@ -217,8 +217,6 @@ class _RecomputeRecorder(TorchDispatchMode):
         self.elementwise: dict[str, int] = {}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        from ..measure.flops import elementwise_elements
-
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         if func not in self.ignored:
