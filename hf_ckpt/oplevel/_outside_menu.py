@@ -1,6 +1,6 @@
 """The planner's ``"outside"`` option: recompute the cheap modules between the blocks (:mod:`hf_ckpt._outside`).
 
-:func:`outside_option` finds the modules (:func:`hf_ckpt._outside.cheap_modules`, one measured forward) and
+:func:`outside_option` finds the modules (:func:`cheap_modules`, one measured forward) and
 measures, in one step with no block checkpointed, what recomputing them saves (bytes alive when forward returns)
 and costs (FLOPs and elementwise output elements counted in backward). The solver sees it as one more row of the
 menu, ``"none"`` (keep them: the saving is not made) or ``"outside"``, so it is chosen only where the saving buys
