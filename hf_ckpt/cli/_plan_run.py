@@ -7,7 +7,7 @@ import argparse
 
 from .._units import precision_label
 from ..planner import plan
-from ._workload import build_workload_from
+from ._workload import build_workload_from, workload_line
 from .errors import CommandError
 from .plan import PLAN_STRATEGIES
 
@@ -22,11 +22,7 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as error:  # the arguments were checked while parsing: what is left is "no plan fits"
         raise CommandError(str(error), exit_code=1) from None
     info = work.info
-    print(
-        f"model: {info['class']} ({info['source']}), {info['layers']} layers, hidden {info['hidden']}; "
-        f"batch {info['batch']} x seq {info['seq']}, {precision_label(info['dtype'], info.get('autocast'))} on "
-        f"{info['device']}"
-    )
+    print(workload_line(info))
     print(made)
     if args.json is not None:
         made.save(args.json)

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import argparse
 
-from .._units import precision_label
 from ..core import enable
 from ..verification import verify
-from ._workload import build_workload_from
+from ._workload import build_workload_from, workload_line
 from .errors import CommandError
 
 
@@ -27,11 +26,7 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, TypeError) as error:  # e.g. a model class that does not support checkpointing
         raise CommandError(str(error), exit_code=1) from None
     info = work.info
-    print(
-        f"model: {info['class']} ({info['source']}), {info['layers']} layers, hidden {info['hidden']}; "
-        f"batch {info['batch']} x seq {info['seq']}, {precision_label(info['dtype'], info.get('autocast'))} on "
-        f"{info['device']}"
-    )
+    print(workload_line(info))
     report = verify(work.model, work.batch, loss_fn=work.loss_fn, rtol=args.rtol, seed=args.seed)
     print(report)
     return 0 if report.ok else 1

@@ -6,6 +6,7 @@ import argparse
 import os
 from typing import Any
 
+from .._units import precision_label
 from ..measure import workload
 from .errors import CommandError
 
@@ -42,3 +43,12 @@ def build_workload_from(args: argparse.Namespace, device: Any = None) -> Any:
 def _load_error(directory: str, error: BaseException) -> CommandError:
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
     return CommandError(f"cannot load the model in {directory}: {type(error).__name__}: {lines[0] if lines else ''}")
+
+
+def workload_line(info: dict[str, Any]) -> str:
+    """One line on the model and batch a command ran on (``Workload.info``)."""
+    return (
+        f"model: {info['class']} ({info['source']}), {info['layers']} layers, hidden {info['hidden']}; "
+        f"batch {info['batch']} x seq {info['seq']}, {precision_label(info['dtype'], info.get('autocast'))} on "
+        f"{info['device']}"
+    )

@@ -37,6 +37,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves, tree_map
 
 from .._flop_formulas import flop_registry
+from .._storage import storage_of
 from ..blocks import Block
 from ..measure.flops import elementwise_elements
 from ..selective import written_tensors
@@ -131,15 +132,6 @@ def _flops(registry: Mapping[Any, Callable[..., int]], func: Any, args: tuple, k
     return int(formula(*args, **kwargs, out_val=out))
 
 
-def _storage(value: Any) -> torch.UntypedStorage | None:
-    if not isinstance(value, torch.Tensor) or value.is_meta or value.layout is not torch.strided:
-        return None
-    try:
-        return value.untyped_storage()
-    except (RuntimeError, NotImplementedError):
-        return None
-
-
 class _ForwardRecorder(TorchDispatchMode):
     def __init__(self, foreign: set[int], module_name: Callable[[], str], registry: Mapping[Any, Any],
                  selective_fn: Callable[..., Any] | None = None) -> None:
@@ -161,11 +153,11 @@ class _ForwardRecorder(TorchDispatchMode):
         if func in self.ignored:
             return func(*args, **kwargs)
         for value in tree_leaves((args, kwargs)):
-            storage = _storage(value)
+            storage = storage_of(value)
             if storage is not None and storage.data_ptr() not in self.fresh:
                 self.foreign.add(storage.data_ptr())
         for tensor in written_tensors(func, args, kwargs):
-            storage = _storage(tensor)
+            storage = storage_of(tensor)
             local = self.fresh.get(storage.data_ptr()) if storage is not None else None
             if local is not None:
                 for op in self.ops:
@@ -176,7 +168,7 @@ class _ForwardRecorder(TorchDispatchMode):
         self.counts[func] += 1
         storages = []
         for value in tree_leaves(out):
-            storage = _storage(value)
+            storage = storage_of(value)
             if storage is None or storage.nbytes() == 0:
                 continue
             pointer = storage.data_ptr()
@@ -295,8 +287,8 @@ def profile_block(block: Block, args: tuple, kwargs: dict, group: tuple[int, ...
 
     module = block.module
     registry = flop_registry()
-    foreign = {s.data_ptr() for s in (_storage(v) for v in tree_leaves((args, kwargs))) if s is not None}
-    foreign |= {s.data_ptr() for s in (_storage(t) for t in (*module.parameters(), *module.buffers())) if s is not None}
+    foreign = {s.data_ptr() for s in (storage_of(v) for v in tree_leaves((args, kwargs))) if s is not None}
+    foreign |= {s.data_ptr() for s in (storage_of(t) for t in (*module.parameters(), *module.buffers())) if s is not None}
     with _module_names(module) as module_name:
         forward = _ForwardRecorder(foreign, module_name, registry, selective_fn)
         recompute = _RecomputeRecorder(registry)
