@@ -21,8 +21,7 @@ from .selection import (
     check_num_layers_in_range,
     every_nth,
 )
-from .selective import check_policy
-from .strategies import FULL, NONE, SELECTIVE, WHOLE_MODEL_STRATEGIES, Strategy, parse
+from .strategies import FULL, NONE, SELECTIVE, WHOLE_MODEL_STRATEGIES, Strategy, parse, strategy_class
 
 #: Keys of a checkpointing kwargs dict that hf_ckpt consumes itself; every other key goes to
 #: ``torch.utils.checkpoint.checkpoint``.
@@ -226,7 +225,8 @@ class CheckpointConfig:
             _check_choice("method", self.method, tuple(SELECTION_METHODS))
             if self.num_layers is None:
                 raise ValueError("method only applies together with num_layers; give num_layers too")
-        check_policy(self.policy)
+        if self.policy is not None:
+            strategy_class(SELECTIVE).check_policy(self.policy)
         self._check_exclusive()
         kinds = self.strategies()
         self._check_policy(kinds)

@@ -19,8 +19,7 @@ from torch import nn
 from ._units import format_bytes as _mib
 from ._warnings import HfCkptWarning
 from .blocks import find_blocks
-from .oplevel._policy import OpPolicy
-from .strategies import FULL, NONE, SELECTIVE, kind_of, parse
+from .strategies import FULL, NONE, SELECTIVE, kind_of, parse, strategy_class
 
 _FORMAT_VERSION = 1
 
@@ -204,9 +203,8 @@ class CheckpointPlan:
 
 
 def _checked_policy(name: Any, saved: Any) -> tuple[str, ...]:
-    if not isinstance(name, str) or not name or ":" in name:
-        raise ValueError(f"policies keys must be non-empty names without ':'; got {name!r}")
-    return OpPolicy(saved).saved
+    """A policy of ``"oplevel:<name>"`` blocks, checked by that kind (:mod:`hf_ckpt.strategies.oplevel`)."""
+    return strategy_class("oplevel").check_policy(name, saved)
 
 
 def _checked_module_names(names: Any) -> tuple[str, ...]:

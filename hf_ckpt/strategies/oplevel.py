@@ -25,6 +25,13 @@ class OpLevel(Strategy):
     def __init__(self, name: str, saved: tuple[str, ...]) -> None:
         self.name, self.saved = name, tuple(saved)
 
+    @staticmethod
+    def check_policy(name: Any, saved: Any) -> tuple[str, ...]:
+        """A plan's ``policies[name]``: the op occurrences it keeps, normalised; ValueError naming what is wrong."""
+        if not isinstance(name, str) or not name or ":" in name:
+            raise ValueError(f"policies keys must be non-empty names without ':'; got {name!r}")
+        return OpPolicy(saved).saved
+
     @classmethod
     def from_argument(cls, argument: str | None, spelling: str, policies: Mapping[str, Any]) -> "OpLevel":
         if argument is None or argument not in policies:

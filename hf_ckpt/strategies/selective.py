@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from ..selective import selective_context_fn, selective_supported
+from ..selective import check_policy, selective_context_fn, selective_supported
 from . import SELECTIVE, Setting, Strategy, register
 
 
@@ -25,6 +25,8 @@ class Selective(Strategy):
 
     kind = SELECTIVE
     uses_context_fn = True
+    #: Checks ``hf_ckpt.enable(policy=...)``: a name, a list of aten ops, or a callable.
+    check_policy = staticmethod(check_policy)
 
     def check(self, config: Setting) -> None:
         check_selective_contexts(config)
