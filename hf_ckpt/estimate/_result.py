@@ -59,9 +59,9 @@ class MemoryEstimate:
         shard: ``none``, ``fsdp-full``, ``fsdp-grad-op``, ``zero1``, ``zero2`` or ``zero3``.
         offload_optimizer: Optimizer states (and master weights, gradient partitions) on the host.
         offload_parameters: Parameter partitions on the host.
-        buffer_bytes: The engine's communication buffers on the device (ZeRO's gradient bucket).
-        gather_bytes: The most the engine holds above the shards during forward and backward (gathered units and
-            their unsharded gradients).
+        buffer_bytes: The engine's buffers kept on the device between steps (ZeRO-3's gradient bucket).
+        gather_bytes: The most the engine holds above its steady state during forward and backward (gathered units
+            and their unsharded gradients, ZeRO-1/2's gradient bucket).
         step_bytes: What the optimizer step allocates on the device (ZeRO's fp32 gradient partition).
         host_bytes: Host memory one device's offloaded states take.
         model_parameters_bytes: The whole model's parameter bytes (as one device would hold them).
