@@ -90,9 +90,24 @@ def precision_label(dtype: str, autocast: str | None) -> str:
 
 
 def format_bytes(n: float | None) -> str:
-    """``n`` bytes as MiB or GiB, for tables and messages (``-`` for None)."""
+    """``n`` bytes as MiB, GiB or TiB, for tables and messages (``-`` for None)."""
     if n is None:
         return "-"
+    if abs(n) >= 2**40:
+        return f"{n / 2**40:.2f} TiB"
     if abs(n) >= 2**30:
         return f"{n / 2**30:.2f} GiB"
     return f"{n / 2**20:.2f} MiB"
+
+
+_FLOP_UNITS = ((1e18, "EFLOP"), (1e15, "PFLOP"), (1e12, "TFLOP"), (1e9, "GFLOP"), (1e6, "MFLOP"), (1e3, "kFLOP"))
+
+
+def format_flops(n: float | None) -> str:
+    """``n`` floating-point operations in a readable unit (``964821.4534e9`` -> ``964.8 TFLOP``; ``-`` for None)."""
+    if n is None:
+        return "-"
+    for scale, unit in _FLOP_UNITS:
+        if abs(n) >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n:.0f} FLOP"

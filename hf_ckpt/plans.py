@@ -17,6 +17,7 @@ from typing import Any
 from torch import nn
 
 from ._units import format_bytes as _mib
+from ._units import format_flops
 from ._warnings import HfCkptWarning
 from .blocks import find_blocks
 from .strategies import FULL, NONE, SELECTIVE, kind_of, parse, strategy_class
@@ -192,7 +193,7 @@ class CheckpointPlan:
             share = f" ({100 * self.predicted_bytes / self.baseline_bytes:.1f}% of no checkpointing)" if self.baseline_bytes else ""
             lines.append(f"  predicted: {_mib(self.predicted_bytes)}{share}")
         if self.predicted_recompute_flops is not None:
-            lines.append(f"  recompute: {self.predicted_recompute_flops / 1e9:.4f} GFLOP")
+            lines.append(f"  recompute: {format_flops(self.predicted_recompute_flops)}")
         lines.append("  block  strategy")
         lines.extend(f"  {i:>5}  {s}" for i, s in enumerate(self.strategies))
         for name, saved in self.policies.items():

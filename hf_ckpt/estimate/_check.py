@@ -11,6 +11,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from .._units import format_bytes, format_flops
+
 #: Tiny sizes by config attribute name.
 _SIZES = {
     **dict.fromkeys(("hidden_size", "d_model", "n_embd"), 64),
@@ -101,9 +103,10 @@ def run_check(source: Any, strategies: tuple[str, ...] = ("none", "full", "every
         flops = 100.0 * (predicted.step_flops[strategy] - measured.flops) / max(1, measured.flops)
         good = abs(memory) <= 3.0 and abs(flops) <= 1.0
         ok = ok and good
-        print(f"  {strategy:10s} retained {measured.retained_bytes:>10d} B, predicted "
-              f"{predicted.activation_bytes[strategy]:>10d} B ({memory:+.2f}%); FLOPs {measured.flops} predicted "
-              f"{predicted.step_flops[strategy]} ({flops:+.2f}%)  {'ok' if good else 'OUT OF TOLERANCE'}")
+        print(f"  {strategy:10s} retained {format_bytes(measured.retained_bytes)}, predicted "
+              f"{format_bytes(predicted.activation_bytes[strategy])} ({memory:+.2f}%); FLOPs "
+              f"{format_flops(measured.flops)} predicted {format_flops(predicted.step_flops[strategy])} "
+              f"({flops:+.2f}%)  {'ok' if good else 'OUT OF TOLERANCE'}")
     hf_ckpt.disable(model)
     print("check passed" if ok else "check FAILED (tolerance: 3% memory, 1% FLOPs)")
     return 0 if ok else 1

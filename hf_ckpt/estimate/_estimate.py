@@ -13,7 +13,7 @@ from . import _arguments as arguments
 from ._attention import attention_model
 from ._model import blocks_of, build_on_meta, load_config, map_blocks, model_class, reduced_config
 from ._result import MemoryEstimate
-from ._states import count_states
+from ._sharding import check_sharding, shard_estimate
 from ._trace import TRACED, Trace, fake_mode, to_fake, trace
 
 DEFAULT_STRATEGIES = ("none", "full", "every_n:2", "selective")
@@ -135,7 +135,7 @@ def _per_strategy(traced: Trace, rep: Sequence[int], strategies: Sequence[Any], 
     """Activation, peak, recompute and step FLOPs and the FLOPs ratio of each strategy, and the unusable ones."""
     activation, peak, recompute, step, ratio = {}, {}, {}, {}, {}
     unusable = dict(traced.unusable)
-    fixed = states.parameters_bytes + states.gradients_bytes + states.optimizer_bytes
+    fixed, step_peak = states.peak_fixed_bytes, states.step_peak_bytes
     for strategy in dict.fromkeys(("none", *strategies)):
         name = arguments.strategy_name(strategy)
         per_block = _per_block(strategy, num_blocks)
@@ -144,7 +144,7 @@ def _per_strategy(traced: Trace, rep: Sequence[int], strategies: Sequence[Any], 
             unusable.setdefault(name, unusable.get(missing[0], f"{missing[0]} cannot run on this model"))
             continue
         activation[name] = retained_bytes(traced, rep, per_block)
-        peak[name] = fixed + activation[name] + max(traced.transient[s] for s in set(per_block))
+        peak[name] = max(fixed + activation[name] + max(traced.transient[s] for s in set(per_block)), step_peak)
         recompute[name] = sum(block_flops[s][i] for i, s in enumerate(per_block))
         step[name] = none_flops + recompute[name]
         ratio[name] = step[name] / none_flops if none_flops else 1.0
@@ -192,6 +192,10 @@ def estimate(
     peft_config: Any = None,
     strategies: Sequence[Any] = DEFAULT_STRATEGIES,
     keep_outputs: bool = False,
+    world_size: int = 1,
+    shard: str = "none",
+    offload_optimizer: bool = False,
+    offload_parameters: bool = False,
 ) -> MemoryEstimate:
     """Estimate one training step's memory and compute, per checkpointing strategy, without allocating.
 
@@ -219,6 +223,11 @@ def estimate(
             through backward (``outputs = model(**batch); accelerator.backward(outputs.loss)``, as transformers'
             and accelerate's ``no_trainer`` examples do): the logits and everything else the output object holds
             are counted, in their dtype, with the activations (outside the blocks), and in the peak.
+        world_size, shard: The states sharded over ``world_size`` devices by ``"fsdp-full"``, ``"fsdp-grad-op"``
+            (FSDP2 ``reshard_after_forward`` True / False), ``"zero1"``, ``"zero2"`` or ``"zero3"`` (DeepSpeed), or
+            ``"none"``: bytes per device, the peak with the engine's gathers and buffers (see ``_sharding``).
+        offload_optimizer, offload_parameters: DeepSpeed's ``offload_optimizer`` (zero1/2/3) and ``offload_param``
+            (zero3), or FSDP's ``CPUOffloadPolicy`` (parameters): those states on the host (``host_bytes``).
 
     Returns:
         A :class:`MemoryEstimate`.
@@ -230,27 +239,26 @@ def estimate(
     batch_size, seq_len, torch_dtype, autocast_dtype, device, optimizer, peft_config, strategies, keep_outputs = \
         _checked(model_or_config, batch_size, seq_len, dtype, autocast, device, optimizer, peft_config, strategies,
                  keep_outputs)
-
+    sharding = check_sharding(world_size, shard, offload_optimizer, offload_parameters)
     config, cls, full, reduced = _models(model_or_config, torch_dtype, peft_config)
     full_blocks, traced_blocks = blocks_of(full), blocks_of(reduced)
     if not full_blocks:
         raise ValueError(f"model_or_config: {cls.__name__} has no repeated blocks to checkpoint")
     mapping = map_blocks(full_blocks, traced_blocks)
     num_blocks = len(full_blocks)
-
     traced = _trace_reduced(reduced, traced_blocks, strategies, num_blocks, batch_size, seq_len, device,
                             autocast_dtype, keep_outputs)
     renamed = _traced_name(full_blocks, traced_blocks, mapping.representative)
-    states = count_states(full, optimizer, device, lambda name: renamed(name) in traced.used_parameters)
+    per_device = shard_estimate(full, full_blocks, sharding, optimizer, device,
+                                lambda name: renamed(name) in traced.used_parameters)
     del full
-
     rep, usable = mapping.representative, traced.strategies
     block_bytes = {s: tuple(_bound(traced, rep, i, s, usable) for i in range(num_blocks)) for s in usable}
     block_flops = {s: tuple(traced.recompute_flops[s][r] for r in rep) for s in usable}
     none_flops = traced.step_flops + sum(traced.block_flops[r] for r in rep) - sum(traced.block_flops)
 
     activation, peak, recompute, step, ratio, unusable = _per_strategy(
-        traced, rep, strategies, num_blocks, block_flops, none_flops, states
+        traced, rep, strategies, num_blocks, block_flops, none_flops, per_device
     )
 
     attention = attention_model(device, autocast_dtype or torch_dtype)
@@ -264,11 +272,11 @@ def estimate(
         seq_len=seq_len,
         optimizer=optimizer,
         peft=str(getattr(peft_config, "peft_type", "")).split(".")[-1] or None if peft_config is not None else None,
-        parameters=states.parameters,
-        trainable_parameters=states.trainable_parameters,
-        parameters_bytes=states.parameters_bytes,
-        gradients_bytes=states.gradients_bytes,
-        optimizer_bytes=states.optimizer_bytes,
+        parameters=per_device.whole.parameters,
+        trainable_parameters=per_device.whole.trainable_parameters,
+        parameters_bytes=per_device.parameters_bytes,
+        gradients_bytes=per_device.gradients_bytes,
+        optimizer_bytes=per_device.optimizer_bytes,
         activation_bytes=activation,
         peak_bytes=peak,
         recompute_flops=recompute,
@@ -286,4 +294,5 @@ def estimate(
                    "note": attention.note},
         notes=(*_NOTES, OUTPUTS_NOTES[keep_outputs]),
         keep_outputs=keep_outputs,
+        **per_device.fields(),
     )

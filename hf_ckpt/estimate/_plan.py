@@ -39,8 +39,18 @@ def _activation_budget(estimate: MemoryEstimate, budget: Any, whole_step: bool) 
         raise ValueError(
             f"no plan fits a budget of {format_bytes(parsed)}: parameters, gradients and optimizer states alone "
             f"take {format_bytes(estimate.fixed_bytes)}, and the step's transients {format_bytes(transient)}"
+            + _way_out(estimate)
         )
     return available
+
+
+def _way_out(estimate: MemoryEstimate) -> str:
+    if estimate.world_size > 1 and estimate.shard != "none":
+        hint = " (per device, with the engine's buffers and gathers)"
+        if estimate.shard.startswith("zero") and not estimate.offload_optimizer:
+            hint += "; offload the optimizer (offload_optimizer, --offload-optimizer) or shard over more devices"
+        return hint
+    return "; shard them over devices (world_size and shard, --world-size and --shard)"
 
 
 def plan_from_estimate(estimate: MemoryEstimate, budget: Any, *, whole_step: bool = False) -> CheckpointPlan:

@@ -16,8 +16,9 @@ _FORMAT = "hf_ckpt.MemoryEstimate"
 class MemoryEstimate:
     """The predicted memory and compute of one training step (forward, backward, optimizer state).
 
-    All byte counts are for one device holding the whole model (no sharding). The fixed part is
-    ``parameters_bytes + gradients_bytes + optimizer_bytes``; activations depend on the strategy.
+    All byte counts are per device: the whole model's with ``shard="none"``, the engine's share under FSDP or
+    ZeRO (``world_size`` > 1). The fixed part (:attr:`fixed_bytes`) is ``parameters_bytes + gradients_bytes +
+    optimizer_bytes + buffer_bytes + gather_bytes``; activations depend on the strategy.
 
     Attributes:
         model_type: ``config.model_type``.
@@ -57,6 +58,18 @@ class MemoryEstimate:
         keep_outputs: The training loop estimated: False, the ``Trainer``'s (only the loss is held into backward);
             True, a loop that keeps the model's outputs (logits, ...) alive through backward, counted in
             ``activation_bytes``, ``base_bytes`` and ``peak_bytes``.
+        world_size: Devices the states are sharded over.
+        shard: ``none``, ``fsdp-full``, ``fsdp-grad-op``, ``zero1``, ``zero2`` or ``zero3``.
+        offload_optimizer: Optimizer states (and master weights, gradient partitions) on the host.
+        offload_parameters: Parameter partitions on the host.
+        buffer_bytes: The engine's buffers kept on the device between steps (ZeRO-3's gradient bucket).
+        gather_bytes: The most the engine holds above its steady state during forward and backward (gathered units
+            and their unsharded gradients, ZeRO-1/2's gradient bucket).
+        step_bytes: What the optimizer step allocates on the device (ZeRO's fp32 gradient partition).
+        host_bytes: Host memory one device's offloaded states take.
+        model_parameters_bytes: The whole model's parameter bytes (as one device would hold them).
+        model_gradients_bytes: The whole model's gradient bytes.
+        model_optimizer_bytes: The whole model's optimizer-state bytes.
     """
 
     model_type: str | None
@@ -89,11 +102,24 @@ class MemoryEstimate:
     notes: tuple[str, ...] = ()
     autocast: str | None = None
     keep_outputs: bool = False
+    world_size: int = 1
+    shard: str = "none"
+    offload_optimizer: bool = False
+    offload_parameters: bool = False
+    buffer_bytes: int = 0
+    gather_bytes: int = 0
+    step_bytes: int = 0
+    host_bytes: int = 0
+    model_parameters_bytes: int = 0
+    model_gradients_bytes: int = 0
+    model_optimizer_bytes: int = 0
 
     @property
     def fixed_bytes(self) -> int:
-        """Parameters, gradients and optimizer states: what every strategy needs."""
-        return self.parameters_bytes + self.gradients_bytes + self.optimizer_bytes
+        """Parameters, gradients, optimizer states and the engine's buffers and gathers: what every strategy
+        needs on the device."""
+        return (self.parameters_bytes + self.gradients_bytes + self.optimizer_bytes + self.buffer_bytes
+                + self.gather_bytes)
 
     def fits(self, device_memory: int) -> dict[str, bool]:
         """Per strategy, whether the predicted peak fits ``device_memory`` bytes."""
@@ -131,6 +157,18 @@ class MemoryEstimate:
         lines.insert(1, "  ".join("-" * w for w in widths))
         return "\n".join(lines)
 
+    def _sharding_line(self) -> str:
+        if self.shard == "none":
+            return ""
+        offload = [what for what, on in (("optimizer", self.offload_optimizer), ("parameters", self.offload_parameters))
+                   if on]
+        return (f"per device of {self.world_size} ({self.shard}{', offload ' + ' and '.join(offload) if offload else ''}"
+                f"): engine buffers {format_bytes(self.buffer_bytes)}, gathered in forward/backward "
+                f"{format_bytes(self.gather_bytes)}, optimizer step {format_bytes(self.step_bytes)}, host "
+                f"{format_bytes(self.host_bytes)}; whole model: parameters {format_bytes(self.model_parameters_bytes)}"
+                f", gradients {format_bytes(self.model_gradients_bytes)}, optimizer "
+                f"{format_bytes(self.model_optimizer_bytes)}\n")
+
     def __str__(self) -> str:
         lora = f", {self.peft}" if self.peft else ""
         loop = "outputs kept through backward" if self.keep_outputs else "outputs dropped (the Trainer's step)"
@@ -141,6 +179,7 @@ class MemoryEstimate:
             f"{self.device}, {self.optimizer}{lora}; {loop}\n"
             f"parameters {format_bytes(self.parameters_bytes)}, gradients {format_bytes(self.gradients_bytes)}, "
             f"optimizer {format_bytes(self.optimizer_bytes)} (fixed {format_bytes(self.fixed_bytes)})\n"
+            + self._sharding_line() +
             f"attention: {self.attention.get('kernel', '-')}"
             + (" [modelled, unverified on hardware]" if self.attention.get("modelled") else "")
         )

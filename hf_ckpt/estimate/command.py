@@ -1,6 +1,7 @@
 """``hf-ckpt estimate``: will it fit? Training memory per checkpointing strategy, from a ``config.json``.
 
     hf-ckpt estimate path/to/config.json --batch 1 --seq 8192 --device-memory 80GiB --lora-r 16 --json est.json
+    hf-ckpt estimate path/to/config.json --batch 1 --seq 8192 --world-size 8 --shard zero3 --device-memory 80GiB
 
 The step estimated is the ``Trainer``'s (only the loss is held into backward); ``--keep-outputs`` estimates a loop
 that keeps the model's outputs alive through backward instead (the JSON's ``keep_outputs`` says which). Prints
@@ -17,6 +18,7 @@ import argparse
 import json
 import os
 
+from .._units import format_bytes, format_flops, parse_size
 from ..cli.errors import CommandError
 
 NAME = "estimate"
@@ -42,6 +44,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="estimate a loop that keeps the model's outputs (logits, ...) alive through backward "
                              "(outputs = model(**batch); backward(outputs.loss)); default: the Trainer's step, which "
                              "keeps only the loss")
+    parser.add_argument("--world-size", type=int, default=1, metavar="N",
+                        help="data-parallel devices the model's states are sharded over (default 1)")
+    parser.add_argument("--shard", default="none",
+                        help="none (default), fsdp-full, fsdp-grad-op, zero1, zero2 or zero3: per-device parameter, "
+                             "gradient and optimizer bytes as FSDP2 / DeepSpeed hold them")
+    parser.add_argument("--offload-optimizer", action="store_true",
+                        help="DeepSpeed's offload_optimizer to the CPU (zero1, zero2, zero3)")
+    parser.add_argument("--offload-parameters", action="store_true",
+                        help="zero3's offload_param, or FSDP's CPUOffloadPolicy (parameters, gradients, optimizer step)")
     parser.add_argument("--device-memory", default=None, metavar="SIZE",
                         help="memory of one device (80GiB): marks what fits and prints the cheapest plan that fits")
     parser.add_argument("--json", metavar="PATH", help="write the estimate (and the plan) as JSON to PATH")
@@ -67,20 +78,30 @@ def _lora(rank: int | None):
     return LoraConfig(r=rank, lora_alpha=2 * rank, target_modules="all-linear", lora_dropout=0.0)
 
 
-def _plan_line(plan, made) -> str:
-    from .._units import format_bytes
+_OPTIONS = {"world_size": "--world-size", "shard": "--shard", "offload_optimizer": "--offload-optimizer",
+            "offload_parameters": "--offload-parameters"}
 
+
+def _option_names(message: str) -> str:
+    """An estimate() error with its argument spelled as the command's option (``world_size`` -> ``--world-size``)."""
+    for argument, option in _OPTIONS.items():
+        if message.startswith(argument + " ") or message.startswith(argument + ":"):
+            return option + message[len(argument):]
+    return message
+
+
+def _plan_line(plan, made) -> str:
     counts = {s: plan.strategies.count(s) for s in ("full", "selective", "none")}
     ratio = (made.step_flops["none"] + plan.predicted_recompute_flops) / made.step_flops["none"]
     peak = made.fixed_bytes + plan.predicted_bytes + max(made.transient_bytes.values())
     return (f"cheapest plan that fits: {counts['full']} full, {counts['selective']} selective, {counts['none']} none; "
-            f"activations {format_bytes(plan.predicted_bytes)}, peak {format_bytes(peak)}, FLOPs ratio {ratio:.3f}x")
+            f"activations {format_bytes(plan.predicted_bytes)}, peak {format_bytes(peak)}"
+            f"{' per device' if made.shard != 'none' else ''}, recompute {format_flops(plan.predicted_recompute_flops)}"
+            f", FLOPs ratio {ratio:.3f}x")
 
 
 def run(args: argparse.Namespace) -> int:
     """Run ``hf-ckpt estimate``; returns the exit status."""
-    from .._units import format_bytes, parse_size
-
     _folder_exists("--json", args.json)
     _folder_exists("--plan-json", args.plan_json)
     device_memory = None
@@ -104,9 +125,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         made = estimate(args.config, batch_size=args.batch, seq_len=args.seq, dtype=args.dtype, autocast=args.autocast,
                         device=args.device, optimizer=args.optimizer, peft_config=_lora(args.lora_r), strategies=strategies,
-                        keep_outputs=args.keep_outputs)
+                        keep_outputs=args.keep_outputs, world_size=args.world_size, shard=args.shard,
+                        offload_optimizer=args.offload_optimizer, offload_parameters=args.offload_parameters)
     except (ValueError, FileNotFoundError) as error:
-        raise CommandError(str(error)) from None
+        raise CommandError(_option_names(str(error))) from None
     print(str(made).rsplit("\n", 1 + len(made.activation_bytes) + 1)[0])
     print(made.table(device_memory))
     if device_memory is not None:

@@ -136,6 +136,18 @@ class StorageTracker(TorchDispatchMode):
         with self._lock:
             return {device: count for device, count in self._live.items() if count}
 
+    def current_bytes(self) -> dict[str, int]:
+        """Like :meth:`live_bytes`, each storage at its size now: a storage resized outside any operator (FSDP2
+        frees an unsharded parameter with ``untyped_storage().resize_(0)``) counts at its new size."""
+        result: Counter[str] = Counter()
+        with self._lock:
+            entries = list(self._tracked.values())
+        for reference, device, _nbytes in entries:
+            storage = reference()
+            if storage is not None:
+                result[device] += storage.nbytes()
+        return {device: count for device, count in result.items() if count}
+
     def live_bytes_by_label(self, device: str) -> dict[Hashable, int]:
         """Bytes alive now on ``device``, split by the label each storage got when it was created."""
         result: Counter[Hashable] = Counter()

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from .._units import format_bytes
+from .._units import format_bytes, format_flops
 from .bench import BenchmarkReport
 from .labels import place_labels
 from .timing import median
@@ -149,7 +149,7 @@ def _plan_checks(report: BenchmarkReport) -> list[Check]:
         cheapest = min(fitting, key=fitting.get)
         overhead, reference = result.measurement.flops - none_flops, fitting[cheapest] - none_flops
         found.append(Check(f"{result.setting}: recompute FLOPs <= cheapest fitting every_n ({cheapest})",
-                           f"{overhead / 1e9:.3f} GFLOP", f"<= {reference / 1e9:.3f} GFLOP", overhead <= reference))
+                           format_flops(overhead), f"<= {format_flops(reference)}", overhead <= reference))
         strictly_cheaper.append(overhead < reference)
     if strictly_cheaper:
         found.append(Check("plans: strictly cheaper than every_n for at least one budget",
