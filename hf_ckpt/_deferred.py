@@ -55,6 +55,7 @@ from ._units import format_bytes, precision_label
 from ._warnings import warn_once
 from .config import CheckpointConfig
 from .estimate import estimate, plan_from_estimate
+from .estimate._engine import detected_sharding, still_allocated
 from .estimate._model import build_on_meta
 from .planner import plan as make_plan
 from .selective import selective_supported
@@ -386,12 +387,14 @@ def estimate_for(target: nn.Module, shape: tuple[int, int], strategies: tuple[st
     dtype, device = weights.dtype, weights.device
     estimated_on = "cuda" if device.type == "cuda" else "cpu"
     peft_config = _peft_config(target)
+    sharding = detected_sharding()  # FSDP / DeepSpeed set up by accelerate (the Trainer): per-device states
     key = (type(target), target.config.to_json_string(), shape, dtype, autocast, estimated_on, repr(peft_config),
-           strategies, keep_outputs)
+           strategies, keep_outputs, tuple(sorted(sharding.items())))
     if key not in _estimates:
         meta = build_on_meta(type(target), target.config, dtype)
         made = estimate(meta, batch_size=shape[0], seq_len=shape[1], dtype=dtype, autocast=autocast,
-                        device=estimated_on, peft_config=peft_config, strategies=strategies, keep_outputs=keep_outputs)
+                        device=estimated_on, peft_config=peft_config, strategies=strategies, keep_outputs=keep_outputs,
+                        **sharding)
         while len(_estimates) >= _CACHE_SIZE:
             _estimates.pop(next(iter(_estimates)))
         _estimates[key] = made
@@ -409,10 +412,14 @@ def _make_plan(target: nn.Module, request: DeferredBudget, shape: tuple[int, int
     if request.budget == _budget.AUTO:
         if request.auto_bytes is None:
             transient = max(made.transient_bytes.values())
-            states, named = _optimizer_states(request, made)
-            still = made.gradients_bytes + states + transient
-            details = (f"gradients {format_bytes(made.gradients_bytes)}, {named} states {format_bytes(states)}, "
-                       f"transients {format_bytes(transient)}")
+            if made.shard == "none":
+                states, named = _optimizer_states(request, made)
+                still = made.gradients_bytes + states + transient
+                details = (f"gradients {format_bytes(made.gradients_bytes)}, {named} states {format_bytes(states)}, "
+                           f"transients {format_bytes(transient)}")
+            else:  # the engine's per-device states, what it allocates before the first batch left out
+                still, details = still_allocated(made)
+                still, details = still + transient, f"{details}, transients {format_bytes(transient)}"
             try:
                 request.auto_bytes = _budget.auto_activation_bytes(device, still, details)
             except ValueError as error:

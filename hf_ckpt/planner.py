@@ -67,7 +67,8 @@ def plan(
     ``batch_size`` and ``seq_len`` instead, from shapes alone (:func:`hf_ckpt.estimate.plan_for`: fake tensors,
     no allocation), so that ``model`` may be a config, a ``config.json`` path or a meta-device model that does not
     fit here. ``checkpoint_kwargs`` then go to the estimate (``dtype``, ``autocast``, ``device``, ``optimizer``,
-    ``peft_config``).
+    ``peft_config``; ``world_size``, ``shard``, ``offload_optimizer``, ``offload_parameters`` for the states per
+    device under FSDP or ZeRO; ``whole_step=True`` to read ``budget`` as the device's memory).
 
     Args:
         model: A ``PreTrainedModel`` (or PEFT model) on the device it will train on. It is left as found.
