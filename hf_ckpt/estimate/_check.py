@@ -9,9 +9,16 @@ fp32): retained activation bytes within 3%, FLOPs within 1%.
 from __future__ import annotations
 
 import copy
+import warnings
 from typing import Any
 
+import torch
+
+from .._apply import apply_options, remove
 from .._units import format_bytes, format_flops
+from ..measure.step import measure_step
+from ._estimate import estimate
+from ._model import load_config, model_class
 
 #: Tiny sizes by config attribute name.
 _SIZES = {
@@ -66,16 +73,6 @@ def tiny_config(config: Any) -> Any:
 
 def run_check(source: Any, strategies: tuple[str, ...] = ("none", "full", "every_n:2", "selective")) -> int:
     """Print the comparison for a tiny model of ``source``'s architecture; 0 when within tolerance, else 1."""
-    import warnings
-
-    import torch
-
-    import hf_ckpt
-    from hf_ckpt.measure import measure_step
-
-    from ._estimate import estimate
-    from ._model import load_config, model_class
-
     config = source if not isinstance(source, (str, bytes)) and hasattr(source, "to_dict") else load_config(source)
     tiny = tiny_config(config)
     cls = model_class(tiny)
@@ -93,11 +90,11 @@ def run_check(source: Any, strategies: tuple[str, ...] = ("none", "full", "every
         if strategy not in predicted.activation_bytes:
             print(f"  {strategy:10s} not estimated: {predicted.unusable.get(strategy, '')[:120]}")
             continue
-        hf_ckpt.disable(model)
+        remove(model)
         if strategy.startswith("every_n:"):
-            hf_ckpt.enable(model, every_n_layers=int(strategy.split(":")[1]))
+            apply_options(model, every_n_layers=int(strategy.split(":")[1]))
         elif strategy != "none":
-            hf_ckpt.enable(model, strategy=strategy)
+            apply_options(model, strategy=strategy)
         measured = measure_step(model, batch)
         memory = 100.0 * (predicted.activation_bytes[strategy] - measured.retained_bytes) / max(1, measured.retained_bytes)
         flops = 100.0 * (predicted.step_flops[strategy] - measured.flops) / max(1, measured.flops)
@@ -107,6 +104,6 @@ def run_check(source: Any, strategies: tuple[str, ...] = ("none", "full", "every
               f"{format_bytes(predicted.activation_bytes[strategy])} ({memory:+.2f}%); FLOPs "
               f"{format_flops(measured.flops)} predicted {format_flops(predicted.step_flops[strategy])} "
               f"({flops:+.2f}%)  {'ok' if good else 'OUT OF TOLERANCE'}")
-    hf_ckpt.disable(model)
+    remove(model)
     print("check passed" if ok else "check FAILED (tolerance: 3% memory, 1% FLOPs)")
     return 0 if ok else 1

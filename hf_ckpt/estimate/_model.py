@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .._target import target_model
 from ..blocks import Block, find_blocks
 
 #: Config attributes that hold a number of repeated blocks (per stack).
@@ -190,6 +191,4 @@ def map_blocks(full: list[Block], traced: list[Block]) -> BlockMap:
 
 
 def blocks_of(model: nn.Module) -> list[Block]:
-    from .._target import target_model
-
     return find_blocks(target_model(model))

@@ -5,9 +5,10 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from .._units import format_bytes, parse_budget
 from .._solver import BlockProfile, solve
+from .._units import format_bytes, parse_budget
 from ..plans import CheckpointPlan
+from ._estimate import estimate
 from ._result import MemoryEstimate
 
 _PLANNED = ("none", "selective", "full")
@@ -105,8 +106,6 @@ def plan_for(
     Returns:
         A :class:`~hf_ckpt.CheckpointPlan` to apply with ``hf_ckpt.enable(model, plan=plan)`` or save.
     """
-    from ._estimate import estimate
-
     parse_budget(budget)  # bad budgets fail before the trace
     estimate_kwargs.pop("strategies", None)
     made = estimate(model_or_config, batch_size=batch_size, seq_len=seq_len,

@@ -32,12 +32,17 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves, tree_map
 
+from .._apply import apply_config, remove
+from .._flop_formulas import missing_formulas
+from .._target import target_model
 from ..blocks import Block
 from ..config import CheckpointConfig
-from .._apply import apply_config, remove
+from ..measure.memory import StorageTracker, block_labels
+from ..measure.step import loss_of
 from ..plans import CheckpointPlan
 from ..selective import SelectiveRecomputeError
 from ._attention import attention_for
+from ._model import block_key
 
 #: The per-block strategies traced; every other strategy (every_n:k, a plan) is composed from them.
 TRACED = ("none", "full", "selective")
@@ -206,8 +211,6 @@ def to_fake(model: nn.Module, mode: Any, device: str = "cpu") -> nn.Module:
 
 
 def _loss(output: Any) -> torch.Tensor:
-    from ..measure.step import loss_of
-
     return loss_of(output, None, caller="estimate: ")
 
 
@@ -239,8 +242,6 @@ def _memory_step(model: nn.Module, blocks: list[Block], inputs: Mapping[str, Any
     """(base bytes, bytes per block, transient peak) of one fake step, labelled by block. Only the loss is held
     into backward (the ``Trainer``'s step), or, with ``keep_outputs``, the whole output object (a loop that keeps
     ``outputs = model(**batch)`` alive through ``outputs.loss.backward()``: logits and all else it holds)."""
-    from ..measure.memory import StorageTracker, block_labels
-
     with block_labels(blocks) as label, mode, _AssumedChecks(), attention_for(device), StorageTracker(label=label) as tracker:
         outputs = _forward(model, inputs, autocast)
         loss = _loss(outputs)
@@ -266,8 +267,6 @@ def _flops_step(
     """Whole-step FLOPs and FLOPs per module name, of one fake step; ``used`` collects the names of the
     parameters that received a gradient."""
     from torch.utils.flop_counter import FlopCounterMode
-
-    from .._flop_formulas import missing_formulas
 
     handles = []
     if used is not None:
@@ -313,8 +312,6 @@ def _captured_inputs(model: nn.Module, blocks: list[Block], inputs: Mapping[str,
         return pre
 
     handles = [block.module.register_forward_pre_hook(hook(block.index), with_kwargs=True) for block in blocks]
-    from .._target import target_model
-
     if "use_cache" in inspect.signature(target_model(model).forward).parameters:
         inputs = {**inputs, "use_cache": False}  # a cache in the captured kwargs would grow with each block run
     try:
@@ -331,8 +328,6 @@ def _block_step_flops(block: Block, call: tuple | None, mode: Any) -> int:
     (as the next block, or the head, gives it in a real step)."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    from .._flop_formulas import missing_formulas
-
     if call is None:
         return 0
     args, kwargs = call
@@ -347,8 +342,6 @@ def _block_step_flops(block: Block, call: tuple | None, mode: Any) -> int:
 
 def _twins(blocks: list[Block]) -> list[list[int]]:
     """Positions of the traced blocks grouped by block type (same class, parameter shapes, attention type)."""
-    from ._model import block_key
-
     groups: dict[tuple, list[int]] = {}
     for position, block in enumerate(blocks):
         groups.setdefault(block_key(block), []).append(position)
