@@ -30,6 +30,7 @@ from typing import Any, Callable
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
+from ._torch import is_op_overload
 from .measure.memory import storage_of
 
 #: A tail of more ops than this is not worth a graph of its own; the output is kept.
@@ -41,7 +42,7 @@ def _is_cheap(node: Any, registry: dict) -> bool:
         return False
     if node.target is operator.getitem:
         return True
-    if not isinstance(node.target, torch._ops.OpOverload):
+    if not is_op_overload(node.target):
         return False
     if torch.Tag.nondeterministic_seeded in node.target.tags or node.target.overloadpacket in registry:
         return False

@@ -37,12 +37,12 @@ from typing import Any, Iterator, Mapping
 import torch
 from torch import nn
 from torch.multiprocessing.reductions import StorageWeakRef
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from ._boundary import pack as boundary_pack
 from ._boundary import MadeAgain, still_noted
 from ._boundary import unpack as _unpack
 from ._rng import rng_state, set_rng_state
+from ._torch import TorchDispatchMode, saved_tensors_hook_active
 from .measure.memory import storage_of
 
 #: A module's recompute counts as cheap up to this many matmul-class FLOPs per element of its output.
@@ -181,8 +181,7 @@ class OutsideRecompute:
         if not (torch.is_grad_enabled() and module.training) or self.watching():
             self._contexts.append(None)  # nothing to watch, or an outer call (a PEFT or DDP wrapper) watches already
             return
-        top = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
-        if top is not None and top(False) is not None:  # the user's own hook (save_on_cpu, ...) sees every tensor
+        if saved_tensors_hook_active():  # the user's own hook (save_on_cpu, ...) sees every tensor
             from ._warnings import warn_once
 
             warn_once(

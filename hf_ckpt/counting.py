@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from . import _torch
 from .blocks import Block, find_blocks, unwrapped
 
 
@@ -44,7 +45,7 @@ def block_indices(blocks: list[Block]) -> dict[int, int]:
 
 def in_backward() -> bool:
     """Whether the autograd engine is running a backward pass on this thread now."""
-    return torch._C._current_graph_task_id() != -1
+    return _torch.in_backward()
 
 
 class BlockRunCounter:

@@ -4,7 +4,7 @@ Built on PyTorch's selective activation checkpointing (``torch.utils.checkpoint.
 non-reentrant checkpointing only). A *policy* decides, op by op, whether the op's output is stored in forward or
 recomputed in backward. Named policies are registered in :data:`SELECTIVE_POLICIES`; a user may also pass
 
-* a list/tuple/set of ``torch._ops.OpOverload`` (or packets) to save, or
+* a list/tuple/set of aten ops (``torch.ops.aten.mm.default``, or packets such as ``torch.ops.aten.mm``) to save, or
 * a callable ``policy(ctx, op, *args, **kwargs) -> torch.utils.checkpoint.CheckpointPolicy``.
 """
 
@@ -16,8 +16,9 @@ import inspect
 from typing import Any, Callable, Iterable, Union
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.weak import WeakIdKeyDictionary
+
+from ._torch import TorchDispatchMode, is_op
 
 aten = torch.ops.aten
 
@@ -76,7 +77,7 @@ def _policy_forms() -> str:
 
 
 def _is_op(value: Any) -> bool:
-    return isinstance(value, (torch._ops.OpOverload, torch._ops.OpOverloadPacket))
+    return is_op(value)
 
 
 def _accepts_policy_arguments(function: Any) -> bool:

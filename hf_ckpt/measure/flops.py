@@ -27,9 +27,9 @@ from typing import Any, Iterator, Mapping
 
 import torch
 from torch.utils import flop_counter
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import FlopCounterMode
+
+from .._torch import TorchDispatchMode, tree_leaves
 
 
 class FlopCount:

@@ -33,9 +33,9 @@ from collections import Counter
 from typing import Any, Callable, Hashable, Iterator, Sequence
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
 from torch.utils.weak import WeakIdKeyDictionary
+
+from .._torch import TorchDispatchMode, tree_leaves
 
 
 def storage_of(value: Any) -> torch.UntypedStorage | None:

@@ -23,6 +23,7 @@ from typing import Any, Callable, Mapping
 
 from torch import nn
 
+from .. import _torch
 from ..core import disable, enable
 
 
@@ -322,7 +323,7 @@ def _compiled_reference(name: str, keep_random: bool) -> Callable[[str | None], 
     """The factory of ``compile:F`` (inductor as torch ships it) or ``compile_seeded:F`` (its random seeds kept)."""
 
     def factory(argument: str | None) -> Setting:
-        from ..oplevel._compiled import CompiledReference, compile_unavailable, seeded_unavailable
+        from ._compiled import CompiledReference, compile_unavailable, seeded_unavailable
 
         try:
             value = float(argument) if argument is not None else -1.0
@@ -331,7 +332,7 @@ def _compiled_reference(name: str, keep_random: bool) -> Callable[[str | None], 
         if not (0.0 < value <= 1.0 if keep_random else 0.0 <= value <= 1.0):
             accepted = "in (0, 1] (at 0 torch's partitioner ignores what it must keep)" if keep_random else "in [0, 1]"
             raise ValueError(
-                f"{name} needs torch._functorch.config.activation_memory_budget {accepted}, e.g. {name}:0.5; "
+                f"{name} needs {_torch.ACTIVATION_MEMORY_BUDGET} {accepted}, e.g. {name}:0.5; "
                 f"got {name}:{argument or ''}"
             )
         reason = compile_unavailable() or (seeded_unavailable() if keep_random else None)
@@ -399,7 +400,7 @@ _BUILT_IN = (
      "hf_ckpt.plan(..., strategies=(..., 'oplevel', 'partition', 'outside')): oplevel:F, blocks' graphs "
      "partitioned, cheap modules between the blocks recomputed"),
     ("compile", _compile, "compile:F",
-     "torch.compile (inductor) with torch._functorch.config.activation_memory_budget=F, the min-cut reference"),
+     f"torch.compile (inductor) with {_torch.ACTIVATION_MEMORY_BUDGET}=F, the min-cut reference"),
     ("compile_seeded", _compile_seeded, "compile_seeded:F",
      "compile:F with the random seeds kept for backward, which replays the forward's dropout masks "
      "(compile:F draws them afresh where it recomputes them: pytorch/pytorch#190758)"),

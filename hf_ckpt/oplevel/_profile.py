@@ -33,9 +33,8 @@ from typing import Any, Callable, Mapping
 
 import torch
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves, tree_map
 
+from .._torch import TorchDispatchMode, tree_leaves, tree_map
 from ..blocks import Block
 from ._policy import ignored_ops, op_key
 
