@@ -294,7 +294,10 @@ class CheckpointConfig:
         if not wants_selective:
             return
         if not selective_supported():
-            raise ValueError('strategy="selective" needs torch.utils.checkpoint.create_selective_checkpoint_contexts (torch >= 2.4)')
+            raise ValueError(
+                'strategy="selective" needs torch.utils.checkpoint.create_selective_checkpoint_contexts and '
+                "CheckpointPolicy, which this torch lacks (torch >= 2.5 has them)"
+            )
         if self.checkpoint_kwargs["use_reentrant"]:
             raise ValueError('strategy="selective" needs use_reentrant=False (selective recompute is non-reentrant only)')
         if "context_fn" in self.checkpoint_kwargs:
