@@ -91,9 +91,10 @@ def build_block_functions(
     for strategy in set(strategies.values()):
         kwargs = dict(checkpoint_kwargs)
         if strategy == "selective":
-            kwargs["context_fn"] = selective_context_fn(policy)
+            kwargs["context_fn"] = selective_context_fn(policy, kwargs.get("respect_saved_tensors_hooks", False))
         elif strategy.startswith("oplevel:"):
-            kwargs["context_fn"] = OpPolicy((policies or {})[strategy.partition(":")[2]]).context_fn()
+            kwargs["context_fn"] = OpPolicy((policies or {})[strategy.partition(":")[2]]).context_fn(
+                kwargs.get("respect_saved_tensors_hooks", False))
         elif (setting := partition_setting(strategy)) is not None:
             by_strategy[strategy] = functools.partial(partitioned_checkpoint, budget=setting.budget,
                                                       recompute_norms=setting.norms, **kwargs)
