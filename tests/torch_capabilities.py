@@ -37,6 +37,12 @@ def _importable(module: str) -> Callable[[], bool]:
     return check
 
 
+def _fsdp():
+    import torch.distributed.fsdp
+
+    return torch.distributed.fsdp
+
+
 def _has_checkpoint_argument(name: str) -> Callable[[], bool]:
     return lambda: name in inspect.signature(torch.utils.checkpoint.checkpoint).parameters
 
@@ -53,6 +59,10 @@ CAPABILITIES: dict[str, tuple[Callable[[], bool], str]] = {
     "cpu.Stream.wait_event": (
         lambda: hasattr(torch.cpu, "Stream") and hasattr(torch.cpu.Stream, "wait_event"),
         "torch.cpu.Stream.wait_event, the CPU stand-in for an accelerator's copy streams (2.5.1 lacks it, 2.13.0 has it)",
+    ),
+    "distributed.fsdp.fully_shard": (
+        lambda: torch.distributed.is_available() and hasattr(_fsdp(), "fully_shard"),
+        "torch.distributed.fsdp.fully_shard, FSDP2 as a public API (2.5.1 lacks it, 2.13.0 has it)",
     ),
     "distributed.tensor.debug": (
         _importable("torch.distributed.tensor.debug"),
