@@ -46,7 +46,7 @@ from hf_ckpt.measure.flops import count_flops
 from hf_ckpt.measure.step import training_step
 from hf_ckpt.measure.settings import parse_setting
 from hf_ckpt.measure.workload import build_workload
-from hf_ckpt.oplevel._compiled import CompiledReference
+from hf_ckpt.measure._compiled import CompiledReference
 
 BUDGETS = (0.25, 0.5, 0.75)
 OPLEVEL = ("none", "selective", "full", "oplevel")

@@ -15,7 +15,7 @@ the whole model:
 
 For each point it measures ``compile_seeded:F`` (a correct compile: pytorch/pytorch#190758) and bisects the
 whole-graph budget for the largest one whose bytes fit compile's; bytes are counted by the same saved-tensor hooks
-and FLOPs from the same graphs (:class:`hf_ckpt.oplevel._compiled.CompiledReference`).
+and FLOPs from the same graphs (:class:`hf_ckpt.measure._compiled.CompiledReference`).
 
     PYTHONPATH=. python benchmarks/whole_graph.py --rng seed
 """
@@ -31,7 +31,7 @@ import torch
 
 from hf_ckpt.measure.step import training_step
 from hf_ckpt.measure.workload import build_workload
-from hf_ckpt.oplevel._compiled import CompiledReference
+from hf_ckpt.measure._compiled import CompiledReference
 from hf_ckpt.oplevel._partition import _DROPOUT_AS_MASK, _eager, _partition_replaying_random_ops
 
 SIZES = {"llama": dict(layers=8, hidden=256), "gpt2": dict(layers=4, hidden=256), "bert": dict(layers=4, hidden=256)}

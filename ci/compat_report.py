@@ -3,8 +3,10 @@
 
     python ci/matrix.py                 # writes build/matrix/matrix.json
     python ci/sweep.py                  # writes build/sweep/sweep.json (every model type)
-    python ci/compat_report.py          # reads both, writes docs/compatibility.md
-    python ci/compat_report.py --check  # CI: fails unless the committed page is what this run gives
+    python ci/torch_range.py            # writes build/torch/torch.json (the floor torch and the newest)
+    python ci/compat_report.py --torch build/torch/torch.json   # reads all three, writes docs/compatibility.md
+    python ci/compat_report.py --torch build/torch/torch.json --check
+                                        # CI: fails unless the committed page is what this run gives
 
 ``--check`` compares the committed page with the one this run's JSON renders, ignoring only the lines marked
 ``<!-- measured -->`` (runtimes), and fails if the run was not green: the page cannot drift from what CI checks.
@@ -28,6 +30,9 @@ from sweep import outcome as _outcome  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_INPUT = ROOT / "build" / "matrix" / "matrix.json"
 DEFAULT_SWEEP = ROOT / "build" / "sweep" / "sweep.json"
+DEFAULT_TORCH = ROOT / "build" / "torch" / "torch.json"
+#: How tests/torch_capabilities.py words the reason of a test skipped for a capability the running torch lacks.
+LACKS = "this torch lacks "
 DEFAULT_OUTPUT = ROOT / "docs" / "compatibility.md"
 MEASURED = "<!-- measured -->"
 MODALITIES = ("text decoder", "encoder", "encoder-decoder", "vision", "audio/speech", "multimodal", "MoE",
@@ -220,7 +225,34 @@ def _notes(swept: list[dict]) -> list[str]:
     return lines
 
 
-def render(releases: list[dict], sweep_data: dict | None = None) -> str:
+def lacking(end: dict) -> list[str]:
+    """What the tests found missing from one end's torch: the capabilities named by its skipped tests' reasons."""
+    return sorted({reason[len(LACKS):] for reason in end.get("skip_reasons", []) if reason.startswith(LACKS)})
+
+
+def render_torch(torch_data: dict | None) -> list[str]:
+    """The torch range section: the default suite on the floor torch and on the newest (ci/torch_range.py)."""
+    if not torch_data:
+        return []
+    lines = [
+        "## torch",
+        "",
+        f"hf_ckpt declares `torch>={torch_data['floor']}`. Besides the matrix above (every transformers release on one "
+        "torch), CI runs the default suite on the ends of that range, each in its own environment "
+        "(`ci/torch_range.py`: the transformers release's pins with torch replaced). A feature the running torch "
+        "lacks is refused at the call, naming the torch capability it needs; its tests are skipped, the capability "
+        "as the reason.",
+        "",
+        "| torch | transformers | default suite | features that torch lacks (their tests skipped) |",
+        "| --- | --- | --- | --- |",
+    ]
+    for end in torch_data["ends"]:
+        missing = "; ".join(f"`{name}`" for name in lacking(end)) or "none"
+        lines.append(f"| {end['torch']} | {end['release']} | {_counts(end)} | {missing} |")
+    return [*lines, ""]
+
+
+def render(releases: list[dict], sweep_data: dict | None = None, torch_data: dict | None = None) -> str:
     swept = [r for r in releases if r.get("sweep")]
     lines = [
         "# Compatibility",
@@ -284,7 +316,7 @@ def render(releases: list[dict], sweep_data: dict | None = None) -> str:
                        if sample else "—")
         lines.append(f"| {release['release']} | {_counts(release)} | {swept_text} | {sample_text} |")
 
-    lines += ["", *render_full_sweep(sweep_data), "## Common architectures, task heads", ""]
+    lines += ["", *render_torch(torch_data), *render_full_sweep(sweep_data), "## Common architectures, task heads", ""]
     lines += [
         "✓: gradient parity and the exact recomputed blocks, for full checkpointing and `every_n_layers=2`, through "
         "`hf_ckpt.enable` and through the patched `gradient_checkpointing_enable` (4 cases). ✗ k/4: only k of the 4 cases passed. "
@@ -317,6 +349,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--input", nargs="+", type=Path, default=[DEFAULT_INPUT], help="matrix JSON file(s)")
     parser.add_argument("--sweep", type=Path, default=None,
                         help=f"ci/sweep.py's JSON (default {DEFAULT_SWEEP.relative_to(ROOT)} if it exists)")
+    parser.add_argument("--torch", type=Path, default=None,
+                        help=f"ci/torch_range.py's JSON (CI: {DEFAULT_TORCH.relative_to(ROOT)}); without it, no torch section")
     parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT, help="the page to write (or --check)")
     parser.add_argument("--check", action="store_true",
                         help="write nothing; fail unless the run was green and --output is what it renders")
@@ -327,24 +361,27 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     sweep_path = args.sweep or (DEFAULT_SWEEP if DEFAULT_SWEEP.is_file() else None)
     sweep_data = json.loads(sweep_path.read_text()) if sweep_path else None
-    page = render(releases, sweep_data)
+    torch_data = json.loads(args.torch.read_text()) if args.torch else None
+    page = render(releases, sweep_data, torch_data)
     if not args.check:
         args.output.write_text(page)
         print(f"wrote {args.output} ({len(releases)} releases)")
         return 0
-    return check(page, args.output, releases, sweep_data)
+    return check(page, args.output, releases, sweep_data, torch_data)
 
 
 def _stable(text: str) -> list[str]:
     return [line for line in text.splitlines() if MEASURED not in line]
 
 
-def check(page: str, path: Path, releases: list[dict], sweep_data: dict | None) -> int:
+def check(page: str, path: Path, releases: list[dict], sweep_data: dict | None, torch_data: dict | None = None) -> int:
     """0 if the run was green and ``path`` holds ``page`` (up to measured lines); else 1, saying why."""
     import difflib
 
     problems = [f"transformers {r['release']}: {_counts(r)}" for r in releases if _counts(r) != "green"]
     problems += [f"sweep {r['release']}: not ok" for r in (sweep_data or {}).get("releases", []) if not r.get("ok")]
+    problems += [f"torch {e['torch']} (transformers {e['release']}): {_counts(e)}"
+                 for e in (torch_data or {}).get("ends", []) if _counts(e) != "green"]
     committed = path.read_text() if path.is_file() else ""
     diff = list(difflib.unified_diff(_stable(committed), _stable(page), str(path), "this run", lineterm="", n=1))
     if diff:

@@ -32,6 +32,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 
 from ._flop_formulas import flop_registry
 from ._storage import storage_of
+from ._torch import is_op_overload
 
 #: A tail of more ops than this is not worth a graph of its own; the output is kept.
 MAX_TAIL_OPS = 32
@@ -42,7 +43,7 @@ def _is_cheap(node: Any, registry: dict) -> bool:
         return False
     if node.target is operator.getitem:
         return True
-    if not isinstance(node.target, torch._ops.OpOverload):
+    if not is_op_overload(node.target):
         return False
     if torch.Tag.nondeterministic_seeded in node.target.tags or node.target.overloadpacket in registry:
         return False

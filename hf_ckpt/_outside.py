@@ -38,14 +38,19 @@ import torch
 from torch import nn
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from ._boundary import pack as boundary_pack
 from ._boundary import MadeAgain, still_noted
+from ._boundary import pack as boundary_pack
 from ._boundary import unpack as _unpack
 from ._rng import rng_state, set_rng_state
 from ._storage import storage_of
+from ._torch import saved_tensors_hook_active
 from ._warnings import warn_once
 
 #: A module's recompute counts as cheap up to this many matmul-class FLOPs per element of its output.
+
+#: torch's dropout modules (every subclass of its ``_DropoutNd``): the random ops replayed from their RNG state.
+DROPOUTS: tuple[type, ...] = tuple(getattr(nn, name) for name in (
+    "Dropout", "Dropout1d", "Dropout2d", "Dropout3d", "AlphaDropout", "FeatureAlphaDropout") if hasattr(nn, name))
 
 
 def resolve_outside(target: nn.Module, names: tuple[str, ...], blocks: tuple) -> list[tuple[str, nn.Module]]:
@@ -180,8 +185,7 @@ class OutsideRecompute:
         if not (torch.is_grad_enabled() and module.training) or self.watching():
             self._contexts.append(None)  # nothing to watch, or an outer call (a PEFT or DDP wrapper) watches already
             return
-        top = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
-        if top is not None and top(False) is not None:  # the user's own hook (save_on_cpu, ...) sees every tensor
+        if saved_tensors_hook_active():  # the user's own hook (save_on_cpu, ...) sees every tensor
             warn_once(
                 "hf_ckpt: another saved-tensor hook (torch.autograd.graph.save_on_cpu or your own) is active around "
                 "the model's forward, so the plan's outside_blocks and partitioned blocks' outputs are kept as that "
@@ -281,7 +285,7 @@ def install(state: Any, outer: list[nn.Module], modules: list[tuple[str, nn.Modu
 def _draws(module: nn.Module) -> bool:
     """Whether ``module`` is or holds one of torch's dropout modules, the random ops that may be recomputed (from
     the RNG state the call drew from)."""
-    return any(isinstance(m, nn.modules.dropout._DropoutNd) for m in module.modules())
+    return any(isinstance(m, DROPOUTS) for m in module.modules())
 
 
 def _restore_forward(module: nn.Module) -> None:

@@ -19,6 +19,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from ._torch import queue_backward_callback
 from ._warnings import warn_once
 from .blocks import Block, unwrapped
 from .counting import BlockRunCounter, in_backward, listeners
@@ -100,7 +101,7 @@ class RecomputeProbe:
     def _on_gradient(self, grad: torch.Tensor) -> None:
         if not self._queued and not self.done:
             self._queued = True
-            torch.autograd.Variable._execution_engine.queue_callback(self._finish)
+            queue_backward_callback(self._finish)
 
     def cancel(self) -> None:
         """Stop for good: the setting it measures was taken back (TRL disables and re-enables checkpointing

@@ -13,6 +13,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from . import _torch
 from ._compat import checkpoint_keyword_names
 from .plans import CheckpointPlan
 from .selection import (
@@ -86,9 +87,7 @@ _BOOLEAN_KWARGS = ("use_reentrant", "preserve_rng_state", "debug", "early_stop")
 
 
 def _determinism_checks() -> tuple[str, ...]:
-    import torch.utils.checkpoint
-
-    return tuple(getattr(torch.utils.checkpoint, "_allowed_determinism_checks_to_fns", {"default": 0, "none": 0}))
+    return _torch.determinism_checks()
 
 
 def _check_checkpoint_kwargs(kwargs: Mapping[str, Any], source: str) -> dict[str, Any]:

@@ -17,12 +17,11 @@ import weakref
 from collections import Counter
 from typing import Any
 
-import torch
 from torch import nn
 
+from . import _torch
 from ._target import unwrap
 from .blocks import Block, find_blocks, unwrapped
-
 
 #: Counters and probes watching now. They are told of block runs no submodule hook sees: a partitioned block runs
 #: its forward and backward graphs instead of its submodules (:mod:`hf_ckpt.oplevel._partition`).
@@ -45,7 +44,7 @@ def block_indices(blocks: list[Block]) -> dict[int, int]:
 
 def in_backward() -> bool:
     """Whether the autograd engine is running a backward pass on this thread now."""
-    return torch._C._current_graph_task_id() != -1
+    return _torch.in_backward()
 
 
 class BlockRunCounter:

@@ -28,6 +28,19 @@ from typing import Any
 import torch
 
 
+def offload_unavailable(device_type: str) -> str | None:
+    """Why :class:`OverlappedOffload` cannot run on ``device_type`` with this torch, or None when it can: it needs
+    the device module's ``Stream`` (with ``wait_event``) and ``Event`` (detected by capability; torch 2.5's
+    ``torch.cpu.Stream``, the CPU stand-in for an accelerator, has no ``wait_event``; 2.13's has)."""
+    module = torch.get_device_module(device_type)
+    for owner, name in (("Stream", "wait_event"), ("Event", "record")):
+        kind = getattr(module, owner, None)
+        if kind is None or not hasattr(kind, name):
+            return (f"offload=True on {device_type} needs torch.{device_type}.{owner}.{name}, which this torch lacks "
+                    "(torch 2.13 has it); upgrade torch or drop offload")
+    return None
+
+
 @dataclass(eq=False)
 class _Packed:
     """One offloaded tensor: its host copy, and the events that order the copies."""
@@ -63,6 +76,9 @@ class OverlappedOffload(torch.autograd.graph.saved_tensors_hooks):
         self.pin_memory = pin_memory
         self.min_bytes = min_bytes
         self._module = torch.get_device_module(device_type)
+        missing = offload_unavailable(device_type)
+        if missing is not None:
+            raise RuntimeError(missing)
         self._to_host = self._module.Stream()
         self._to_device = self._module.Stream()
         self._packed: list[weakref.ref] = []

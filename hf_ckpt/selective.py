@@ -4,7 +4,7 @@ Built on PyTorch's selective activation checkpointing (``torch.utils.checkpoint.
 non-reentrant checkpointing only). A *policy* decides, op by op, whether the op's output is stored in forward or
 recomputed in backward. Named policies are registered in :data:`SELECTIVE_POLICIES`; a user may also pass
 
-* a list/tuple/set of ``torch._ops.OpOverload`` (or packets) to save, or
+* a list/tuple/set of aten ops (``torch.ops.aten.mm.default``, or packets such as ``torch.ops.aten.mm``) to save, or
 * a callable ``policy(ctx, op, *args, **kwargs) -> torch.utils.checkpoint.CheckpointPolicy``.
 """
 
@@ -16,8 +16,9 @@ import inspect
 from typing import Any, Callable, Iterable, Union
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.weak import WeakIdKeyDictionary
+
+from ._torch import TorchDispatchMode, is_op, set_sac_respects_saved_tensors_hooks
 
 aten = torch.ops.aten
 
@@ -47,8 +48,9 @@ DEFAULT_POLICY = "matmuls_and_attention"
 
 
 def selective_supported() -> bool:
-    """Whether the installed torch has selective activation checkpointing (torch >= 2.4)."""
-    return hasattr(torch.utils.checkpoint, "create_selective_checkpoint_contexts")
+    """Whether the installed torch has selective activation checkpointing: ``create_selective_checkpoint_contexts``
+    and ``CheckpointPolicy`` in ``torch.utils.checkpoint`` (torch >= 2.5; 2.4 has neither there)."""
+    return all(hasattr(torch.utils.checkpoint, name) for name in ("create_selective_checkpoint_contexts", "CheckpointPolicy"))
 
 
 def _op_name(op: Any) -> str:
@@ -76,7 +78,7 @@ def _policy_forms() -> str:
 
 
 def _is_op(value: Any) -> bool:
-    return isinstance(value, (torch._ops.OpOverload, torch._ops.OpOverloadPacket))
+    return is_op(value)
 
 
 def _accepts_policy_arguments(function: Any) -> bool:
@@ -192,24 +194,39 @@ class _GuardedForward:
         return self._stack.__exit__(*exc_info)
 
 
-def _guarded_contexts(policy_fn: Callable[..., Any]) -> tuple[Any, Any]:
-    """Forward and recompute contexts for ``policy_fn``.
+def selective_contexts(policy_fn: Callable[..., Any], respect_saved_tensors_hooks: bool | None = False) -> tuple[Any, Any]:
+    """``torch.utils.checkpoint.create_selective_checkpoint_contexts(policy_fn)``, its forward context told whether
+    the tensors selective checkpointing saves go through the saved-tensor hooks active around the checkpoint.
 
-    Under ``torch.compile`` the graph is traced with fake tensors, whose storages have no data pointer, and
-    AOTAutograd re-derives what is saved from the policy itself: the eager in-place guard is left out there.
+    torch <= 2.13 always bypasses them; torch 2.14 takes ``respect_saved_tensors_hooks`` (default None: bypass, with a
+    FutureWarning whenever a hook is active, as under ``offload=True``, ``save_on_cpu`` or a plan's outside
+    blocks). ``checkpoint`` passes it on only to a context it gets unwrapped, and hf_ckpt wraps the forward context
+    with its in-place guard, so hf_ckpt sets it here: False by default, the behaviour of torch <= 2.13 (the same
+    tensors kept on every torch, no warning); the user's own ``respect_saved_tensors_hooks`` otherwise.
     """
     from torch.utils.checkpoint import create_selective_checkpoint_contexts
 
     forward_context, recompute_context = create_selective_checkpoint_contexts(policy_fn)
+    set_sac_respects_saved_tensors_hooks(forward_context, respect_saved_tensors_hooks)
+    return forward_context, recompute_context
+
+
+def _guarded_contexts(policy_fn: Callable[..., Any], respect_saved_tensors_hooks: bool | None = False) -> tuple[Any, Any]:
+    """Forward and recompute contexts for ``policy_fn`` (see :func:`selective_contexts`).
+
+    Under ``torch.compile`` the graph is traced with fake tensors, whose storages have no data pointer, and
+    AOTAutograd re-derives what is saved from the policy itself: the eager in-place guard is left out there.
+    """
+    forward_context, recompute_context = selective_contexts(policy_fn, respect_saved_tensors_hooks)
     if _compiling():
         return forward_context, recompute_context
     return _GuardedForward(forward_context, policy_fn), recompute_context
 
 
-def selective_context_fn(policy: Policy | None) -> Callable[[], Any]:
+def selective_context_fn(policy: Policy | None, respect_saved_tensors_hooks: bool | None = False) -> Callable[[], Any]:
     """A ``context_fn`` for ``torch.utils.checkpoint.checkpoint`` that applies ``policy``.
 
     PyTorch's selective checkpoint contexts, plus a forward-side guard that raises
     :class:`SelectiveRecomputeError` when the block writes in place into a tensor the policy saved.
     """
-    return functools.partial(_guarded_contexts, policy_function(policy))
+    return functools.partial(_guarded_contexts, policy_function(policy), respect_saved_tensors_hooks)

@@ -6,6 +6,7 @@ import pytest
 import torch
 from helpers import max_grad_diff, tiny_bert, tiny_llama, train_step
 from torch.multiprocessing.reductions import StorageWeakRef
+from torch_capabilities import requires
 
 import hf_ckpt
 from hf_ckpt.blocks import find_blocks
@@ -81,6 +82,7 @@ def test_gradients_equal_the_models_own_with_dropout(strategies):
     assert max_grad_diff(reference, grads) <= 1e-6
 
 
+@requires("autograd.saved_tensors_hooks_stack")
 def test_under_another_saved_tensor_hook_outputs_are_kept_and_it_says_so_once():
     model, batch = tiny_bert(), _batch()
     reference = train_step(model, batch)

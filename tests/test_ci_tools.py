@@ -321,3 +321,70 @@ def test_the_default_run_is_constrained_by_the_newest_releases_pins(capsys: pyte
     assert printed == CI / "pins" / f"transformers-{matrix.RELEASES[-1]}.txt"
     assert f"transformers=={matrix.RELEASES[-1]}" in printed.read_text().splitlines()
     assert '-c "$(python ci/matrix.py --newest-pins)"' in (CI.parent / ".ci" / "run").read_text()
+
+
+torch_range = _load("torch_range")
+
+
+def test_the_torch_range_starts_at_the_declared_floor_and_ends_at_the_newest_release() -> None:
+    (floor, oldest), (newest_torch, newest) = torch_range.ENDS
+    assert torch_range.declared_floor() == ".".join(floor.split(".")[:2])  # pyproject's torch>= is what is tested
+    assert (oldest, newest) == (matrix.RELEASES[0], matrix.RELEASES[-1])
+    assert tuple(int(p) for p in newest_torch.split(".")) > tuple(int(p) for p in floor.split("."))
+
+
+def test_an_end_is_its_releases_pins_with_torch_replaced(tmp_path: Path) -> None:
+    pins = torch_range.constraints("2.5.1", "4.45.2")
+    assert pins[0] == "torch==2.5.1" and [p for p in pins if p.startswith("torch==")] == ["torch==2.5.1"]
+    assert set(pins[1:]) == {p for p in matrix.pin_lines("4.45.2") if not p.startswith("torch==")}
+    floor, newest = torch_range.env_dir(tmp_path, "2.5.1", "4.45.2"), torch_range.env_dir(tmp_path, "2.14.1", "5.24.0")
+    assert floor.name.startswith("torch-2.5.1-") and newest.name.startswith("torch-2.14.1-") and floor != newest
+    assert not torch_range.env_is_built(floor)  # no stamp: an interrupted build is redone
+    floor.mkdir()
+    (floor / torch_range.STAMP).write_text(json.dumps({"hash": floor.name.rsplit("-", 1)[-1]}))
+    assert torch_range.env_is_built(floor)
+
+
+def test_a_torch_end_reports_its_skip_reasons_and_fails_the_run_when_red(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    junit = tmp_path / "junit.xml"
+    junit.write_text(JUNIT.replace('message="no gpu"', 'message="this torch lacks torch.optim.Muon (torch &gt;= 2.9)"'))
+    assert torch_range.skip_reasons(junit) == ["this torch lacks torch.optim.Muon (torch >= 2.9)"]
+
+    def fake_end(torch, release, args, echo):
+        (args.out / f"torch-{torch}").mkdir(parents=True, exist_ok=True)
+        (args.out / f"torch-{torch}" / "log.txt").write_text("")
+        result = matrix.Result(release, passed=3, failed=int(torch == "2.14.1"), exit_status=int(torch == "2.14.1"),
+                               failures=["t::x"] if torch == "2.14.1" else [])
+        return {"torch": torch, **matrix.asdict(result), "skip_reasons": [], "ok": result.ok, "line": result.line()}
+
+    monkeypatch.setattr(torch_range, "run_end", fake_end)
+    assert torch_range.main(["--out", str(tmp_path)]) == 1
+    assert "FAILED [torch 2.14.1] t::x" in capsys.readouterr().out
+    report = json.loads((tmp_path / "torch.json").read_text())
+    assert [(e["torch"], e["ok"]) for e in report["ends"]] == [("2.5.1", True), ("2.14.1", False)]
+    assert report["floor"] == torch_range.declared_floor()
+
+
+def test_the_page_has_a_torch_table_that_check_verifies(tmp_path: Path, capsys) -> None:
+    source, full, torch_json = _matrix_json(tmp_path), tmp_path / "sweep.json", tmp_path / "torch.json"
+    full.write_text(json.dumps(_full_sweep()))
+    end = {"failed": 0, "errors": 0, "problem": None, "exit_status": 0}
+    torch_json.write_text(json.dumps({"floor": "2.5", "ends": [
+        {**end, "torch": "2.5.1", "release": "4.45.2",
+         "skip_reasons": ["this torch lacks torch.cpu.Stream.wait_event (x)", "no accelerator"]},
+        {**end, "torch": "2.14.1", "release": "5.24.0", "skip_reasons": []}]}))
+    page = tmp_path / "compatibility.md"
+    arguments = ["--input", str(source), "--sweep", str(full), "--torch", str(torch_json), "--output", str(page)]
+    assert compat_report.main(arguments) == 0
+    text = page.read_text()
+    assert "declares `torch>=2.5`" in text
+    assert "| 2.5.1 | 4.45.2 | green | `torch.cpu.Stream.wait_event (x)` |" in text  # only capability skips
+    assert "| 2.14.1 | 5.24.0 | green | none |" in text
+    assert compat_report.main([*arguments, "--check"]) == 0
+    red = json.loads(torch_json.read_text())
+    red["ends"][1]["failed"] = 2
+    torch_json.write_text(json.dumps(red))
+    assert compat_report.main([*arguments, "--check"]) == 1  # a red end never checks out
+    assert "torch 2.14.1 (transformers 5.24.0): **2 failed**" in capsys.readouterr().out

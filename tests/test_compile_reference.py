@@ -1,4 +1,4 @@
-"""The torch.compile reference of the op-level benches (hf_ckpt.oplevel._compiled): it counts the random ops its
+"""The torch.compile reference of the op-level benches (hf_ckpt.measure._compiled): it counts the random ops its
 compiled backward draws afresh (pytorch/pytorch#190758: dropout masks in backward that are not the forward's), and
 ``compile_seeded:F`` keeps the seeds, so that its backward replays the forward's masks."""
 
@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from hf_ckpt.measure.settings import parse_setting
-from hf_ckpt.oplevel._compiled import CompiledReference, compile_unavailable, seeded_unavailable
+from hf_ckpt.measure._compiled import CompiledReference, compile_unavailable, seeded_unavailable
 
 _UNAVAILABLE = compile_unavailable() or seeded_unavailable() or (
     None if any(shutil.which(c) for c in ("g++", "clang++", "c++")) else "inductor on a CPU needs a C++ compiler"

@@ -30,6 +30,7 @@ from hf_ckpt import HfCkptWarning
 from hf_ckpt.counting import BlockRunCounter
 from hf_ckpt.distributed.checks import DDP_REENTRANT_MESSAGE
 from helpers import MODEL_BUILDERS, batch_for, max_grad_diff, tiny_llama
+from torch_capabilities import has, requires
 
 WORKER = Path(__file__).with_name("_distributed_worker.py")
 TIMEOUT_S = 420
@@ -59,6 +60,14 @@ CHECKPOINTED = {
 }
 BASELINES = ["ddp:none", "fsdp2:none", "fsdp1:none"]
 SCENARIOS = BASELINES + list(CHECKPOINTED) + ["ddp:reentrant-unused"]
+#: What the worker runs: the scenarios of the engines this torch has (FSDP2's are skipped without it).
+RUNNABLE = [s for s in SCENARIOS if has("distributed.fsdp.fully_shard") or not s.startswith("fsdp2")]
+
+def _scenarios(names: list[str]) -> list:
+    """``names`` as parameters; an FSDP2 scenario needs ``torch.distributed.fsdp.fully_shard`` (skipped without it)."""
+    return [pytest.param(name, marks=requires("distributed.fsdp.fully_shard")) if name.startswith("fsdp2") else name
+            for name in names]
+
 
 def _double_checkpointing(messages: list[str], blocks: str, whose: str = "torch.distributed's checkpoint_wrapper") -> bool:
     """Exactly one warning that blocks are checkpointed twice, naming the blocks, whose wrapper has them and the two
@@ -73,7 +82,7 @@ def _double_checkpointing(messages: list[str], blocks: str, whose: str = "torch.
 def _launch(out_dir: Path) -> list[dict]:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p), OMP_NUM_THREADS="1")
     init_file = out_dir / "rendezvous"
-    command = [sys.executable, str(WORKER), "{rank}", "2", str(init_file), str(out_dir), ",".join(SCENARIOS)]
+    command = [sys.executable, str(WORKER), "{rank}", "2", str(init_file), str(out_dir), ",".join(RUNNABLE)]
     processes = [
         subprocess.Popen(
             [part.format(rank=rank) for part in command],
@@ -124,7 +133,7 @@ def _ok(two_ranks: list[dict], scenario: str) -> list[dict]:
 # --- the same training, whatever the engine ----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("scenario", BASELINES + list(CHECKPOINTED))
+@pytest.mark.parametrize("scenario", _scenarios(BASELINES + list(CHECKPOINTED)))
 def test_loss_and_gradients_equal_single_process(two_ranks, single_process, scenario):
     rank0, rank1 = _ok(two_ranks, scenario)
     loss, grads = single_process
@@ -133,26 +142,26 @@ def test_loss_and_gradients_equal_single_process(two_ranks, single_process, scen
     assert max_grad_diff(grads, rank0["grads"]) <= 1e-5
 
 
-@pytest.mark.parametrize("scenario", list(CHECKPOINTED))
+@pytest.mark.parametrize("scenario", _scenarios(list(CHECKPOINTED)))
 def test_each_rank_recomputes_exactly_the_selected_blocks(two_ranks, scenario):
     for result in _ok(two_ranks, scenario):
         assert result["recomputed"] == CHECKPOINTED[scenario]
 
 
-@pytest.mark.parametrize("scenario", BASELINES)
+@pytest.mark.parametrize("scenario", _scenarios(BASELINES))
 def test_without_checkpointing_nothing_is_recomputed(two_ranks, scenario):
     for result in _ok(two_ranks, scenario):
         assert result["recomputed"] == []
 
 
-@pytest.mark.parametrize("scenario", list(CHECKPOINTED))
+@pytest.mark.parametrize("scenario", _scenarios(list(CHECKPOINTED)))
 def test_each_rank_keeps_less_activation_memory(two_ranks, scenario):
     baseline = f"{scenario.split(':')[0]}:none"
     for with_checkpointing, without in zip(_ok(two_ranks, scenario), _ok(two_ranks, baseline)):
         assert 0 < with_checkpointing["retained_bytes"] < without["retained_bytes"]
 
 
-@pytest.mark.parametrize("scenario", [s for s in CHECKPOINTED if s.startswith("fsdp")])
+@pytest.mark.parametrize("scenario", _scenarios([s for s in CHECKPOINTED if s.startswith("fsdp")]))
 def test_backward_issues_no_extra_allgather(two_ranks, scenario):
     """The recompute runs on the parameters FSDP already gathered for backward: checkpoint regions sit in the units."""
     baseline = f"{scenario.split(':')[0]}:none"
@@ -161,13 +170,13 @@ def test_backward_issues_no_extra_allgather(two_ranks, scenario):
         assert with_checkpointing["allgathers"] == without["allgathers"]
 
 
-@pytest.mark.parametrize("scenario", list(CHECKPOINTED))
+@pytest.mark.parametrize("scenario", _scenarios(list(CHECKPOINTED)))
 def test_checkpointed_layers_reports_the_selection_under_the_engine(two_ranks, scenario):
     for result in _ok(two_ranks, scenario):
         assert result["checkpointed_layers"] == CHECKPOINTED[scenario]
 
 
-@pytest.mark.parametrize("scenario", [s for s in CHECKPOINTED if "apply" in s])
+@pytest.mark.parametrize("scenario", _scenarios([s for s in CHECKPOINTED if "apply" in s]))
 def test_wrapped_layers_reports_the_selection_under_the_engine(two_ranks, scenario):
     for result in _ok(two_ranks, scenario):
         assert result["wrapped_layers"] == CHECKPOINTED[scenario]
@@ -189,7 +198,7 @@ def test_ddp_static_graph_with_reentrant_checkpointing_trains(two_ranks):
 # --- one checkpoint per block ------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("scenario", ["fsdp2:double", "fsdp2:double-unguarded"])
+@pytest.mark.parametrize("scenario", _scenarios(["fsdp2:double", "fsdp2:double-unguarded"]))
 def test_engine_checkpoint_wrappers_win_over_hf_ckpt_under_fsdp2(two_ranks, scenario):
     """hf_ckpt.enable on every block, then the engine wraps every block (reentrant): each block runs twice, not 3x.
 
@@ -393,6 +402,7 @@ def test_apply_rejects_bad_options_exactly_as_enable_does(options):
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
+@requires("distributed.fsdp.fully_shard")
 def test_fsdp_train_example_runs_under_torchrun_on_two_processes():
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p), OMP_NUM_THREADS="1")
     env["CUDA_VISIBLE_DEVICES"] = ""  # the CPU path (gloo); the same script takes nccl where CUDA is visible

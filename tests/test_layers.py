@@ -29,7 +29,7 @@ LAB = ("hf_ckpt.planner", "hf_ckpt.profiling", "hf_ckpt._solver", "hf_ckpt._defe
        "hf_ckpt._optimizer_states", "hf_ckpt._precision", "hf_ckpt._preserve", "hf_ckpt.plan_command",
        "hf_ckpt.estimate", "hf_ckpt.measure", "hf_ckpt.verification", "hf_ckpt.cli", "hf_ckpt.oplevel._plan",
        "hf_ckpt.oplevel._profile", "hf_ckpt.oplevel._solver", "hf_ckpt.oplevel._partition_menu",
-       "hf_ckpt.oplevel._outside_menu", "hf_ckpt.oplevel._compiled", "hf_ckpt.measure._compiled")
+       "hf_ckpt.oplevel._outside_menu")
 #: The most lines of hf_ckpt source a training step with a runtime setting may load.
 RUNTIME_LINES = 4500
 

@@ -2,6 +2,7 @@
 
 import warnings
 
+import pytest
 import torch
 import torch.utils.checkpoint
 
@@ -10,6 +11,7 @@ import hf_ckpt.functions
 from hf_ckpt import HfCkptWarning
 from hf_ckpt.blocks import find_blocks
 from helpers import batch_for, max_grad_diff, recomputed_in_step, tiny_llama, train_step
+from torch_capabilities import requires
 
 
 
@@ -36,6 +38,7 @@ def _bound_checkpoint(model):
     return bound if bound.func is not hf_ckpt.functions.checkpoint_selected_blocks else bound.args[0]
 
 
+@requires("cpu.Stream.wait_event")
 def test_offload_code_path_on_cpu_with_pinning_off(monkeypatch):
     """With an accelerator the inputs saved for the recompute go to host memory through OverlappedOffload's side
     streams. Pinning needs an accelerator, so here the same path runs with the host standing in for the
@@ -75,6 +78,7 @@ def test_offload_code_path_on_cpu_with_pinning_off(monkeypatch):
     assert max_grad_diff(reference, grads) <= 1e-5
 
 
+@requires("cpu.Stream.wait_event")
 def test_overlapped_offload_keeps_small_and_foreign_tensors_in_place():
     from hf_ckpt.offload import OverlappedOffload
 
@@ -88,6 +92,7 @@ def test_overlapped_offload_keeps_small_and_foreign_tensors_in_place():
     assert handle is not big and torch.equal(offload._unpack(handle), big)
 
 
+@requires("cpu.Stream.wait_event")
 def test_a_tensor_saved_by_several_checkpoints_is_copied_once():
     """Position embeddings reach every block: one host copy serves all, while the device tensor lives."""
     from hf_ckpt.offload import OverlappedOffload
@@ -120,3 +125,17 @@ def test_the_warning_reaches_a_script_run_with_python_c():
         return
     assert done.returncode == 0, done.stderr
     assert "offload=True has no effect on this machine" in done.stderr
+
+
+def test_a_device_whose_streams_cannot_wait_on_events_is_refused_at_the_call(monkeypatch):
+    """torch 2.5's CPU stream has no wait_event: offload is refused when the setting is applied, naming it, and the
+    model is left as it was (not an AttributeError inside the first backward)."""
+    monkeypatch.setattr("hf_ckpt._binding.current_accelerator", lambda: torch.device("cpu"))
+    monkeypatch.setattr(torch.cpu, "Stream", type("Stream", (), {}))  # a stream without wait_event
+    model = tiny_llama()
+    batch = batch_for(model)
+    reference = train_step(model, batch)
+    with pytest.raises(RuntimeError, match=r"offload=True on cpu needs torch\.cpu\.Stream\.wait_event"):
+        hf_ckpt.enable(model, offload=True, every_n_layers=2)
+    assert hf_ckpt.checkpointed_layers(model) == []
+    assert max_grad_diff(reference, train_step(model, batch)) == 0

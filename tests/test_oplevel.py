@@ -15,11 +15,9 @@ from hf_ckpt.measure.flops import count_flops
 from hf_ckpt.measure.settings import parse_setting
 from hf_ckpt.oplevel import OpPolicy, frontier, profile_ops
 from helpers import VOCAB, max_grad_diff, recomputed_in_step, tiny_gpt2, tiny_llama, train_step
+from torch_capabilities import requires
 
-pytestmark = pytest.mark.skipif(
-    not hasattr(torch.utils.checkpoint, "create_selective_checkpoint_contexts"),
-    reason="op-level policies need torch's selective checkpointing (torch >= 2.4)",
-)
+pytestmark = requires("checkpoint.selective")
 
 OPLEVEL = ("none", "selective", "full", "oplevel")
 

@@ -11,6 +11,7 @@ import torch
 import hf_ckpt
 from hf_ckpt import _optimizer_states
 from hf_ckpt._optimizer_states import pending_state_bytes, registered_state_bytes, unwrap
+from torch_capabilities import requires
 
 
 def _transformers_adafactor(params, **options):
@@ -25,7 +26,8 @@ CASES = [
     (torch.optim.Adamax, {}), (torch.optim.Adadelta, {}), (torch.optim.Adagrad, {}), (torch.optim.ASGD, {}),
     (torch.optim.Rprop, {}), (torch.optim.RMSprop, {}), (torch.optim.RMSprop, {"momentum": 0.9}),
     (torch.optim.RMSprop, {"momentum": 0.9, "centered": True}), (torch.optim.SGD, {"lr": 0.1}),
-    (torch.optim.SGD, {"lr": 0.1, "momentum": 0.9}), (torch.optim.Adafactor, {}),
+    (torch.optim.SGD, {"lr": 0.1, "momentum": 0.9}),
+    pytest.param(getattr(torch.optim, "Adafactor", None), {}, marks=requires("optim.Adafactor"), id="Adafactor"),
     (_transformers_adafactor, {}), (_transformers_adafactor, {"beta1": 0.9}),
 ]
 
@@ -68,6 +70,7 @@ def test_pending_bytes_equal_what_the_first_step_allocates_and_nothing_after(cls
     assert pending_state_bytes(optimizer) == 0  # restored or stepped: nothing is pending
 
 
+@requires("optim.Muon")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_muon_two_dimensional_parameters(dtype):
     weights = [torch.nn.Parameter(torch.randn(6, 5, dtype=dtype)), torch.nn.Parameter(torch.randn(4, 6, dtype=dtype))]

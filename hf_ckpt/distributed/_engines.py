@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .. import _torch
 from .._compat import is_gradient_checkpointing_layer
 from .._state import ACTIVE_ATTRIBUTE
 from ..blocks import Block, find_blocks
@@ -33,16 +34,9 @@ def distributed_available() -> bool:
     return torch.distributed.is_available()
 
 
-@functools.lru_cache(maxsize=None)
 def checkpoint_wrapper_module() -> Any | None:
-    """``torch.distributed.algorithms._checkpoint.checkpoint_wrapper``, or None where it cannot be imported."""
-    if not distributed_available():
-        return None
-    try:
-        from torch.distributed.algorithms._checkpoint import checkpoint_wrapper
-    except ImportError:
-        return None
-    return checkpoint_wrapper
+    """torch.distributed's checkpoint_wrapper module, or None where it cannot be imported (:mod:`hf_ckpt._torch`)."""
+    return _torch.checkpoint_wrapper_module()
 
 
 def innermost(module: nn.Module) -> nn.Module:
@@ -101,15 +95,8 @@ def is_checkpoint_wrapper(module: nn.Module) -> bool:
 
 
 def has_composable_checkpoint(module: nn.Module) -> bool:
-    """True when ``torch.distributed._composable.checkpoint(module)`` was applied to ``module``."""
-    if not distributed_available():
-        return False
-    try:
-        from torch.distributed._composable.contract import _get_registry
-    except ImportError:
-        return False
-    registry = _get_registry(module)
-    return bool(registry) and "checkpoint" in registry
+    """True when torch.distributed's composable ``checkpoint(module)`` was applied to ``module``."""
+    return _torch.composable_checkpoint_applied(module)
 
 
 def active_ddp() -> nn.Module | None:
@@ -119,10 +106,7 @@ def active_ddp() -> nn.Module | None:
     forward hook of the wrapped model therefore sees its DDP, whoever created it (a training loop, accelerate,
     the ``Trainer``).
     """
-    if not distributed_available():
-        return None
-    getter = getattr(torch.nn.parallel.DistributedDataParallel, "_get_active_ddp_module", None)
-    return getter() if getter is not None else None
+    return _torch.active_ddp_module()
 
 
 def accelerate_fsdp_activation_checkpointing() -> bool:

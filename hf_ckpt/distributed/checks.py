@@ -27,6 +27,7 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
+from .. import _torch
 from .._binding import block_function, is_block_checkpointed, turn_block_off
 from .._state import ACTIVE_ATTRIBUTE, STATE_ATTRIBUTE, get_state
 from .._target import target_model
@@ -225,7 +226,7 @@ def _pre_forward(cache: _GuardCache, module: nn.Module, args: Any) -> None:
 
 def _installed(target: nn.Module) -> bool:
     return any(
-        isinstance(hook, functools.partial) and hook.func is _pre_forward for hook in target._forward_pre_hooks.values()
+        isinstance(hook, functools.partial) and hook.func is _pre_forward for hook in _torch.forward_pre_hooks(target).values()
     )
 
 
@@ -257,7 +258,8 @@ def guard(model: nn.Module) -> nn.Module:
 def unguard(model: nn.Module) -> nn.Module:
     """Remove the hook :func:`guard` installed (nothing happens when there is none)."""
     target = target_model(model)
-    for key, hook in list(target._forward_pre_hooks.items()):
+    hooks = _torch.forward_pre_hooks(target)
+    for key, hook in list(hooks.items()):
         if isinstance(hook, functools.partial) and hook.func is _pre_forward:
-            del target._forward_pre_hooks[key]
+            del hooks[key]
     return model

@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
+from .. import _torch
 from .._precision import autocast_state
 
 #: Devices the estimate knows a kernel model for.
@@ -64,13 +65,13 @@ def attention_model(device: str, dtype: torch.dtype) -> AttentionModel:
 
 def _fused(*args: Any, **kwargs: Any) -> Any:
     """``F.scaled_dot_product_attention`` through the fused CPU kernel: the saved tensors of a fused kernel."""
-    op = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+    op = _torch.aten_op("_scaled_dot_product_flash_attention_for_cpu")
     names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale")
     bound = dict(zip(names, args))
     bound.update(kwargs)
     query, key, value = bound["query"], bound["key"], bound["value"]
     if op is None or query.dim() != 4:
-        with torch._C.DisableTorchFunction():  # not back into _FusedAttention
+        with _torch.disable_torch_function():  # not back into _FusedAttention
             return _SDPA(*args, **kwargs)
     query, key, value, mask = _autocast(query, key, value, bound.get("attn_mask"))
     # Grouped-query attention (enable_gqa) stays unexpanded, as in the CUDA kernels: on fake tensors the

@@ -29,12 +29,12 @@ from typing import Any, Iterator, Mapping
 
 import torch
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves, tree_map
 
+from .. import _torch
 from .._apply import apply_config, remove
 from .._flop_formulas import missing_formulas
 from .._target import target_model
+from .._torch import TorchDispatchMode, tree_leaves, tree_map
 from ..blocks import Block
 from ..config import CheckpointConfig
 from ..measure.memory import StorageTracker, block_labels
@@ -158,7 +158,7 @@ def _untraced_dispatch() -> Iterator[None]:
             module.is_tracing = original
 
 
-_GROUPED_MM = getattr(torch.ops.aten, "_grouped_mm", None)
+_GROUPED_MM = _torch.aten_op("_grouped_mm")
 
 
 class _AssumedChecks(TorchDispatchMode):
@@ -174,7 +174,7 @@ class _AssumedChecks(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
-        if func is torch.ops.aten._local_scalar_dense.default and args and args[0].dtype is torch.bool:
+        if func is _torch.local_scalar_dense() and args and args[0].dtype is torch.bool:
             return True
         if _GROUPED_MM is not None and func in (_GROUPED_MM.default,) and args[0].dtype is not torch.bfloat16:
             dtype = args[0].dtype
@@ -184,9 +184,7 @@ class _AssumedChecks(TorchDispatchMode):
 
 
 def fake_mode() -> Any:
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    return FakeTensorMode()
+    return _torch.fake_tensor_mode()
 
 
 def to_fake(model: nn.Module, mode: Any, device: str = "cpu") -> nn.Module:

@@ -26,11 +26,10 @@ import warnings
 from typing import Any, Iterator, Mapping
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import FlopCounterMode
 
 from .._flop_formulas import missing_formulas
+from .._torch import TorchDispatchMode, tree_leaves
 
 
 class FlopCount:

@@ -33,11 +33,10 @@ from collections import Counter
 from typing import Any, Callable, Hashable, Iterator, Sequence
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
 from torch.utils.weak import WeakIdKeyDictionary
 
 from .._storage import storage_of
+from .._torch import TorchDispatchMode, tree_leaves
 
 
 class StorageTracker(TorchDispatchMode):

@@ -23,7 +23,14 @@ from typing import Any, Callable, Mapping
 
 from torch import nn
 
+from .. import _torch
 from .._apply import apply_options, remove
+from .._warnings import warn_once
+from ..patch import original
+from ..planner import plan as make_plan
+from ..selective import SELECTIVE_POLICIES
+from ._compiled import CompiledReference, compile_unavailable, seeded_unavailable
+from .step import training_step
 
 
 @dataclass(frozen=True)
@@ -157,8 +164,6 @@ def _upstream_functions() -> tuple[str, Any, Any]:
     """transformers' own enable/disable functions (the originals, if ``hf_ckpt.patch_transformers`` is active)."""
     from transformers import PreTrainedModel
 
-    from ..patch import original
-
     prefix = "activation" if "activation_checkpointing_enable" in PreTrainedModel.__dict__ else "gradient"
     name = f"{prefix}_checkpointing_enable"
     return name, original(name), original(f"{prefix}_checkpointing_disable")
@@ -226,8 +231,6 @@ def upstream_supports(argument: str) -> bool:
 
 
 def _selective(argument: str | None) -> Setting:
-    from ..selective import SELECTIVE_POLICIES
-
     if argument is not None and argument not in SELECTIVE_POLICIES:
         raise ValueError(
             f"selective takes a policy name, one of {', '.join(sorted(SELECTIVE_POLICIES))}; got selective:{argument}"
@@ -258,8 +261,6 @@ def _fraction(argument: str | None, name: str = "plan") -> float:
 def _planned(name: str, fraction: float, description: str, strategies: tuple[str, ...] | None = None) -> Setting:
     """A setting that makes an ``hf_ckpt.plan`` for ``fraction`` of none's memory on the bench's batch (in
     ``prepare``) and applies it; the plan's per-block strategies and predictions go into ``details``."""
-    from ..planner import plan as make_plan
-
     made: dict[str, Any] = {}
     details: dict[str, Any] = {}
 
@@ -322,8 +323,6 @@ def _compiled_reference(name: str, keep_random: bool) -> Callable[[str | None], 
     """The factory of ``compile:F`` (inductor as torch ships it) or ``compile_seeded:F`` (its random seeds kept)."""
 
     def factory(argument: str | None) -> Setting:
-        from ..oplevel._compiled import CompiledReference, compile_unavailable, seeded_unavailable
-
         try:
             value = float(argument) if argument is not None else -1.0
         except ValueError:
@@ -331,7 +330,7 @@ def _compiled_reference(name: str, keep_random: bool) -> Callable[[str | None], 
         if not (0.0 < value <= 1.0 if keep_random else 0.0 <= value <= 1.0):
             accepted = "in (0, 1] (at 0 torch's partitioner ignores what it must keep)" if keep_random else "in [0, 1]"
             raise ValueError(
-                f"{name} needs torch._functorch.config.activation_memory_budget {accepted}, e.g. {name}:0.5; "
+                f"{name} needs {_torch.ACTIVATION_MEMORY_BUDGET} {accepted}, e.g. {name}:0.5; "
                 f"got {name}:{argument or ''}"
             )
         reason = compile_unavailable() or (seeded_unavailable() if keep_random else None)
@@ -357,9 +356,6 @@ def _compiled_reference(name: str, keep_random: bool) -> Callable[[str | None], 
 def _measure_compiled(reference: Any, details: dict[str, Any], model: nn.Module, batch: Mapping[str, Any]) -> None:
     """Compile ``reference`` for the batch and put its figures in ``details``; warn once where its backward draws
     random numbers afresh."""
-    from .._warnings import warn_once
-    from .step import training_step
-
     reference.prepare(model, batch, lambda: training_step(model, batch))
     saved_bytes, graph_flops = reference.measure(model, batch)
     details.update(saved_bytes=saved_bytes, graph_flops=graph_flops, backward_random=reference.backward_random)
@@ -399,7 +395,7 @@ _BUILT_IN = (
      "hf_ckpt.plan(..., strategies=(..., 'oplevel', 'partition', 'outside')): oplevel:F, blocks' graphs "
      "partitioned, cheap modules between the blocks recomputed"),
     ("compile", _compile, "compile:F",
-     "torch.compile (inductor) with torch._functorch.config.activation_memory_budget=F, the min-cut reference"),
+     f"torch.compile (inductor) with {_torch.ACTIVATION_MEMORY_BUDGET}=F, the min-cut reference"),
     ("compile_seeded", _compile_seeded, "compile_seeded:F",
      "compile:F with the random seeds kept for backward, which replays the forward's dropout masks "
      "(compile:F draws them afresh where it recomputes them: pytorch/pytorch#190758)"),

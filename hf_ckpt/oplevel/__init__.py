@@ -1,7 +1,7 @@
 """Op-level activation budgets in eager mode: choose, op by op, which outputs each block keeps for backward.
 
 Block-level plans choose per block between keeping everything (``none``), recomputing everything (``full``) and
-one fixed selective policy. torch.compile's min-cut partitioner (``torch._functorch.config.activation_memory_budget``)
+one fixed selective policy. torch.compile's min-cut partitioner (functorch's ``activation_memory_budget``)
 chooses per op, but only inside a compiled graph. This package does it in eager mode for any Hugging Face model:
 
 * :func:`profile_ops` runs one block per block type under recording dispatch modes and finds, for every aten op

@@ -17,6 +17,8 @@ from typing import Any, Iterator
 
 import torch
 
+from .. import _torch
+
 #: The ops added to the partitioner's recomputable ops (those this torch has).
 NORM_OPS: tuple[str, ...] = ("native_layer_norm", "_fused_rms_norm", "native_group_norm", "_softmax", "_safe_softmax",
                              "_log_softmax")
@@ -36,10 +38,9 @@ def has_norm_ops(graph_module: Any) -> bool:
 
 def norms_unavailable() -> str | None:
     """Why this torch's partitioner cannot be told to recompute norms, or None when it can."""
-    try:
-        from torch._functorch import partitioners
-    except ImportError as error:
-        return f"this torch has no AOT autograd partitioner ({error})"
+    partitioners = _torch.partitioners()
+    if partitioners is None:
+        return "this torch has no AOT autograd partitioner (functorch's partitioners cannot be imported)"
     try:
         types = partitioners.get_default_op_list()
         types.recomputable_ops, types.fusible_ops  # noqa: B018
@@ -51,8 +52,7 @@ def norms_unavailable() -> str | None:
 @contextlib.contextmanager
 def recomputable_norms() -> Iterator[None]:
     """While it is entered, the partitioner counts :data:`NORM_OPS` as recomputable (and fusible) ops."""
-    from torch._functorch import partitioners
-
+    partitioners = _torch.partitioners()
     with _lock:
         original = partitioners.get_default_op_list
 

@@ -14,11 +14,12 @@ from typing import Any, Mapping
 
 import torch
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from .._apply import remove
 from .._flop_formulas import flop_registry
+from .._outside import DROPOUTS
 from .._target import target_model
+from .._torch import TorchDispatchMode
 from ..blocks import find_blocks
 from ..plans import CheckpointPlan
 from ..profiling import apply_setting, left_as_found, measured_step
@@ -89,7 +90,7 @@ def cheap_modules(model: nn.Module, inputs: Mapping[str, Any], blocks: tuple | l
     inside = {id(m) for block in blocks for m in block.module.modules()}
     names = {id(m): name for name, m in model.named_modules()
              if name and not any(id(d) in inside for d in m.modules())}
-    dropouts = {id(m) for m in model.modules() if isinstance(m, nn.modules.dropout._DropoutNd)}
+    dropouts = {id(m) for m in model.modules() if isinstance(m, DROPOUTS)}
     costs, outputs = _CallCosts(dropouts), {}
     handles = []
     for module in model.modules():

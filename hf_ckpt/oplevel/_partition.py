@@ -10,7 +10,7 @@ compiling anything:
    block's parameters and buffers and every tensor argument are graph inputs; any other argument (``None``, a flag,
    a shape) is a constant of the trace.
 2. **Partition.** ``min_cut_rematerialization_partition`` splits it into a forward and a backward graph under
-   ``torch._functorch.config.activation_memory_budget = F`` (1: the partitioner's default choice, which already
+   functorch's ``activation_memory_budget = F`` (1: the partitioner's default choice, which already
    recomputes cheap pointwise ops; 0: recompute all it may). Random ops (dropout) are recomputed from the RNG state
    saved when forward drew them, as checkpointing does, so their masks are neither kept nor drawn afresh.
 3. **Run.** Both graphs run op by op in eager mode (the FX graphs' Python code): no inductor, no C++ compiler, the
@@ -37,9 +37,13 @@ from typing import Any, Callable
 
 import torch
 from torch import nn
-from torch.utils import _pytree as pytree
 
+from .. import _torch
+from .._boundary import output_tails, register
 from .._rng import rng_state, set_rng_state
+from .._warnings import warn_once
+from ..blocks import module_of
+from ..counting import note_block_run
 from ._norms import has_norm_ops, norms_unavailable, recomputable_norms
 
 #: Leaves of a block's arguments that become constants of its trace (hashable, compared by value).
@@ -49,12 +53,14 @@ _CONSTANTS = (type(None), bool, int, float, str, torch.dtype, torch.device, torc
 def partition_unavailable() -> str | None:
     """Why partitioned blocks cannot run with this torch, or None when they can."""
     try:
-        import torch._functorch.config as functorch_config
         from functorch.compile import aot_function, make_boxed_func, min_cut_rematerialization_partition  # noqa: F401
-        from torch._prims.rng_prims import run_and_save_rng_state, run_with_rng_state  # noqa: F401
-        from torch.nn.utils.stateless import _reparametrize_module  # noqa: F401
     except ImportError as error:
         return f"this torch has no AOT autograd partitioner ({error})"
+    functorch_config = _torch.functorch_config()
+    missing = [name for name, value in (("functorch's config", functorch_config), ("rng_prims", _torch.rng_prims()),
+                                        ("_reparametrize_module", _torch.reparametrize_module())) if value is None]
+    if missing:
+        return f"this torch has no AOT autograd partitioner ({', '.join(missing)} cannot be imported)"
     if not hasattr(functorch_config, "activation_memory_budget"):
         return "this torch's partitioner has no activation_memory_budget (torch >= 2.4 has it)"
     return None
@@ -82,7 +88,7 @@ def _device_of(args: tuple) -> torch.device:
 
 
 def _run_and_save_rng_state(op: Any, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, Any]:
-    """``torch._prims.rng_prims.run_and_save_rng_state`` as a plain function: dispatch modes see the op only."""
+    """``rng_prims.run_and_save_rng_state`` (:func:`hf_ckpt._torch.rng_prims`) as a plain function: dispatch modes see the op only."""
     return rng_state(_device_of(args)), op(*args, **kwargs)
 
 
@@ -180,7 +186,7 @@ def _forward_names(joint: Any) -> set[str]:
 def _eager(graph_module: Any, on_run: Callable[[], None] | None = None) -> Callable[..., Any]:
     """An AOT "compiler" that compiles nothing: the graph's own Python code, with RNG replay as plain calls."""
     from functorch.compile import make_boxed_func
-    from torch._prims.rng_prims import run_and_save_rng_state, run_with_rng_state
+    run_and_save_rng_state, run_with_rng_state = _torch.rng_prims()
 
     for node in graph_module.graph.nodes:
         if node.target is run_and_save_rng_state:
@@ -254,8 +260,6 @@ class _Weak:
 
 
 def _note_run(ref: "weakref.ref[nn.Module]") -> None:
-    from ..counting import note_block_run
-
     module = ref()
     if module is not None:
         note_block_run(module)
@@ -269,10 +273,9 @@ def _trace(module: nn.Module, core: Callable[..., Any], leaves: list, spec: Any,
     The trace keeps no tensor of this call and only weak references to modules: it is cached per module, and must
     neither keep a batch alive nor its module.
     """
-    import torch._functorch.config as functorch_config
+    functorch_config = _torch.functorch_config()
     from functorch.compile import aot_function, min_cut_rematerialization_partition
-    from torch.nn.utils.stateless import _reparametrize_module
-    from torch.utils._python_dispatch import _disable_current_modes
+    reparametrize_module = _torch.reparametrize_module()
 
     tensor_positions = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
     template = [None if isinstance(leaf, torch.Tensor) else _Weak(leaf) if isinstance(leaf, nn.Module) else leaf
@@ -287,12 +290,12 @@ def _trace(module: nn.Module, core: Callable[..., Any], leaves: list, spec: Any,
         filled = [leaf.ref() if isinstance(leaf, _Weak) else leaf for leaf in template]
         for position, tensor in zip(tensor_positions, tensors[count:]):
             filled[position] = tensor
-        leading, keywords, args, kwargs = pytree.tree_unflatten(filled, spec)
+        leading, keywords, args, kwargs = _torch.tree_unflatten(filled, spec)
         block = owner()
         call = functools.partial(method, block) if method is not None else function
-        with _reparametrize_module(block, dict(zip(names, tensors[:count]))):
+        with reparametrize_module(block, dict(zip(names, tensors[:count]))):
             result = call(*leading, *args, **keywords, **kwargs)
-        out_leaves, output["spec"] = pytree.tree_flatten(result)
+        out_leaves, output["spec"] = _torch.tree_flatten(result)
         output["constants"] = {i: leaf for i, leaf in enumerate(out_leaves) if not isinstance(leaf, torch.Tensor)}
         output["count"] = len(out_leaves)
         return tuple(leaf for leaf in out_leaves if isinstance(leaf, torch.Tensor))
@@ -305,7 +308,7 @@ def _trace(module: nn.Module, core: Callable[..., Any], leaves: list, spec: Any,
         )
         recomputed.extend(
             node.name for node in backward_graph.graph.nodes
-            if node.op == "call_function" and node.name in forward_names and isinstance(node.target, torch._ops.OpOverload)
+            if node.op == "call_function" and node.name in forward_names and _torch.is_op_overload(node.target)
         )
         return forward_graph, backward_graph
 
@@ -319,7 +322,7 @@ def _trace(module: nn.Module, core: Callable[..., Any], leaves: list, spec: Any,
                             partition_fn=partition, decompositions=_DROPOUT_AS_MASK if on_cpu else {})
     if norms and (reason := norms_unavailable()) is not None:
         raise _Untraceable(reason)
-    with functorch_config.patch(activation_memory_budget=budget), _disable_current_modes(), torch.random.fork_rng(
+    with functorch_config.patch(activation_memory_budget=budget), _torch.disable_current_modes(), torch.random.fork_rng(
         devices=[d for d in {t.device for t in inputs if t.device.type == "cuda"}]
     ), warnings.catch_warnings(), recomputable_norms() if norms else contextlib.nullcontext():
         warnings.simplefilter("ignore")  # torch's own notes while tracing (a non-leaf's .grad, ...): not the user's
@@ -333,8 +336,6 @@ def _trace(module: nn.Module, core: Callable[..., Any], leaves: list, spec: Any,
 
 def _forward_compiler(output: dict[str, Any], state: int, graph_module: Any, example_inputs: Any) -> Callable[..., Any]:
     """The forward graph, run eagerly; outputs it can make again from what it saves are noted when it runs."""
-    from .._boundary import output_tails, register
-
     outputs = output.get("graph_outputs")
     tails = output_tails(graph_module, outputs, state) if outputs is not None else {}
     run = _eager(graph_module)
@@ -357,7 +358,7 @@ def _rebuilt(trace: _Trace, tensors: tuple[torch.Tensor, ...]) -> Any:
     constants = trace.output["constants"]
     produced = iter(tensors)
     leaves = [constants[i] if i in constants else next(produced) for i in range(trace.output["count"])]
-    return pytree.tree_unflatten(leaves, trace.output["spec"])
+    return _torch.tree_unflatten(leaves, trace.output["spec"])
 
 
 def _forward_of_call(module: nn.Module, core: Callable[..., Any]) -> Callable[..., Any] | None:
@@ -378,8 +379,6 @@ def partitioned_checkpoint(function: Callable[..., Any], *args: Any, budget: flo
     model's ``_gradient_checkpointing_func`` may be a ``partial`` of it. ``checkpoint_kwargs`` are used only when
     the call cannot be traced and the block is checkpointed in full instead (one warning says why).
     """
-    from ..blocks import module_of
-
     module = module_of(function)
     if not torch.is_grad_enabled() or module is None:
         return function(*args) if module is not None else _fallback(
@@ -388,7 +387,7 @@ def partitioned_checkpoint(function: Callable[..., Any], *args: Any, budget: flo
     traced = _forward_of_call(module, core) or core
     kwargs = {k: v for k, v in checkpoint_kwargs.items() if k not in ("use_reentrant", "preserve_rng_state",
                                                                       "determinism_check", "debug")}
-    leaves, spec = pytree.tree_flatten((leading, keywords, args, kwargs))
+    leaves, spec = _torch.tree_flatten((leading, keywords, args, kwargs))
     named = [*module.named_parameters(), *module.named_buffers()]
     names, state = [name for name, _ in named], [value for _, value in named]
     per_module = _traces.setdefault(module, {})
@@ -406,8 +405,6 @@ def partitioned_checkpoint(function: Callable[..., Any], *args: Any, budget: flo
         trace = str(error)
     if isinstance(trace, str):
         return _fallback(module, function, args, checkpoint_kwargs, trace)
-    from ..counting import note_block_run
-
     def run_graphs(*_: Any, **__: Any) -> Any:
         note_block_run(module)
         tensors = [*state, *(leaf for leaf in leaves if isinstance(leaf, torch.Tensor))]
@@ -432,8 +429,6 @@ def traced_norm_ops(module: nn.Module) -> bool:
 def _fallback(module: nn.Module | None, function: Callable[..., Any], args: tuple, checkpoint_kwargs: dict,
               reason: str) -> Any:
     from torch.utils.checkpoint import checkpoint
-
-    from .._warnings import warn_once
 
     name = type(module).__name__ if module is not None else "a block"
     warn_once(

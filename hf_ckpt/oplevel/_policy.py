@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterable
 
 import torch
 
-from ..selective import InPlaceGuard
+from ..selective import InPlaceGuard, selective_contexts
 
 _KEY = re.compile(r"^[A-Za-z_][\w.]*#\d+$")
 
@@ -55,17 +55,17 @@ class OpPolicy:
             )
         object.__setattr__(self, "saved", tuple(sorted(set(saved), key=_sort_key)))
 
-    def context_fn(self) -> Callable[[], Any]:
+    def context_fn(self, respect_saved_tensors_hooks: bool | None = False) -> Callable[[], Any]:
         """A ``context_fn`` for ``torch.utils.checkpoint.checkpoint`` applying this policy (picklable).
 
         A policy that saves nothing is plain checkpointing: it gets torch's no-op contexts, without the selective
-        machinery's per-op dispatch.
+        machinery's per-op dispatch. ``respect_saved_tensors_hooks``: see :func:`hf_ckpt.selective.selective_contexts`.
         """
         if not self.saved:
             from torch.utils.checkpoint import noop_context_fn
 
             return noop_context_fn
-        return functools.partial(_op_contexts, frozenset(self.saved))
+        return functools.partial(_op_contexts, frozenset(self.saved), respect_saved_tensors_hooks)
 
 
 def _sort_key(key: str) -> tuple[str, int]:
@@ -115,12 +115,10 @@ class _Counting:
         return self._answers[keep]
 
 
-def _op_contexts(saved: frozenset) -> tuple[Any, Any]:
+def _op_contexts(saved: frozenset, respect_saved_tensors_hooks: bool | None = False) -> tuple[Any, Any]:
     """PyTorch's selective checkpoint contexts for ``saved``, plus hf_ckpt's in-place guard in forward."""
-    from torch.utils.checkpoint import create_selective_checkpoint_contexts
-
     policy = _Counting(saved)
-    forward_context, recompute_context = create_selective_checkpoint_contexts(policy)
+    forward_context, recompute_context = selective_contexts(policy, respect_saved_tensors_hooks)
     ignored = ignored_ops()
 
     def last_decision(ctx: Any, func: Any, *args: Any, **kwargs: Any) -> Any:

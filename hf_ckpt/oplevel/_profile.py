@@ -33,11 +33,10 @@ from typing import Any, Callable, Mapping
 
 import torch
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves, tree_map
 
 from .._flop_formulas import flop_registry
 from .._storage import storage_of
+from .._torch import TorchDispatchMode, tree_leaves, tree_map
 from ..blocks import Block
 from ..measure.flops import elementwise_elements
 from ..selective import written_tensors

@@ -7,7 +7,7 @@ from typing import Any, Callable, Mapping
 
 from ..oplevel._policy import OpPolicy
 from . import Setting, Strategy, register
-from .selective import check_selective_contexts
+from .selective import check_selective_contexts, respected_hooks
 
 
 @register
@@ -49,4 +49,4 @@ class OpLevel(Strategy):
         check_selective_contexts(config)
 
     def context_fn(self, config: Setting) -> Callable[[], Any]:
-        return OpPolicy(self.saved).context_fn()
+        return OpPolicy(self.saved).context_fn(respected_hooks(config))

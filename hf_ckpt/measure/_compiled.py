@@ -1,10 +1,13 @@
 """The reference op-level trade-off: ``torch.compile`` with ``activation_memory_budget``, for ``compile:F`` benches.
 
 torch's min-cut partitioner decides, per compiled graph, which forward values the backward graph keeps and which
-it recomputes; ``torch._functorch.config.activation_memory_budget = F`` asks it for at most ``F`` of the memory
+it recomputes; functorch's ``activation_memory_budget = F`` asks it for at most ``F`` of the memory
 its default choice keeps (1.0: the default; 0: recompute everything it may). :class:`CompiledReference` compiles
 the model's ``__call__`` with inductor (CPU or GPU) under that setting, as ``nn.Module.compile`` does, and
 switches the compiled call on and off.
+
+A benchmark reference, not part of the runtime: ``hf-ckpt bench --settings compile:F`` and ``benchmarks/`` use it;
+the inductor and dynamo internals it drives are wrapped in :mod:`hf_ckpt._torch`.
 
 Measuring it needs other instruments than eager strategies: while a ``TorchDispatchMode`` (the storage tracker,
 ``FlopCounterMode``) is active, dynamo runs the model eagerly. So :meth:`CompiledReference.measure` counts
@@ -35,17 +38,20 @@ from typing import Any, Callable, Mapping
 import torch
 from torch import nn
 
-from ._partition import draws_random
+from .. import _torch
+from .._flop_formulas import flop_registry
+from ..oplevel._partition import draws_random
+from .flops import elementwise_elements
+from .step import forward_loss
 
 
 def compile_unavailable() -> str | None:
     """Why ``torch.compile`` with an activation memory budget cannot run here, or None when it can."""
     if not hasattr(torch, "compile"):
         return "this torch has no torch.compile"
-    try:
-        import torch._functorch.config as functorch_config
-    except ImportError as error:  # pragma: no cover - every torch with torch.compile has it
-        return f"torch._functorch.config cannot be imported ({error})"
+    functorch_config = _torch.functorch_config()
+    if functorch_config is None:  # pragma: no cover - every torch with torch.compile has it
+        return "functorch's config cannot be imported"
     if not hasattr(functorch_config, "activation_memory_budget"):
         return "this torch's partitioner has no activation_memory_budget (torch >= 2.4 has it)"
     if not hasattr(nn.Module, "compile"):
@@ -55,8 +61,6 @@ def compile_unavailable() -> str | None:
 
 def graph_flops(graph_module: Any) -> int:
     """FLOPs of an aten FX graph, from each node's recorded ``meta["val"]`` and ``torch.utils.flop_counter``."""
-    from .._flop_formulas import flop_registry
-
     registry = flop_registry()
     total = 0
     for node in graph_module.graph.nodes:
@@ -74,26 +78,21 @@ def graph_elementwise(graph_module: Any) -> int:
     """Elementwise output elements of an aten FX graph, counted as :func:`hf_ckpt.measure.flops.count_flops`
     counts them in eager mode. The partitioned graphs are decomposed (a layer norm is several nodes), so only
     differences between graphs of the same model compare (``compile:F`` less ``compile:1``)."""
-    from ..measure.flops import elementwise_elements
-    from .._flop_formulas import flop_registry
-
     registry = flop_registry()
     total = 0
     for node in graph_module.graph.nodes:
-        if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload):
+        if node.op == "call_function" and _torch.is_op_overload(node.target):
             total += elementwise_elements(node.target, node.meta.get("val"), registry)
     return total
 
 
 def seeded_unavailable() -> str | None:
     """Why ``keep_random=True`` cannot run with this torch, or None when it can."""
-    try:
-        import torch._inductor.config as inductor_config
-        from torch._inductor.custom_graph_pass import CustomPartitionerFn  # noqa: F401
-    except ImportError as error:
-        return f"this torch's inductor takes no custom partitioner ({error})"
+    inductor_config = _torch.inductor_config()
+    if inductor_config is None or _torch.custom_partitioner_class() is None:
+        return "this torch's inductor takes no custom partitioner (no inductor CustomPartitionerFn)"
     if not hasattr(inductor_config, "custom_partitioner_fn"):
-        return "this torch's inductor takes no custom partitioner (torch._inductor.config.custom_partitioner_fn)"
+        return "this torch's inductor takes no custom partitioner (no inductor config custom_partitioner_fn)"
     return None
 
 
@@ -101,10 +100,9 @@ def _saving_random_partitioner() -> Any:
     """An inductor ``custom_partitioner_fn``: the min-cut partitioner, with every node that draws random numbers
     marked ``MUST_SAVE`` (its output, a seed or a mask, is kept for backward instead of drawn again there)."""
     from functorch.compile import min_cut_rematerialization_partition
-    from torch._inductor.custom_graph_pass import CustomPartitionerFn
     from torch.utils.checkpoint import CheckpointPolicy
 
-    class SavingRandom(CustomPartitionerFn):
+    class SavingRandom(_torch.custom_partitioner_class()):
         def __call__(self, gm: Any, joint_inputs: Any, **kwargs: Any) -> Any:
             for node in gm.graph.nodes:
                 if draws_random(node):
@@ -149,16 +147,11 @@ class CompiledReference:
             self.backward_random += sum(draws_random(node) for node in graph.graph.nodes)
 
     def _inner(self, graph: Any, example_inputs: Any, **kwargs: Any) -> Any:
-        from torch._inductor.compile_fx import compile_fx_inner
-
         self._record(graph, bool(kwargs.get("is_backward")))
-        return compile_fx_inner(graph, example_inputs, **kwargs)
+        return _torch.compile_fx_inner(graph, example_inputs, **kwargs)
 
     def _backend(self, graph: Any, example_inputs: Any) -> Any:
-        import torch._functorch.config as functorch_config
-        import torch._inductor.config as inductor_config
-        from torch._inductor.compile_fx import compile_fx
-
+        functorch_config, inductor_config = _torch.functorch_config(), _torch.inductor_config()
         patches = {"activation_memory_budget": self.budget}
         if hasattr(functorch_config, "enable_autograd_cache"):
             patches["enable_autograd_cache"] = False  # a cache hit would skip the partitioner and our recording
@@ -166,7 +159,7 @@ class CompiledReference:
         if self.keep_random:
             inductor_patches["custom_partitioner_fn"] = _saving_random_partitioner()
         with functorch_config.patch(**patches), inductor_config.patch(**inductor_patches):
-            return compile_fx(graph, example_inputs, inner_compile=self._inner)
+            return _torch.compile_fx(graph, example_inputs, inner_compile=self._inner)
 
     def prepare(self, model: nn.Module, batch: Mapping[str, Any], step: Callable[[], Any]) -> None:
         """Compile for ``model`` and run ``step`` once so that compilation is not measured.
@@ -176,7 +169,7 @@ class CompiledReference:
         reason = compile_unavailable() or (seeded_unavailable() if self.keep_random else None)
         if reason is not None:
             raise RuntimeError(f"{self.name} cannot run: {reason}")
-        torch._dynamo.reset()
+        _torch.dynamo_reset()
         self.graph_flops.clear()
         self.graph_elementwise.clear()
         self.backward_random = 0
@@ -205,8 +198,6 @@ class CompiledReference:
 
     def measure(self, model: nn.Module, batch: Mapping[str, Any], loss_fn: Any = None) -> tuple[int, int]:
         """(bytes saved for backward, step FLOPs of the compiled graphs) of one step of the compiled model."""
-        from ..measure.step import forward_loss
-
         foreign = {
             t.untyped_storage().data_ptr()
             for t in (*model.parameters(), *model.buffers(), *(v for v in batch.values() if isinstance(v, torch.Tensor)))
