@@ -47,12 +47,45 @@ def _has_checkpoint_argument(name: str) -> Callable[[], bool]:
     return lambda: name in inspect.signature(torch.utils.checkpoint.checkpoint).parameters
 
 
+def _checkpoint_exits_contexts_on_error() -> bool:
+    """Whether a non-reentrant checkpoint leaves its ``context_fn`` contexts when the checkpointed function raises,
+    while the error is still held (torch 2.5's checkpoint keeps them entered until its generator is collected)."""
+    import contextlib
+
+    state = {"open": False}
+
+    @contextlib.contextmanager
+    def watched():
+        state["open"] = True
+        try:
+            yield
+        finally:
+            state["open"] = False
+
+    def fail(x):
+        raise ValueError("probe")
+
+    x = torch.ones(1, requires_grad=True)
+    try:
+        torch.utils.checkpoint.checkpoint(fail, x, use_reentrant=False,
+                                          context_fn=lambda: (watched(), contextlib.nullcontext()))
+    except ValueError as error:
+        held = error  # noqa: F841 - the traceback (and the checkpoint's frame) stays alive here
+        return not state["open"]
+    return True
+
+
 #: capability -> (check, what it is, with the first torch release that has it)
 CAPABILITIES: dict[str, tuple[Callable[[], bool], str]] = {
     "checkpoint.selective": (
         lambda: all(hasattr(torch.utils.checkpoint, name)
                     for name in ("create_selective_checkpoint_contexts", "CheckpointPolicy")),
         "torch.utils.checkpoint.create_selective_checkpoint_contexts and CheckpointPolicy (torch >= 2.5)",
+    ),
+    "checkpoint.exits_contexts_on_error": (
+        _checkpoint_exits_contexts_on_error,
+        "a checkpoint that leaves its context_fn contexts when the checkpointed function raises (torch 2.5.1 keeps "
+        "them entered while the error is held; 2.13.0 leaves them)",
     ),
     "optim.Adafactor": (lambda: hasattr(torch.optim, "Adafactor"), "torch.optim.Adafactor (torch >= 2.5)"),
     "optim.Muon": (lambda: hasattr(torch.optim, "Muon"), "torch.optim.Muon (torch >= 2.9)"),
@@ -93,3 +126,9 @@ def requires(*capabilities: str) -> pytest.MarkDecorator:
     """A skip marker for a test (or, as ``pytestmark``, a module) that needs every one of ``capabilities``."""
     missing = [name for name in capabilities if not has(name)]
     return pytest.mark.skipif(bool(missing), reason="; ".join(reason(name) for name in missing) or "-")
+
+
+def skip_unless(capability: str) -> None:
+    """Inside a test: skip the rest of it, ``capability`` missing as the reason, when the running torch lacks it."""
+    if not has(capability):
+        pytest.skip(reason(capability))
