@@ -103,7 +103,22 @@ def _checkpointed_forward(owner: nn.Module, module: nn.Module, forward: Any, *ar
     if (not callable(choice) or not getattr(owner, "gradient_checkpointing", False) or not module.training
             or not torch.is_grad_enabled() or in_backward()):
         return forward(*args, **kwargs)
+    if kwargs and getattr(choice, "keywords", {}).get("use_reentrant"):  # reentrant checkpoint takes no keywords
+        return _reentrant(choice, forward, args, kwargs)
     return choice(forward, *args, **kwargs)
+
+
+def _reentrant(choice: Any, forward: Any, args: tuple, kwargs: dict) -> Any:
+    """A call with keywords under reentrant checkpointing: passed by position where the signature allows; a
+    keyword-only tensor that needs a gradient would get none, so that call runs plainly (the probe reports it)."""
+    try:
+        bound = inspect.signature(forward).bind(*args, **kwargs)
+    except (TypeError, ValueError):
+        return forward(*args, **kwargs)
+    bound.apply_defaults()
+    if any(isinstance(value, torch.Tensor) and value.requires_grad for value in bound.kwargs.values()):
+        return forward(*args, **kwargs)
+    return choice(functools.partial(forward, **bound.kwargs), *bound.args)
 
 
 def _restore_forward(module: nn.Module, previous: Any) -> None:

@@ -104,3 +104,35 @@ def test_upstream_models_whose_loop_calls_blocks_directly(model_type):
     model = reference.fresh()
     assert directly_called(tuple(find_blocks(model))), "the release's loop checkpoints its blocks itself"
     arch_check.check(reference, "enable", 2)
+
+
+def test_reentrant_checkpointing_of_a_block_called_with_keywords():
+    class KeywordStack(InertStackModel):
+        def _run_layer(self, layer, hidden_states):
+            return layer(hidden_states=hidden_states)
+
+    model = tiny_legacy(KeywordStack)
+    batch = batch_for(model)
+    reference = train_step(model, batch)
+    hf_ckpt.enable(model, every_n_layers=2, use_reentrant=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", HfCkptWarning)
+        recomputed, grads = recomputed_in_step(model, batch)
+    assert recomputed == [0, 2]
+    assert max_grad_diff(reference, grads) <= 1e-5
+
+
+def test_mllama_vision_blocks_recomputed_every_one():
+    # (use_reentrant=True fails on tiny Mllama with or without this wrapping: "backward through the graph a second
+    # time", from its layer-flag text blocks.)
+    entries = arch_build.model_types(("mllama",))
+    if not entries:
+        pytest.skip("mllama is not in this transformers release")
+    model = arch_build.build(entries[0])
+    batch = arch_build.inputs(model)
+    reference = arch_build.gradients(model, batch)
+    hf_ckpt.enable(model)
+    with BlockRunCounter(model) as runs:
+        grads = arch_build.gradients(model, batch)
+    assert runs.recomputed_in_backward() == hf_ckpt.checkpointed_layers(model) == list(range(len(find_blocks(model))))
+    assert max((grads[n] - reference[n]).abs().max().item() for n in reference) <= 1e-4
