@@ -10,6 +10,7 @@ import warnings
 
 import pytest
 import torch
+import transformers
 
 import arch_build
 import arch_check
@@ -94,12 +95,28 @@ def test_a_forward_without_grad_or_in_eval_runs_the_block_plainly():
 DIRECT_TYPES = ("clvp", "mllama", "pp_ocrv5_server_rec", "pp_ocrv6_small_rec")
 
 
-@pytest.mark.parametrize("model_type", DIRECT_TYPES)
-def test_upstream_models_whose_loop_calls_blocks_directly(model_type):
+#: The release these types are asserted on (the sweep's newest); on older ones their loops differ or the generic
+#: builder cannot build them tiny (CLVP on 4.45 has 659M parameters with its tiny config): the sweep measures them.
+ASSERTED_FROM = (5, 24)
+
+
+def _entry(model_type: str) -> arch_build.ModelType:
     entries = arch_build.model_types((model_type,))
     if not entries:
         pytest.skip(f"{model_type} is not in this transformers release")
-    reference = arch_check.Reference(lambda: arch_build.build(entries[0]), arch_build.inputs, arch_build.gradients,
+    return entries[0]
+
+
+def _older_release() -> bool:
+    return tuple(int(part) for part in transformers.__version__.split(".")[:2]) < ASSERTED_FROM
+
+
+@pytest.mark.parametrize("model_type", DIRECT_TYPES)
+def test_upstream_models_whose_loop_calls_blocks_directly(model_type):
+    if _older_release():  # their loops differ there (CLVP's checkpoints on 5.0); the sweep measures them
+        pytest.skip("asserted on the newest release; older releases' sweeps measure these types")
+    entry = _entry(model_type)
+    reference = arch_check.Reference(lambda: arch_build.build(entry), arch_build.inputs, arch_build.gradients,
                                      arch_build.live_blocks)
     model = reference.fresh()
     assert directly_called(tuple(find_blocks(model))), "the release's loop checkpoints its blocks itself"
@@ -125,10 +142,9 @@ def test_reentrant_checkpointing_of_a_block_called_with_keywords():
 def test_mllama_vision_blocks_recomputed_every_one():
     # (use_reentrant=True fails on tiny Mllama with or without this wrapping: "backward through the graph a second
     # time", from its layer-flag text blocks.)
-    entries = arch_build.model_types(("mllama",))
-    if not entries:
-        pytest.skip("mllama is not in this transformers release")
-    model = arch_build.build(entries[0])
+    if _older_release():
+        pytest.skip("asserted on the newest release (the sweep's builder and inputs for Mllama)")
+    model = arch_build.build(_entry("mllama"))
     batch = arch_build.inputs(model)
     reference = arch_build.gradients(model, batch)
     hf_ckpt.enable(model)
