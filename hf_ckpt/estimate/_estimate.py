@@ -223,11 +223,14 @@ def estimate(
             through backward (``outputs = model(**batch); accelerator.backward(outputs.loss)``, as transformers'
             and accelerate's ``no_trainer`` examples do): the logits and everything else the output object holds
             are counted, in their dtype, with the activations (outside the blocks), and in the peak.
-        world_size, shard: The states sharded over ``world_size`` devices by ``"fsdp-full"``, ``"fsdp-grad-op"``
-            (FSDP2 ``reshard_after_forward`` True / False), ``"zero1"``, ``"zero2"`` or ``"zero3"`` (DeepSpeed), or
-            ``"none"``: bytes per device, the peak with the engine's gathers and buffers (see ``_sharding``).
-        offload_optimizer, offload_parameters: DeepSpeed's ``offload_optimizer`` (zero1/2/3) and ``offload_param``
-            (zero3), or FSDP's ``CPUOffloadPolicy`` (parameters): those states on the host (``host_bytes``).
+        world_size: Devices the states are sharded over (1: one device holds the whole model).
+        shard: How: ``"fsdp-full"``, ``"fsdp-grad-op"`` (FSDP2 ``reshard_after_forward`` True / False),
+            ``"zero1"``, ``"zero2"`` or ``"zero3"`` (DeepSpeed), or ``"none"``: bytes per device, the peak with the
+            engine's gathers and buffers (see ``_sharding``).
+        offload_optimizer: DeepSpeed's ``offload_optimizer`` (zero1/2/3): optimizer states on the host
+            (``host_bytes``).
+        offload_parameters: DeepSpeed's ``offload_param`` (zero3), or FSDP's ``CPUOffloadPolicy``: parameters on
+            the host (``host_bytes``).
 
     Returns:
         A :class:`MemoryEstimate`.
