@@ -446,7 +446,8 @@ def test_keep_outputs_plans_for_a_loop_that_keeps_the_outputs(patched, tmp_path)
     )
     Trainer(model=model, args=args, train_dataset=_Tokens()).train()
     assert get_state(model).budget.keep_outputs is True
-    assert _plan_of(model).baseline_bytes == _plan_of(kept).baseline_bytes
+    # planned for the loop that keeps the outputs: at least the logits above the Trainer-step plan of the same shapes
+    assert _plan_of(model).baseline_bytes - _plan_of(trainer_step).baseline_bytes >= _logits_bytes()
 
 
 def test_keep_outputs_in_plan_from_shapes():
