@@ -173,14 +173,6 @@ def parse(value: Any, policies: Mapping[str, Any] | None = None) -> Strategy:
     return strategy_class(kind).from_argument(argument if colon else None, spelling, policies or {})
 
 
-def check_strategy(value: object, name: str = "strategy") -> BlockStrategy:
-    """``value`` as a :class:`BlockStrategy`; ValueError naming ``name`` and the accepted values otherwise."""
-    try:
-        return BlockStrategy(value)
-    except ValueError:
-        raise ValueError(f"{name} must be one of {', '.join(repr(s) for s in ALL_STRATEGIES)}; got {value!r}") from None
-
-
 @register
 class NoCheckpoint(Strategy):
     """``"none"``: the block keeps every activation; nothing is recomputed."""
