@@ -122,6 +122,15 @@ def render_full_sweep(sweep: dict | None) -> list[str]:
         "each selection once); what is asserted there is the default suite's stratified sample (one or two model "
         "types per modality), with all 4.",
         "",
+        "Where a model's loop calls its blocks directly and never hands them to a checkpoint function (its stack keeps "
+        "a `gradient_checkpointing` flag, but no method of the stack names `_gradient_checkpointing_func` or "
+        "`checkpoint`), hf_ckpt checkpoints the selected blocks itself by wrapping their `forward`, as torch's "
+        "`checkpoint_wrapper` does (`hf_ckpt/_direct.py`; `disable` unwraps them): so pass CLVP's text and speech "
+        "encoders (`clvp`), Mllama's vision encoder (`mllama`), HGNetV2's encoder (`pp_ocrv5_server_rec`) and "
+        "PP-LCNetV4's encoder (`pp_ocrv6_small_rec`). The newest release's environment installs `scipy` "
+        "(`inkling_mm_model`); `timm` is not installed: it needs torchvision, and the index's torchvision is the CUDA "
+        "build, which does not load beside the CPU torch.",
+        "",
         "| transformers | model types that support checkpointing | passed | known failures (xfail) | failed | cases "
         "| mode |",
         "| --- | --- | --- | --- | --- | --- | --- |",

@@ -54,6 +54,12 @@ PINS_DIR = ROOT / "ci" / "pins"
 #: Supported releases, oldest first; each needs ``ci/pins/transformers-<release>.txt``.
 RELEASES = ("4.45.2", "4.51.3", "4.57.6", "5.0.0", "5.15.1", "5.22.2", "5.24.0")
 
+#: Optional packages that model types import (scipy: Inkling's vision tower; timm: TimmWrapper towers). A release's
+#: environment installs those its pins pin, so adding one changes that release's hash alone (one rebuild, not 7).
+#: timm is not pinned anywhere: it needs torchvision, and the index's torchvision is the CUDA build, which does not
+#: load beside the CPU torch ("operator torchvision::nms does not exist").
+OPTIONAL = ("scipy", "timm")
+
 #: Bump to rebuild every environment after a change to how they are built.
 RECIPE_VERSION = "1"
 STAMP = ".hf_ckpt-matrix-stamp.json"
@@ -78,6 +84,11 @@ def requirements() -> list[str]:
     """What each environment installs: hf_ckpt's dependencies and its ``test`` extra, from pyproject.toml."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     return list(project["dependencies"]) + list(project.get("optional-dependencies", {}).get("test", []))
+
+
+def optional(release: str) -> list[str]:
+    """The :data:`OPTIONAL` packages ``release``'s pins pin: installed in its environment beside the requirements."""
+    return [package for package in OPTIONAL if pinned(release, package)]
 
 
 def pin_lines(release: str) -> list[str]:
@@ -139,7 +150,8 @@ def build_env(cache: Path, release: str, log, echo: bool, rebuild: bool) -> tupl
             return path, False
         shutil.rmtree(path, ignore_errors=True)
         python = path / "bin" / "python"
-        for step in build_steps(path, pins_file(release), pinned(release, "torch") or "torch", requirements()):
+        for step in build_steps(path, pins_file(release), pinned(release, "torch") or "torch",
+                                requirements() + optional(release)):
             if run_logged(step, log, echo=echo) != 0:
                 raise RuntimeError(f"environment build failed at: {' '.join(step)}")
         versions = subprocess.run(
@@ -333,6 +345,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--list", action="store_true", help="list the releases, their pins and environments, and exit")
     parser.add_argument("--newest-pins", action="store_true",
                         help="print the newest release's pins file (the default run's constraints in .ci/run), and exit")
+    parser.add_argument("--newest-optional", action="store_true",
+                        help="print the optional packages the newest release's environment installs, and exit")
     parser.add_argument("--jobs", type=int, default=1, help="releases run at once (default 1)")
     parser.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE, help=f"where environments live ({DEFAULT_CACHE})")
     parser.add_argument("--out", type=Path, default=ROOT / "build" / "matrix", help="logs and reports (build/matrix)")
@@ -365,6 +379,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.newest_pins:
         say(str(pins_file(RELEASES[-1])))
+        return 0
+    if args.newest_optional:
+        say(" ".join(optional(RELEASES[-1])))
         return 0
     args.out.mkdir(parents=True, exist_ok=True)
     echo = args.jobs == 1

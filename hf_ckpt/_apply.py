@@ -63,6 +63,9 @@ def apply_config(model: nn.Module, config: CheckpointConfig) -> nn.Module:
         raise
     state = CheckpointState(config=config, before=before, bound=bound)
     _hooks.add_checkpointing_hooks(state, target, binding, needs_input_grads=target is not model)
+    if any(not block.layer_flag for block in binding.blocks):  # deferred: only stack-flag models load it
+        from . import _direct
+        _direct.install(state, binding.blocks)  # blocks a stack calls directly: checkpointed by wrapping them
     if hooked:  # one saved-tensor hook for both: recomputed modules, remade block outputs
         _outside.install(state, [model, target], outside)
     guard = install_guard(target)  # one checkpoint per block under any engine; the DDP trap

@@ -217,9 +217,22 @@ class DirectStackModel(_ToyStack):
 
 
 class InertStackModel(_ToyStack):
-    """Has the flag but never checkpoints (as a few upstream releases had by mistake)."""
+    """Has the flag but never checkpoints (as a few upstream releases had by mistake): no method of it names a
+    checkpoint function, so hf_ckpt wraps its blocks (``hf_ckpt._direct``)."""
 
     def _run_layer(self, layer, hidden_states):
+        return layer(hidden_states)
+
+
+class DormantStackModel(_ToyStack):
+    """Names its checkpoint function in a branch that never runs: hf_ckpt cannot tell it apart from a working
+    loop, leaves it alone, and the first-step probe measures that nothing was recomputed."""
+
+    never = False
+
+    def _run_layer(self, layer, hidden_states):
+        if self.never:
+            return self._gradient_checkpointing_func(layer.__call__, hidden_states)
         return layer(hidden_states)
 
 

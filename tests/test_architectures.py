@@ -107,16 +107,8 @@ KNOWN_FAILURES: dict[str, KnownFailure] = {
         "of every checkpointed block is dropped and most parameters get no gradient (upstream bug, 4.45-4.51).",
         _upstream_fails,
     ),
-    "starcoder2": KnownFailure(
-        "Starcoder2Model.forward calls its layers directly and never reads `gradient_checkpointing`, so nothing "
-        "can be recomputed (upstream bug, 4.51).",
-        _upstream_fails,
-    ),
-    "gpt_bigcode": KnownFailure(
-        "GPTBigCodeModel.forward calls its blocks directly and its blocks are no GradientCheckpointingLayer, so "
-        "nothing can be recomputed (upstream bug, 4.57).",
-        _upstream_fails,
-    ),
+    # starcoder2 (4.51) and gpt_bigcode (4.57) call their blocks directly and never checkpoint: hf_ckpt wraps them
+    # (hf_ckpt/_direct.py), so they pass on every release.
     "recurrent_gemma": KnownFailure(
         "The recurrent block keeps its state on the module between calls, so the recompute sees other inputs than "
         "the forward did and torch.utils.checkpoint raises a CheckpointError (upstream bug, up to 4.57).",

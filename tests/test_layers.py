@@ -21,6 +21,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "hf_ckpt"
 DEFERRED = {
     ("hf_ckpt.core", "hf_ckpt._deferred"): "the lab (planner, estimator) loads only when a budget is asked for",
     ("hf_ckpt._apply", "hf_ckpt._outside"): "the saved-tensor hook's runtime loads only for plans that use it",
+    ("hf_ckpt._apply", "hf_ckpt._direct"): "wrapping directly called blocks loads only for models with a stack flag",
     ("hf_ckpt.patch", "hf_ckpt.integrations.trainer"): "transformers' Trainer is imported only when patching",
 }
 #: The lab: what decides or measures (planners, profiling, the estimator, the bench, verify, the CLI). The runtime

@@ -15,6 +15,7 @@ from hf_ckpt.blocks import Block
 from hf_ckpt.counting import BlockRunCounter
 from helpers import (
     DirectStackModel,
+    DormantStackModel,
     FuncStackModel,
     InertStackModel,
     LambdaStackModel,
@@ -79,7 +80,7 @@ def _enable_quietly(model, **options):
         (PartialStackModel, {"layers": [3]}, [0, 1, 2, 3], "recomputed although not selected"),
         (LambdaStackModel, {"every_n_layers": 2}, [0, 1, 2, 3], "recomputed although not selected"),
         (DirectStackModel, {"every_n_layers": 2}, [0, 1, 2, 3], "recomputed although not selected"),
-        (InertStackModel, {"every_n_layers": 2}, [], "selected but were not recomputed"),
+        (DormantStackModel, {"every_n_layers": 2}, [], "selected but were not recomputed"),
     ],
 )
 def test_a_selection_the_model_ignores_is_measured_warned_and_reported(cls, options, measured, reason):
