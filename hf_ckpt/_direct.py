@@ -91,9 +91,29 @@ def never_checkpoints(stack_class: type) -> bool:
     return True
 
 
+def _runs_unchecked(owner: nn.Module, names: dict[int, str], module: nn.Module) -> bool:
+    """Whether no module from ``owner`` down to ``module``'s parent (the code that runs the block) checkpoints."""
+    current = owner
+    for part in names.get(id(module), "").split(".")[:-1]:
+        if not never_checkpoints(type(current)):
+            return False
+        current = getattr(current, part)
+    return never_checkpoints(type(current))
+
+
 def directly_called(blocks: tuple[Block, ...]) -> list[Block]:
-    """The stack-flag blocks among ``blocks`` whose stack never checkpoints them."""
-    return [block for block in blocks if not block.layer_flag and never_checkpoints(type(block.owner))]
+    """The stack-flag blocks among ``blocks`` that nothing between their flag holder and them ever checkpoints.
+
+    The flag holder is not always the module whose loop runs the blocks: Fuyu's flag sits on the top model, its
+    Persimmon language model's loop checkpoints the blocks; SEW-D's on ``SEWDEncoder``, whose nested DeBERTa-style
+    encoder checkpoints them. Every module on the way from the holder to the block must never checkpoint, or
+    wrapping would checkpoint a block twice."""
+    names: dict[int, dict[int, str]] = {}
+    for block in blocks:
+        if not block.layer_flag and id(block.owner) not in names:
+            names[id(block.owner)] = {id(module): name for name, module in block.owner.named_modules()}
+    return [block for block in blocks if not block.layer_flag
+            and _runs_unchecked(block.owner, names[id(block.owner)], block.module)]
 
 
 def _checkpointed_forward(owner: nn.Module, module: nn.Module, forward: Any, *args: Any, **kwargs: Any) -> Any:

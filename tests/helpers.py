@@ -224,6 +224,52 @@ class InertStackModel(_ToyStack):
         return layer(hidden_states)
 
 
+class _CheckpointingLoop(nn.Module):
+    """A nested encoder whose own loop checkpoints its blocks (SEW-D's DeBERTa-style encoder, Fuyu's Persimmon)."""
+
+    def __init__(self, hidden: int, layers: int):
+        super().__init__()
+        self.layers = nn.ModuleList(LegacyBlock(hidden) for _ in range(layers))
+        self.gradient_checkpointing = False
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            if self.gradient_checkpointing and self.training:
+                hidden_states = self._gradient_checkpointing_func(layer.__call__, hidden_states)
+            else:
+                hidden_states = layer(hidden_states)
+        return hidden_states
+
+
+class NestedLoopModel(PreTrainedModel):
+    """The flag on the top model too, the loop in a nested module: the top's code never names a checkpoint
+    function, its nested encoder's does, so its blocks are checkpointed by that loop, never wrapped."""
+
+    config_class = LegacyConfig
+    supports_gradient_checkpointing = True
+
+    def __init__(self, config: LegacyConfig):
+        super().__init__(config)
+        self.embed = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.encoder = _CheckpointingLoop(config.hidden_size, config.num_layers)
+        self.head = nn.Linear(config.hidden_size, config.vocab_size)
+        self.gradient_checkpointing = False
+        self.post_init()
+
+    def _init_weights(self, module: nn.Module) -> None:
+        pass
+
+    def get_input_embeddings(self) -> nn.Module:
+        return self.embed
+
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None) -> CausalLMOutput:
+        logits = self.head(self.encoder(self.embed(input_ids)))
+        loss = None
+        if labels is not None:
+            loss = nn.functional.cross_entropy(logits.view(-1, logits.size(-1)), labels.view(-1))
+        return CausalLMOutput(loss=loss, logits=logits)
+
+
 class DormantStackModel(_ToyStack):
     """Names its checkpoint function in a branch that never runs: hf_ckpt cannot tell it apart from a working
     loop, leaves it alone, and the first-step probe measures that nothing was recomputed."""

@@ -24,6 +24,7 @@ from helpers import (
     DormantStackModel,
     FuncStackModel,
     InertStackModel,
+    NestedLoopModel,
     batch_for,
     max_grad_diff,
     recomputed_in_step,
@@ -55,6 +56,22 @@ def test_directly_called_blocks_are_checkpointed_measured_and_equal(options, sel
         recomputed, grads = recomputed_in_step(model, batch)
     assert recomputed == selected
     assert hf_ckpt.checkpointed_layers(model) == selected
+    assert max_grad_diff(reference, grads) <= 1e-5
+
+
+def test_blocks_a_nested_module_checkpoints_are_never_wrapped():
+    """The flag holder's own code never checkpoints, but the nested encoder that runs the blocks does (SEW-D and
+    Fuyu on transformers 4.45): wrapping them too would checkpoint each block twice (a CheckpointError there)."""
+    model = tiny_legacy(NestedLoopModel)
+    blocks = find_blocks(model)
+    assert [block.owner for block in blocks] == [model] * 4 and never_checkpoints(NestedLoopModel)
+    assert directly_called(tuple(blocks)) == []
+    batch = batch_for(model)
+    reference = train_step(model, batch)
+    hf_ckpt.enable(model, every_n_layers=2)
+    assert all("forward" not in layer.__dict__ for layer in model.encoder.layers)
+    recomputed, grads = recomputed_in_step(model, batch)
+    assert recomputed == [0, 2]
     assert max_grad_diff(reference, grads) <= 1e-5
 
 
