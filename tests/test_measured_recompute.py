@@ -17,7 +17,6 @@ from helpers import (
     DirectStackModel,
     DormantStackModel,
     FuncStackModel,
-    InertStackModel,
     LambdaStackModel,
     PartialStackModel,
     batch_for,

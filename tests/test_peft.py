@@ -1,7 +1,6 @@
 """LoRA adapters receive gradients in every order, with reentrant and non-reentrant checkpointing."""
 
 import pytest
-import torch
 
 peft = pytest.importorskip("peft")  # `peft` is in the test extra; CI installs it, so this never skips there
 from peft import LoraConfig, get_peft_model

@@ -9,7 +9,7 @@ import torch
 import hf_ckpt
 from hf_ckpt.measure import measure_step
 from hf_ckpt.planner import profile_blocks, solve
-from helpers import VOCAB, tiny_llama, tiny_t5
+from helpers import VOCAB, tiny_llama
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,6 @@ import re
 import warnings
 from pathlib import Path
 
-import pytest
 import torch
 from torch import nn
 
