@@ -35,6 +35,7 @@ sizes and the helpers both use are in ``arch_tiny``.
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import functools
 import inspect
@@ -44,7 +45,7 @@ from typing import Any
 import torch
 
 from arch_inputs import EXTRA_INPUTS, IMAGE_SIZES, INPUT_RULES, features_last, time_series
-from arch_overrides import OVERRIDES
+from arch_overrides import DEFAULT_PARTS, OVERRIDES
 from arch_tiny import (AUDIO_SAMPLES, BATCH_SIZE, BLOCKS, FIRST_ID, IMAGE_SIZE, MAX_PARAMETERS, PATCH_SIZE,
                        RESERVED_IDS, SEQUENCE_LENGTH, SIZES, VOCAB_SIZE, find, grid_patches, required, token_ids,
                        uninitialized_memory_is_nan)
@@ -178,6 +179,17 @@ def _sub_config_class(parent: type, key: str, value: dict) -> type | None:
     return None
 
 
+def _accepted(sub: type, values: dict[str, Any]) -> dict[str, Any]:
+    """``values`` as ``sub`` takes them: a sub-config that refuses keys it does not declare (DBRX's attention and
+    feed-forward configs on 4.x raise on the generic ``PretrainedConfig`` fields of a ``to_dict``) gets its own."""
+    try:
+        sub(**values)
+    except (TypeError, ValueError):
+        declared = inspect.signature(sub.__init__).parameters
+        return {k: v for k, v in values.items() if k in declared and k != "self"}
+    return values
+
+
 def _shrink_list(name: str, value: list, layers: int | None) -> list | None:
     per_layer = bool(layers and len(value) == layers and value) and name not in _STAGE_LISTS
     if name == "intermediate_size" and value and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
@@ -234,7 +246,7 @@ def _hidden_sizes(defaults: dict[str, Any]) -> set[int]:
 
 
 def tiny_kwargs(cls: type, defaults: dict[str, Any], tokens: _Tokens,
-                widths: set[int] | None = None) -> dict[str, Any]:
+                widths: set[int] | None = None, instance: Any = None) -> dict[str, Any]:
     """Keyword arguments that make ``cls`` (whose defaults are ``defaults``) tiny; recursive into sub-configs.
 
     Besides the named sizes, any size-like field (``*size*``, ``*dim*``, ...) whose default equals one of the
@@ -249,9 +261,10 @@ def tiny_kwargs(cls: type, defaults: dict[str, Any], tokens: _Tokens,
     for name, value in defaults.items():
         lowered = name.lower()
         if isinstance(value, dict) and "model_type" in value:
-            sub = _sub_config_class(cls, name, value)
+            built = getattr(instance, name, None)  # before ``sub_configs`` (4.45): the class the default holds
+            sub = _sub_config_class(cls, name, value) or (type(built) if hasattr(built, "to_dict") else None)
             if sub is not None:
-                tiny = {**value, **tiny_kwargs(sub, value, tokens, widths=widths)}
+                tiny = _accepted(sub, {**value, **tiny_kwargs(sub, value, tokens, widths=widths, instance=built)})
                 kwargs[name] = _merge(tiny, OVERRIDES.get(value["model_type"], {}))  # a sub-model's own overrides
             continue
         if isinstance(value, dict) and value and all(str(k).isdigit() for k in value) and (
@@ -301,6 +314,8 @@ def tiny_kwargs(cls: type, defaults: dict[str, Any], tokens: _Tokens,
         # the model falls back to a full-size section list when the config has none (GLM-4V)
         kwargs["rope_parameters"] = {**rope, "mrope_section": _mrope_section(rope, defaults)}
     kwargs.update(_backbone_outputs(defaults, layers))
+    if defaults.get("use_mamba_kernels"):  # the fused Mamba kernels need CUDA (jamba raises before 4.5x without them)
+        kwargs["use_mamba_kernels"] = False
     if layers and defaults.get("num_kv_shared_layers") == layers:  # every layer reuses another model's cache
         kwargs["num_kv_shared_layers"] = BLOCKS
     if isinstance(defaults.get("image_grid_pinpoints"), list):  # any-resolution tiles: one tiny image size
@@ -372,15 +387,33 @@ def _backbone_outputs(defaults: dict, layers: int | None) -> dict[str, Any]:
 def tiny_config(model_type: str):
     cls = config_class(model_type)
     try:
-        defaults = cls().to_dict()
+        instance = cls()
     except Exception:  # noqa: BLE001 (defaults its own validation rejects: start from the per-type settings)
-        defaults = cls(**OVERRIDES.get(model_type, {})).to_dict()
-    kwargs = _merge(tiny_kwargs(cls, defaults, _Tokens()), OVERRIDES.get(model_type, {}))
+        # copies: 4.x composite configs pop "model_type" out of the dicts they are given
+        instance = cls(**copy.deepcopy({**DEFAULT_PARTS.get(model_type, {}), **OVERRIDES.get(model_type, {})}))
+    defaults = instance.to_dict()
+    kwargs = _merge(tiny_kwargs(cls, defaults, _Tokens(), instance=instance), OVERRIDES.get(model_type, {}))
+    if "backbone_config" in kwargs and isinstance(defaults.get("backbone"), str):
+        # a backbone config replaces the named (timm) checkpoint; 4.x configs refuse both at once
+        kwargs.update(backbone=None, use_timm_backbone=False) if "use_timm_backbone" in defaults else None
     return cls(**kwargs)
 
 
 class NotTiny(Exception):
     """The generic rule does not make this model type tiny."""
+
+
+def _parameters(model_class: type, config: Any) -> int:
+    """The parameter count of ``model_class(config)``, sized on the meta device first, without allocating (a missed
+    size would build a full-size model); a model whose ``__init__`` reads a tensor's value (older releases' drop
+    path rates: ``torch.linspace(...)[i].item()``) cannot be built there and is counted on the CPU."""
+    try:
+        with torch.device("meta"):
+            return sum(p.numel() for p in model_class(config).parameters())
+    except (RuntimeError, NotImplementedError) as error:
+        if "meta" not in str(error):
+            raise
+    return sum(p.numel() for p in model_class(config).parameters())
 
 
 def build(entry: ModelType, seed: int = 0) -> torch.nn.Module:
@@ -390,8 +423,7 @@ def build(entry: ModelType, seed: int = 0) -> torch.nn.Module:
     wanted = getattr(model_class, "config_class", None)
     if isinstance(wanted, type) and not isinstance(config, wanted):  # a base class built from one part of its
         config = next((v for v in vars(config).values() if isinstance(v, wanted)), config)  # type's composite config
-    with torch.device("meta"):  # sizes first, without allocating: a missed size would build a full-size model
-        parameters = sum(p.numel() for p in model_class(config).parameters())
+    parameters = _parameters(model_class, config)
     if parameters > MAX_PARAMETERS:
         raise NotTiny(f"{entry.model_type} still has {parameters} parameters with the tiny config")
     torch.manual_seed(seed)
@@ -420,6 +452,9 @@ def _image_token_id(config: Any) -> int | None:
 
 
 _FEATURES = re.compile(r"tokens: \d+, features:? (\d+)|Got (\d+) feature vectors for \d+ placeholder tokens")
+#: Releases before the placeholder check scatter the features into the image-token positions: with none there, the
+#: scatter fails with the feature count (flat: tokens x hidden size over the batch; or [tokens, hidden]).
+_SCATTER = re.compile(r"value tensor of shape \[(\d+)(, \d+)?\] cannot be broadcast to indexing result of shape \[0")
 
 
 def inputs(model: torch.nn.Module, seed: int = 0) -> dict[str, Any]:
@@ -443,9 +478,13 @@ def inputs(model: torch.nn.Module, seed: int = 0) -> dict[str, Any]:
             return batch
         except (ValueError, RuntimeError) as error:
             found = _FEATURES.search(str(error))
-            if not (found or "image tokens" in str(error)) or candidates == []:
+            scattered = _SCATTER.search(str(error))
+            if not (found or scattered or "image tokens" in str(error)) or candidates == []:
                 raise
-            if candidates is None and found:  # "features": a token count or tokens x hidden size, over the batch
+            if candidates is None and scattered:
+                hidden = 1 if scattered.group(2) else find(model.config, "hidden_size", default=1)  # [tokens, hidden]
+                candidates = [max(1, int(scattered.group(1)) // BATCH_SIZE // hidden)]
+            elif candidates is None and found:  # "features": a token count or tokens x hidden size, over the batch
                 features = int(found.group(1) or found.group(2))
                 hidden = find(model.config, "hidden_size", default=1)
                 candidates = [c for c in (features // BATCH_SIZE, features // BATCH_SIZE // hidden, features) if c]

@@ -32,6 +32,20 @@ _UVDOC_BACKBONE = {"resnet_head": [[3, 8], [8, 8]],
                    "stage_configs": [[[32, 1]], [[32, 2]], [[32, 5]], [[32, 8], [32, 3]], [[32, 12], [32, 7]],
                                      [[32, 18], [32, 12]]]}
 
+_BERT_DECODER = {"model_type": "bert", "is_decoder": True, "add_cross_attention": True}
+
+#: The parts of composite configs that have none by default before transformers 5 (their ``__init__`` raises
+#: without them): those 5.x defaults to, given only where the config's own defaults fail (``tiny_config``), then
+#: made tiny by the generic rule like any sub-config.
+DEFAULT_PARTS: dict[str, dict[str, Any]] = {
+    "encoder-decoder": {"encoder": {"model_type": "bert"}, "decoder": _BERT_DECODER},
+    "musicgen": {"text_encoder": {"model_type": "t5"}, "audio_encoder": {"model_type": "encodec"}, "decoder": {}},
+    "musicgen_melody": {"text_encoder": {"model_type": "t5"}, "audio_encoder": {"model_type": "encodec"},
+                        "decoder": {}},
+    "speech-encoder-decoder": {"encoder": {"model_type": "wav2vec2"}, "decoder": _BERT_DECODER},
+    "vision-encoder-decoder": {"encoder": {"model_type": "vit"}, "decoder": _BERT_DECODER},
+}
+
 #: Per-type config settings on top of the generic rule, each with why the rule cannot work.
 OVERRIDES: dict[str, dict[str, Any]] = {
     # EfficientNet scales its stage widths and repeats by these coefficients (2.0 and 3.1: 55 blocks, 62M weights);
