@@ -127,7 +127,12 @@ def render_full_sweep(sweep: dict | None) -> list[str]:
         "`checkpoint`), hf_ckpt checkpoints the selected blocks itself by wrapping their `forward`, as torch's "
         "`checkpoint_wrapper` does (`hf_ckpt/_direct.py`; `disable` unwraps them): so pass CLVP's text and speech "
         "encoders (`clvp`), Mllama's vision encoder (`mllama`), HGNetV2's encoder (`pp_ocrv5_server_rec`) and "
-        "PP-LCNetV4's encoder (`pp_ocrv6_small_rec`). The newest release's environment installs `scipy` "
+        "PP-LCNetV4's encoder (`pp_ocrv6_small_rec`). A model that only declares support (no module of it has the "
+        "flag or is a `GradientCheckpointingLayer`) gets the flag from hf_ckpt and its stack's list of repeated "
+        "blocks wrapped the same way: so pass Gemma 3n's and Gemma 4's audio encoders (`gemma3n_audio`, "
+        "`gemma4_audio`), MuseSpark's audio model (`muse_spark_audio`), PP-LCNetV4 (`pp_lcnet_v4`) and, on 4.45, "
+        "VAN (`van`). Where a flag sits above a nested loop that checkpoints (Fuyu, SEW-D on 4.45), nothing is "
+        "wrapped. The newest release's environment installs `scipy` "
         "(`inkling_mm_model`); `timm` is not installed: it needs torchvision, and the index's torchvision is the CUDA "
         "build, which does not load beside the CPU torch.",
         "",

@@ -82,12 +82,12 @@ def resolve(target: nn.Module, config: CheckpointConfig) -> Binding:
             f"{type(target).__name__} does not support activation checkpointing: the class sets "
             "supports_gradient_checkpointing = False."
         )
-    if not any(hasattr(module, "gradient_checkpointing") for module in target.modules()):
+    blocks = tuple(find_blocks(target))
+    if not blocks and not any(hasattr(module, "gradient_checkpointing") for module in target.modules()):
         raise ValueError(
             f"{type(target).__name__} is not compatible with activation checkpointing: none of its modules has a "
-            "`gradient_checkpointing` attribute."
+            "`gradient_checkpointing` attribute, and it has no list of repeated blocks."
         )
-    blocks = tuple(find_blocks(target))
     strategies = config.resolve(len(blocks))
     if config.plan is not None:
         config.plan.check_made_for(target)
@@ -131,6 +131,9 @@ def bind(target: nn.Module, binding: Binding) -> list[tuple[nn.Module, str, Any]
         setattr(module, name, value)
         bound.append((module, name, value))
 
+    for block in binding.blocks:
+        if not hasattr(block.owner, "gradient_checkpointing"):  # a model that only declares support: its flag
+            put(block.owner, "gradient_checkpointing", True)
     for module in target.modules():
         if not hasattr(module, "gradient_checkpointing"):
             continue

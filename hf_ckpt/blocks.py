@@ -13,6 +13,11 @@ Where a stack holds layer-flag blocks, those are its blocks: the other modules i
 MobileNet layers beside its transformer layers, MusicGen's per-codebook embedding list, GroupViT's stages around
 their layers) are not, since nothing ever checkpoints them.
 
+A third kind only **declares** support: the model class sets ``supports_gradient_checkpointing = True`` but no module
+of it has a flag or is a ``GradientCheckpointingLayer`` (Gemma 3n's and Gemma 4's audio encoders, PP-LCNetV4,
+VAN on transformers 4.45). Its blocks are its stack's list (the largest ``nn.ModuleList``), owned by the model
+itself; hf_ckpt gives the model the flag and checkpoints them by wrapping (``hf_ckpt._direct``).
+
 Blocks are numbered in module registration order, which is encoder blocks then decoder blocks for
 encoder-decoder models.
 """
@@ -122,7 +127,21 @@ def find_blocks(model: nn.Module) -> list[Block]:
             continue  # a stack's element holding layer-flag blocks (GroupViT's stages): those are the blocks
         if owner is not None and not _is_inside(name, [b.name for b in blocks]):
             blocks.append(Block(index=len(blocks), name=name, module=module, owner=owner))
-    return blocks
+    return blocks or _declared_blocks(model, modules)
+
+
+def _declared_blocks(model: nn.Module, modules: list[tuple[str, nn.Module]]) -> list[Block]:
+    """The blocks of a model that declares ``supports_gradient_checkpointing`` but has no flag anywhere: its stack's
+    list, at least two blocks long, owned by the model (see the module docstring)."""
+    if getattr(model, "supports_gradient_checkpointing", False) is not True or any(
+            hasattr(module, "gradient_checkpointing") for _, module in modules):
+        return []
+    block_list = _stack_block_list(model)
+    if block_list is None or len(block_list) < 2:
+        return []
+    members = {id(block) for block in block_list}
+    named = [(name, module) for name, module in modules if id(module) in members]
+    return [Block(index=i, name=name, module=module, owner=model) for i, (name, module) in enumerate(named)]
 
 
 def module_of(function: Callable[..., Any]) -> nn.Module | None:

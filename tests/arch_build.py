@@ -313,6 +313,9 @@ def tiny_kwargs(cls: type, defaults: dict[str, Any], tokens: _Tokens,
             and "mrope_section" in getattr(cls, "ignore_keys_at_rope_validation", ())):
         # the model falls back to a full-size section list when the config has none (GLM-4V)
         kwargs["rope_parameters"] = {**rope, "mrope_section": _mrope_section(rope, defaults)}
+    if defaults.get("rope_scaling", 0) is None and getattr(cls, "model_type", "") in _MROPE_BEFORE_5:
+        # 4.x Qwen-VL text models read rope_scaling["mrope_section"], None by default (checkpoints set it)
+        kwargs["rope_scaling"] = {"type": "mrope", "mrope_section": _mrope_section({}, defaults)}
     kwargs.update(_backbone_outputs(defaults, layers))
     if defaults.get("use_mamba_kernels"):  # the fused Mamba kernels need CUDA (jamba raises before 4.5x without them)
         kwargs["use_mamba_kernels"] = False
@@ -362,6 +365,10 @@ def _merge(values: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
 #: (key/value head count, attention head count) field pairs.
 _KV_HEADS = (("num_key_value_heads", "num_attention_heads"), ("n_kv_heads", "n_heads"), ("num_kv_heads", "num_heads"),
              ("num_kv_heads", "num_attention_heads"))
+
+
+#: Model types whose 4.x text model reads multimodal rotary sections from ``rope_scaling`` (None by default).
+_MROPE_BEFORE_5 = ("qwen2_vl", "qwen2_5_vl", "qwen2_vl_text", "qwen2_5_vl_text")
 
 
 def _mrope_section(rope: dict, defaults: dict) -> list[int]:
@@ -451,7 +458,8 @@ def _image_token_id(config: Any) -> int | None:
     return find(config, "image_token_id", "image_token_index")
 
 
-_FEATURES = re.compile(r"tokens: \d+, features:? (\d+)|Got (\d+) feature vectors for \d+ placeholder tokens")
+_FEATURES = re.compile(r"tokens: \d+, features:? (\d+)|Got (\d+) feature vectors for \d+ placeholder tokens"
+                       r"|but (\d+) tokens from image embeddings|multi_modal_projector returned (\d+)")
 #: Releases before the placeholder check scatter the features into the image-token positions: with none there, the
 #: scatter fails with the feature count (flat: tokens x hidden size over the batch; or [tokens, hidden]).
 _SCATTER = re.compile(r"value tensor of shape \[(\d+)(, \d+)?\] cannot be broadcast to indexing result of shape \[0")
@@ -485,7 +493,7 @@ def inputs(model: torch.nn.Module, seed: int = 0) -> dict[str, Any]:
                 hidden = 1 if scattered.group(2) else find(model.config, "hidden_size", default=1)  # [tokens, hidden]
                 candidates = [max(1, int(scattered.group(1)) // BATCH_SIZE // hidden)]
             elif candidates is None and found:  # "features": a token count or tokens x hidden size, over the batch
-                features = int(found.group(1) or found.group(2))
+                features = int(next(group for group in found.groups() if group))
                 hidden = find(model.config, "hidden_size", default=1)
                 candidates = [c for c in (features // BATCH_SIZE, features // BATCH_SIZE // hidden, features) if c]
             elif candidates is None:  # older releases: one token per image, expanded by the model, or one per patch
@@ -529,8 +537,8 @@ def _inputs(model: torch.nn.Module, seed: int, pixels: bool = False, image_token
             frames = find(config, "num_frames") or (2 if _matches_pairs(config.model_type) else None)
             shape = (BATCH_SIZE, channels, size, size) if not frames else (BATCH_SIZE, frames, channels, size, size)
             any_resolution = find(config, "image_grid_pinpoints") is not None
-            if "image_sizes" in parameters and (any_resolution or "image_sizes" in EXTRA_INPUTS.get(
-                    config.model_type, [])):  # each image's true (height, width)
+            if "image_sizes" in parameters and (any_resolution or required(parameters, "image_sizes") or (
+                    "image_sizes" in EXTRA_INPUTS.get(config.model_type, []))):  # each image's true (height, width)
                 batch["image_sizes"] = torch.tensor([[size, size]] * BATCH_SIZE)
                 if any_resolution:
                     # LLaVA-NeXT style (any-resolution): the base image and its one tile (the tiny pinpoint grid)

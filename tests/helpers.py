@@ -224,6 +224,27 @@ class InertStackModel(_ToyStack):
         return layer(hidden_states)
 
 
+class DeclaredOnlyModel(_LegacyBase):
+    """Declares ``supports_gradient_checkpointing`` and has no flag anywhere, its loop calls its blocks directly
+    (Gemma 3n's audio encoder, PP-LCNetV4): hf_ckpt gives it the flag and wraps the blocks."""
+
+    _set_gradient_checkpointing = PreTrainedModel._set_gradient_checkpointing
+
+    def __init__(self, config: LegacyConfig):
+        super().__init__(config)
+        del self.gradient_checkpointing
+
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None) -> CausalLMOutput:
+        hidden_states = self.embed(input_ids)
+        for layer in self.layers:
+            hidden_states = layer(hidden_states)
+        logits = self.head(hidden_states)
+        loss = None
+        if labels is not None:
+            loss = nn.functional.cross_entropy(logits.view(-1, logits.size(-1)), labels.view(-1))
+        return CausalLMOutput(loss=loss, logits=logits)
+
+
 class _CheckpointingLoop(nn.Module):
     """A nested encoder whose own loop checkpoints its blocks (SEW-D's DeBERTa-style encoder, Fuyu's Persimmon)."""
 

@@ -103,7 +103,9 @@ def test_model_without_any_flag():
             super().__init__(config)
             del self.gradient_checkpointing
 
-    model = tiny_legacy(NoFlagModel)
-    with pytest.raises(ValueError, match=r"NoFlagModel.*`gradient_checkpointing` attribute"):  # the class, what it lacks
+    # one block: no list of repeated blocks either (with several, hf_ckpt gives the model the flag: test_direct_blocks)
+    model = tiny_legacy(NoFlagModel, layers=1)
+    with pytest.raises(ValueError, match=r"NoFlagModel.*`gradient_checkpointing` attribute, and it has no list of "
+                                         r"repeated blocks"):  # the class, what it lacks
         hf_ckpt.enable(model)
-    assert "_hf_ckpt_state" not in model.__dict__
+    assert "_hf_ckpt_state" not in model.__dict__ and "gradient_checkpointing" not in model.__dict__

@@ -20,6 +20,7 @@ from hf_ckpt._direct import directly_called, never_checkpoints
 from hf_ckpt.blocks import find_blocks
 from hf_ckpt.counting import BlockRunCounter
 from helpers import (
+    DeclaredOnlyModel,
     DirectStackModel,
     DormantStackModel,
     FuncStackModel,
@@ -73,6 +74,38 @@ def test_blocks_a_nested_module_checkpoints_are_never_wrapped():
     recomputed, grads = recomputed_in_step(model, batch)
     assert recomputed == [0, 2]
     assert max_grad_diff(reference, grads) <= 1e-5
+
+
+@pytest.mark.parametrize("options, selected", [({"every_n_layers": 2}, [0, 2]), ({}, [0, 1, 2, 3])])
+def test_a_model_that_only_declares_support_gets_a_flag_and_its_blocks_checkpointed(options, selected):
+    model = tiny_legacy(DeclaredOnlyModel)
+    assert not any(hasattr(module, "gradient_checkpointing") for module in model.modules())
+    blocks = find_blocks(model)
+    assert [block.name for block in blocks] == [f"layers.{i}" for i in range(4)]
+    assert all(block.owner is model for block in blocks)
+    batch = batch_for(model)
+    reference = train_step(model, batch)
+    hf_ckpt.enable(model, **options)
+    assert model.gradient_checkpointing is True and hf_ckpt.checkpointed_layers(model) == selected
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", HfCkptWarning)
+        recomputed, grads = recomputed_in_step(model, batch)
+    assert recomputed == selected
+    assert max_grad_diff(reference, grads) <= 1e-5
+    hf_ckpt.disable(model)  # the flag hf_ckpt gave it goes with the wrapping
+    assert "gradient_checkpointing" not in model.__dict__
+    assert all("forward" not in layer.__dict__ for layer in model.layers)
+    assert recomputed_in_step(model, batch)[0] == []
+
+
+def test_a_model_with_no_flag_and_no_repeated_blocks_is_refused_by_name():
+    model = tiny_legacy(DeclaredOnlyModel, layers=1)
+    assert find_blocks(model) == []
+    with pytest.raises(ValueError, match=r"^DeclaredOnlyModel is not compatible with activation checkpointing: none "
+                       r"of its modules has a `gradient_checkpointing` attribute, and it has no list of repeated "
+                       r"blocks\.$"):
+        hf_ckpt.enable(model)
+    assert "gradient_checkpointing" not in model.__dict__
 
 
 def test_disable_and_reenable_put_each_forward_back_once():
