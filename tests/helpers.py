@@ -146,14 +146,16 @@ class _LegacyBase(PreTrainedModel):
     def _run_layer(self, layer: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
-    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None) -> CausalLMOutput:
-        hidden_states = self.embed(input_ids)
+    def _body(self, hidden_states: torch.Tensor) -> torch.Tensor:
         for layer in self.layers:
             if self.gradient_checkpointing and self.training:
                 hidden_states = self._run_layer(layer, hidden_states)
             else:
                 hidden_states = layer(hidden_states)
-        logits = self.head(hidden_states)
+        return hidden_states
+
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None) -> CausalLMOutput:
+        logits = self.head(self._body(self.embed(input_ids)))
         loss = None
         if labels is not None:
             loss = nn.functional.cross_entropy(logits.view(-1, logits.size(-1)), labels.view(-1))
@@ -234,15 +236,10 @@ class DeclaredOnlyModel(_LegacyBase):
         super().__init__(config)
         del self.gradient_checkpointing
 
-    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None) -> CausalLMOutput:
-        hidden_states = self.embed(input_ids)
+    def _body(self, hidden_states: torch.Tensor) -> torch.Tensor:
         for layer in self.layers:
             hidden_states = layer(hidden_states)
-        logits = self.head(hidden_states)
-        loss = None
-        if labels is not None:
-            loss = nn.functional.cross_entropy(logits.view(-1, logits.size(-1)), labels.view(-1))
-        return CausalLMOutput(loss=loss, logits=logits)
+        return hidden_states
 
 
 class _CheckpointingLoop(nn.Module):
@@ -262,33 +259,17 @@ class _CheckpointingLoop(nn.Module):
         return hidden_states
 
 
-class NestedLoopModel(PreTrainedModel):
+class NestedLoopModel(_ToyStack):
     """The flag on the top model too, the loop in a nested module: the top's code never names a checkpoint
     function, its nested encoder's does, so its blocks are checkpointed by that loop, never wrapped."""
 
-    config_class = LegacyConfig
-    supports_gradient_checkpointing = True
-
     def __init__(self, config: LegacyConfig):
         super().__init__(config)
-        self.embed = nn.Embedding(config.vocab_size, config.hidden_size)
+        del self.layers
         self.encoder = _CheckpointingLoop(config.hidden_size, config.num_layers)
-        self.head = nn.Linear(config.hidden_size, config.vocab_size)
-        self.gradient_checkpointing = False
-        self.post_init()
 
-    def _init_weights(self, module: nn.Module) -> None:
-        pass
-
-    def get_input_embeddings(self) -> nn.Module:
-        return self.embed
-
-    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None) -> CausalLMOutput:
-        logits = self.head(self.encoder(self.embed(input_ids)))
-        loss = None
-        if labels is not None:
-            loss = nn.functional.cross_entropy(logits.view(-1, logits.size(-1)), labels.view(-1))
-        return CausalLMOutput(loss=loss, logits=logits)
+    def _body(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return self.encoder(hidden_states)
 
 
 class DormantStackModel(_ToyStack):
