@@ -171,7 +171,8 @@ def _is_number(value: Any) -> bool:
 
 
 def _sub_config_class(parent: type, key: str, value: dict) -> type | None:
-    declared = getattr(parent, "sub_configs", {}).get(key)
+    sub_configs = getattr(parent, "sub_configs", {})
+    declared = sub_configs.get(key) if isinstance(sub_configs, dict) else None  # a property on some 4.57 classes
     if isinstance(declared, type) and declared.__name__ != "AutoConfig":
         return declared
     with contextlib.suppress(KeyError):
@@ -313,9 +314,10 @@ def tiny_kwargs(cls: type, defaults: dict[str, Any], tokens: _Tokens,
             and "mrope_section" in getattr(cls, "ignore_keys_at_rope_validation", ())):
         # the model falls back to a full-size section list when the config has none (GLM-4V)
         kwargs["rope_parameters"] = {**rope, "mrope_section": _mrope_section(rope, defaults)}
-    if defaults.get("rope_scaling", 0) is None and getattr(cls, "model_type", "") in _MROPE_BEFORE_5:
+    if defaults.get("rope_scaling", 0) is None and _squashed(getattr(cls, "model_type", "")) in {
+            _squashed(name) for name in _MROPE_BEFORE_5}:  # squashed: 4.57 spells one "Glm4vMoe_text"
         # 4.x Qwen-VL text models read rope_scaling["mrope_section"], None by default (checkpoints set it)
-        kwargs["rope_scaling"] = {"type": "mrope", "mrope_section": _mrope_section({}, defaults)}
+        kwargs["rope_scaling"] = {"rope_type": "default", "mrope_section": _mrope_section({}, defaults)}
     kwargs.update(_backbone_outputs(defaults, layers))
     if defaults.get("use_mamba_kernels"):  # the fused Mamba kernels need CUDA (jamba raises before 4.5x without them)
         kwargs["use_mamba_kernels"] = False
@@ -367,8 +369,14 @@ _KV_HEADS = (("num_key_value_heads", "num_attention_heads"), ("n_kv_heads", "n_h
              ("num_kv_heads", "num_attention_heads"))
 
 
-#: Model types whose 4.x text model reads multimodal rotary sections from ``rope_scaling`` (None by default).
-_MROPE_BEFORE_5 = ("qwen2_vl", "qwen2_5_vl", "qwen2_vl_text", "qwen2_5_vl_text")
+#: Model types whose 4.x text model reads multimodal rotary sections from ``rope_scaling`` (None by default:
+#: checkpoints set it).
+_MROPE_BEFORE_5 = ("glm4v", "glm4v_moe", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "glm4v_text",
+                   "glm4v_moe_text", "qwen2_vl_text", "qwen2_5_vl_text", "qwen3_vl_text", "qwen3_vl_moe_text")
+
+
+def _squashed(model_type: str) -> str:
+    return model_type.replace("_", "").lower()
 
 
 def _mrope_section(rope: dict, defaults: dict) -> list[int]:
