@@ -310,12 +310,13 @@ def tiny_kwargs(cls: type, defaults: dict[str, Any], tokens: _Tokens,
         if kv_name in kwargs and isinstance(heads, int) and defaults[kv_name] == heads:
             kwargs[kv_name] = kwargs.get(heads_name, defaults[heads_name])  # multi-head by default: some require it
     rope = defaults.get("rope_parameters")
+    # squashed: 4.57 spells one "Glm4vMoe_text"; 5.0 configs do not list mrope_section among their rope keys yet
+    multimodal_rope = _squashed(getattr(cls, "model_type", "")) in {_squashed(name) for name in _MROPE_TYPES}
     if (isinstance(rope, dict) and "rope_type" in rope and "mrope_section" not in rope
-            and "mrope_section" in getattr(cls, "ignore_keys_at_rope_validation", ())):
+            and ("mrope_section" in getattr(cls, "ignore_keys_at_rope_validation", ()) or multimodal_rope)):
         # the model falls back to a full-size section list when the config has none (GLM-4V)
         kwargs["rope_parameters"] = {**rope, "mrope_section": _mrope_section(rope, defaults)}
-    if defaults.get("rope_scaling", 0) is None and _squashed(getattr(cls, "model_type", "")) in {
-            _squashed(name) for name in _MROPE_BEFORE_5}:  # squashed: 4.57 spells one "Glm4vMoe_text"
+    if defaults.get("rope_scaling", 0) is None and multimodal_rope:
         # 4.x Qwen-VL text models read rope_scaling["mrope_section"], None by default (checkpoints set it)
         kwargs["rope_scaling"] = {"rope_type": "default", "mrope_section": _mrope_section({}, defaults)}
     kwargs.update(_backbone_outputs(defaults, layers))
@@ -369,9 +370,9 @@ _KV_HEADS = (("num_key_value_heads", "num_attention_heads"), ("n_kv_heads", "n_h
              ("num_kv_heads", "num_attention_heads"))
 
 
-#: Model types whose 4.x text model reads multimodal rotary sections from ``rope_scaling`` (None by default:
-#: checkpoints set it).
-_MROPE_BEFORE_5 = ("glm4v", "glm4v_moe", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "glm4v_text",
+#: Model types whose text model reads multimodal rotary sections that their 4.x and 5.0 configs do not set
+#: (``rope_scaling`` None, ``rope_parameters`` without ``mrope_section``: checkpoints set them).
+_MROPE_TYPES = ("glm4v", "glm4v_moe", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "glm4v_text",
                    "glm4v_moe_text", "qwen2_vl_text", "qwen2_5_vl_text", "qwen3_vl_text", "qwen3_vl_moe_text")
 
 
