@@ -537,6 +537,9 @@ def _inputs(model: torch.nn.Module, seed: int, pixels: bool = False, image_token
             batch["input_ids"] = ids
             if "mm_token_type_ids" in parameters and image_tokens:  # 1 marks an image token (GLM-4V, Qwen-VL)
                 batch["mm_token_type_ids"] = (ids == token).long()
+            if "token_type_ids" in parameters and pixels and token is not None:
+                # 1 marks an image token: PaliGemma's and Gemma 3's prefix mask, required in training on 5.0
+                batch["token_type_ids"] = (ids == token).long()
             if "attention_mask" in parameters:
                 batch["attention_mask"] = torch.ones_like(ids)
         elif name == "pixel_values":
