@@ -65,15 +65,23 @@ class _Tokens(torch.utils.data.Dataset):
 
 
 
+def _training_args(tmp_path, kwargs: dict, max_steps: int = 1, **extra):
+    """The stock Trainer's arguments for these tests: checkpointing with ``gradient_checkpointing_kwargs=kwargs``,
+    batches of 2, no learning, logging or saving, on the CPU."""
+    from transformers import TrainingArguments
+
+    return TrainingArguments(
+        output_dir=str(tmp_path), gradient_checkpointing=True, gradient_checkpointing_kwargs=kwargs,
+        max_steps=max_steps, per_device_train_batch_size=2, learning_rate=0.0, report_to=[], use_cpu=True,
+        save_strategy="no", logging_strategy="no", dataloader_num_workers=0, **extra,
+    )
+
+
 def test_stock_trainer_plans_the_first_batch_logs_once_and_saves_the_plan(patched, tmp_path, budget_log):
-    from transformers import Trainer, TrainingArguments
+    from transformers import Trainer
 
     model = tiny_llama()
-    args = TrainingArguments(
-        output_dir=str(tmp_path), gradient_checkpointing=True, gradient_checkpointing_kwargs={"budget": 0.5},
-        max_steps=2, per_device_train_batch_size=2, learning_rate=0.0, report_to=[], use_cpu=True,
-        save_strategy="no", logging_strategy="no", dataloader_num_workers=0,
-    )
+    args = _training_args(tmp_path, {"budget": 0.5}, max_steps=2)
     trainer = Trainer(model=model, args=args, train_dataset=_Tokens())
     with BlockRunCounter(model) as runs:
         trainer.train()
@@ -99,16 +107,12 @@ def test_stock_trainer_plans_the_first_batch_logs_once_and_saves_the_plan(patche
 def test_stock_trainer_with_bf16_plans_for_the_autocast_its_blocks_run_under(patched, tmp_path, budget_log):
     """bf16=True over float32 weights: the plan in effect is the autocast estimate's. Where accelerate wraps the
     outer forward in autocast, the outer level plans without it and the inner model's forward plans again, once."""
-    from transformers import Trainer, TrainingArguments
+    from transformers import Trainer
 
     from hf_ckpt.estimate import plan_from_estimate
 
     model = tiny_llama()
-    args = TrainingArguments(
-        output_dir=str(tmp_path), gradient_checkpointing=True, gradient_checkpointing_kwargs={"budget": 0.5},
-        max_steps=2, per_device_train_batch_size=2, learning_rate=0.0, report_to=[], use_cpu=True, bf16=True,
-        save_strategy="no", logging_strategy="no", dataloader_num_workers=0,
-    )
+    args = _training_args(tmp_path, {"budget": 0.5}, max_steps=2, bf16=True)
     Trainer(model=model, args=args, train_dataset=_Tokens()).train()
 
     messages = budget_log()
@@ -244,7 +248,7 @@ def test_auto_is_free_memory_less_headroom_gradients_states_and_transients(free_
 def test_auto_in_the_trainer_leaves_room_for_its_own_optimizer(patched, tmp_path, free_memory, optim, name):
     """The Trainer tells the budget its optimizer (BudgetPlanCallback): "auto" leaves room for what that
     optimizer's first step allocates (SGD without momentum: nothing), not for AdamW's states."""
-    from transformers import Trainer, TrainingArguments
+    from transformers import Trainer
 
     from hf_ckpt._optimizer_states import pending_state_bytes, unwrap
 
@@ -254,11 +258,7 @@ def test_auto_in_the_trainer_leaves_room_for_its_own_optimizer(patched, tmp_path
     states = {"SGD": 0, "AdamW": made.optimizer_bytes}[name]
     free_memory(_budget.headroom(total) + made.gradients_bytes + states + max(made.transient_bytes.values())
                 + activations, total)
-    args = TrainingArguments(
-        output_dir=str(tmp_path), gradient_checkpointing=True, gradient_checkpointing_kwargs={"budget": "auto"},
-        max_steps=1, per_device_train_batch_size=2, learning_rate=0.0, report_to=[], use_cpu=True, optim=optim,
-        save_strategy="no", logging_strategy="no", dataloader_num_workers=0,
-    )
+    args = _training_args(tmp_path, {"budget": "auto"}, optim=optim)
     trainer = Trainer(model=model, args=args, train_dataset=_Tokens())
     trainer.create_optimizer()
     assert pending_state_bytes(trainer.optimizer) == states  # AdamW's as the estimator counts them
@@ -425,15 +425,10 @@ def _logits_bytes(batch: int = 2, seq: int = SEQ) -> int:
 
 def _trained_with(tmp_path, kwargs: dict):
     """A tiny Llama trained one step by the stock Trainer with ``gradient_checkpointing_kwargs=kwargs``."""
-    from transformers import Trainer, TrainingArguments
+    from transformers import Trainer
 
     model = tiny_llama()
-    args = TrainingArguments(
-        output_dir=str(tmp_path), gradient_checkpointing=True, max_steps=1, per_device_train_batch_size=2,
-        gradient_checkpointing_kwargs=kwargs, learning_rate=0.0, report_to=[],
-        use_cpu=True, save_strategy="no", logging_strategy="no", dataloader_num_workers=0,
-    )
-    Trainer(model=model, args=args, train_dataset=_Tokens()).train()
+    Trainer(model=model, args=_training_args(tmp_path, kwargs), train_dataset=_Tokens()).train()
     return model
 
 
