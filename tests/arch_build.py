@@ -315,7 +315,7 @@ def tiny_kwargs(cls: type, defaults: dict[str, Any], tokens: _Tokens,
             kwargs[kv_name] = kwargs.get(heads_name, defaults[heads_name])  # multi-head by default: some require it
     rope = defaults.get("rope_parameters")
     # squashed: 4.57 spells one "Glm4vMoe_text"; 5.0 configs do not list mrope_section among their rope keys yet
-    multimodal_rope = _squashed(getattr(cls, "model_type", "")) in {_squashed(name) for name in _MROPE_TYPES}
+    multimodal_rope = _squashed(getattr(cls, "model_type", "")) in _MROPE_TYPES
     if (isinstance(rope, dict) and "rope_type" in rope and "mrope_section" not in rope
             and ("mrope_section" in getattr(cls, "ignore_keys_at_rope_validation", ()) or multimodal_rope)):
         # the model falls back to a full-size section list when the config has none (GLM-4V)
@@ -374,14 +374,15 @@ _KV_HEADS = (("num_key_value_heads", "num_attention_heads"), ("n_kv_heads", "n_h
              ("num_kv_heads", "num_attention_heads"))
 
 
-#: Model types whose text model reads multimodal rotary sections that their 4.x and 5.0 configs do not set
-#: (``rope_scaling`` None, ``rope_parameters`` without ``mrope_section``: checkpoints set them).
-_MROPE_TYPES = ("glm4v", "glm4v_moe", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "glm4v_text",
-                   "glm4v_moe_text", "qwen2_vl_text", "qwen2_5_vl_text", "qwen3_vl_text", "qwen3_vl_moe_text")
-
-
 def _squashed(model_type: str) -> str:
     return model_type.replace("_", "").lower()
+
+
+#: Model types whose text model reads multimodal rotary sections that their 4.x and 5.0 configs do not set
+#: (``rope_scaling`` None, ``rope_parameters`` without ``mrope_section``: checkpoints set them); squashed.
+_MROPE_TYPES = frozenset(_squashed(name) for name in (
+    "glm4v", "glm4v_moe", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "glm4v_text", "glm4v_moe_text",
+    "qwen2_vl_text", "qwen2_5_vl_text", "qwen3_vl_text", "qwen3_vl_moe_text"))
 
 
 def _mrope_section(rope: dict, defaults: dict) -> list[int]:
@@ -413,9 +414,9 @@ def tiny_config(model_type: str):
         instance = cls(**copy.deepcopy({**DEFAULT_PARTS.get(model_type, {}), **OVERRIDES.get(model_type, {})}))
     defaults = instance.to_dict()
     kwargs = _merge(tiny_kwargs(cls, defaults, _Tokens(), instance=instance), OVERRIDES.get(model_type, {}))
-    if "backbone_config" in kwargs and isinstance(defaults.get("backbone"), str):
+    if "backbone_config" in kwargs and isinstance(defaults.get("backbone"), str) and "use_timm_backbone" in defaults:
         # a backbone config replaces the named (timm) checkpoint; 4.x configs refuse both at once
-        kwargs.update(backbone=None, use_timm_backbone=False) if "use_timm_backbone" in defaults else None
+        kwargs.update(backbone=None, use_timm_backbone=False)
     return cls(**kwargs)
 
 
