@@ -402,6 +402,7 @@ def test_apply_rejects_bad_options_exactly_as_enable_does(options):
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
+@pytest.mark.slow
 @requires("distributed.fsdp.fully_shard")
 def test_fsdp_train_example_runs_under_torchrun_on_two_processes():
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p), OMP_NUM_THREADS="1")

@@ -160,6 +160,7 @@ def test_keep_outputs_matches_a_loop_that_keeps_the_outputs_through_backward():
     assert "outputs kept through backward" in str(kept) and "outputs dropped" in str(dropped)
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore")
 def test_parameter_gradient_and_adamw_bytes_are_exact(predicted_and_real):
     predicted, model = predicted_and_real
@@ -175,6 +176,7 @@ def test_parameter_gradient_and_adamw_bytes_are_exact(predicted_and_real):
     )
 
 
+@pytest.mark.slow
 def test_cost_does_not_grow_with_depth():
     shallow = estimate(_llama_config(), batch_size=1, seq_len=8, dtype="float32", strategies=("none", "full"))
     deep_config = _llama_config()

@@ -18,6 +18,7 @@ def config_path(tmp_path_factory):
     return str(folder / "config.json")
 
 
+@pytest.mark.slow
 def test_table_json_and_the_plan_that_fits(config_path, tmp_path, capsys):
     out_json, plan_json = tmp_path / "est.json", tmp_path / "plan.json"
     fast = ["--strategies", "none,full"]

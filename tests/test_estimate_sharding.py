@@ -37,6 +37,7 @@ def made(config):
                             world_size=4, shard=shard) for shard in SHARDS}
 
 
+@pytest.mark.slow
 def test_shards_divide_the_whole_model_states(made):
     whole = made["none"]
     assert whole.model_parameters_bytes == whole.parameters_bytes  # unsharded: one device holds the whole model
@@ -55,6 +56,7 @@ def test_shards_divide_the_whole_model_states(made):
     assert made["zero2"].optimizer_bytes == pytest.approx(3 * whole.gradients_bytes / 4, rel=0.01)
 
 
+@pytest.mark.slow
 def test_the_peak_adds_gathers_and_buffers(made):
     for shard in SHARDS[1:]:
         sharded = made[shard]
@@ -70,6 +72,7 @@ def test_the_peak_adds_gathers_and_buffers(made):
     assert made["fsdp-full"].buffer_bytes == 0
 
 
+@pytest.mark.slow
 def test_offload_moves_states_to_the_host(config):
     def run(**kwargs):
         return estimate(config, batch_size=1, seq_len=8, dtype="bfloat16", device="cpu", strategies=FAST,
@@ -104,6 +107,7 @@ def config_path(config, tmp_path_factory):
     return str(folder / "config.json")
 
 
+@pytest.mark.slow
 def test_cli_json_gains_the_sharding_and_the_plan_fits_per_device(config_path, tmp_path, capsys):
     out_json = tmp_path / "est.json"
     argv = ["estimate", config_path, "--batch", "2", "--seq", "16", "--dtype", "float32", "--device", "cpu",

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # each example is a fresh interpreter and a short training run
+
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 

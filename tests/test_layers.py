@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import ast
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from fresh import run_fresh
 
 PACKAGE = Path(__file__).resolve().parents[1] / "hf_ckpt"
 
@@ -182,11 +181,20 @@ print(json.dumps(loaded))
 """
 
 
-@pytest.mark.parametrize("setting", ["every_n_layers", "selective", "offload", "plan", "patched"])
-def test_a_training_step_with_a_runtime_setting_loads_no_lab_module(setting, tmp_path):
-    done = subprocess.run([sys.executable, "-c", _STEP, setting, str(tmp_path / "plan.json")],
-                          capture_output=True, text=True, check=True)
-    loaded = json.loads(done.stdout.strip().splitlines()[-1])
+_SETTINGS = ("every_n_layers", "selective", "offload", "plan", "patched")
+
+
+@pytest.fixture(scope="module")
+def loaded_by_setting(tmp_path_factory) -> dict[str, dict]:
+    """Each setting's training step, each in a process that starts without hf_ckpt: the modules it loaded."""
+    plan = str(tmp_path_factory.mktemp("plan") / "plan.json")
+    printed = run_fresh(_STEP, [[setting, plan] for setting in _SETTINGS])
+    return {setting: json.loads(out.strip().splitlines()[-1]) for setting, out in zip(_SETTINGS, printed)}
+
+
+@pytest.mark.parametrize("setting", _SETTINGS)
+def test_a_training_step_with_a_runtime_setting_loads_no_lab_module(setting, loaded_by_setting):
+    loaded = loaded_by_setting[setting]
     assert sorted(name for name in loaded if _lab(name)) == []
     lines = sum(len(Path(file).read_text().splitlines()) for file in loaded.values() if file)
     assert lines <= RUNTIME_LINES, f"{lines} lines of hf_ckpt loaded"

@@ -106,6 +106,7 @@ def test_a_tensor_saved_by_several_checkpoints_is_copied_once():
     assert third is not first and torch.equal(offload._unpack(third), shared)
 
 
+@pytest.mark.slow
 def test_the_warning_reaches_a_script_run_with_python_c():
     """``python -c`` code has no source a warning can quote: the warning is still shown (it once raised
     ImportError: '__main__' is not a built-in module)."""

@@ -34,6 +34,7 @@ def test_plan_command_exits_1_when_no_plan_fits(capsys):
     assert "budget" in err
 
 
+@pytest.mark.slow
 def test_plan_command_runs_as_a_module(tmp_path):
     root = str(Path(__file__).resolve().parents[1])  # this checkout's hf_ckpt, installed or not
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))

@@ -66,6 +66,7 @@ def config():
                                     max_position_embeddings=64)
 
 
+@pytest.mark.slow
 def test_the_first_batch_estimate_is_sharded_under_fsdp(accelerator, config):
     model = transformers.LlamaForCausalLM(config).train()
     _deferred._estimates.clear()
@@ -83,6 +84,7 @@ def test_the_first_batch_estimate_is_sharded_under_fsdp(accelerator, config):
     _deferred._estimates.clear()
 
 
+@pytest.mark.slow
 def test_plan_from_shapes_fits_the_device_per_rank(config):
     kwargs = dict(batch_size=2, seq_len=16, dtype="float32", device="cpu", whole_step=True)
     whole = estimate(config, batch_size=2, seq_len=16, dtype="float32", device="cpu", strategies=("none", "full"))

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import functools
 import json
-import subprocess
-import sys
 
 import pytest
 import torch.utils.checkpoint
@@ -14,6 +12,7 @@ import torch.utils.checkpoint
 import hf_ckpt
 from hf_ckpt import strategies
 from hf_ckpt.strategies import Strategy, parse, register
+from fresh import run_fresh
 from helpers import batch_for, max_grad_diff, recomputed_in_step, tiny_llama, train_step
 
 
@@ -97,6 +96,16 @@ print(json.dumps(sorted(name for name in sys.modules if name.startswith("hf_ckpt
 """
 
 
+_PLANS = ("full,none", "selective,full", "partition:0.5,full")
+
+
+@pytest.fixture(scope="module")
+def loaded_by_plan() -> dict[str, list[str]]:
+    """Each plan's training step, each in a process that starts without hf_ckpt: the hf_ckpt modules it loaded."""
+    printed = run_fresh(_LOADED, [[plan] for plan in _PLANS])
+    return {plan: json.loads(out.strip().splitlines()[-1]) for plan, out in zip(_PLANS, printed)}
+
+
 @pytest.mark.parametrize("plan, loaded, not_loaded", [
     ("full,none", [], ["hf_ckpt.strategies.selective", "hf_ckpt.strategies.partition", "hf_ckpt.oplevel._partition",
                        "hf_ckpt._outside", "hf_ckpt._boundary"]),
@@ -104,7 +113,6 @@ print(json.dumps(sorted(name for name in sys.modules if name.startswith("hf_ckpt
     ("partition:0.5,full", ["hf_ckpt.strategies.partition", "hf_ckpt.oplevel._partition", "hf_ckpt._outside"],
      ["hf_ckpt.strategies.selective"]),
 ])
-def test_a_kinds_module_loads_only_when_a_setting_uses_it(plan, loaded, not_loaded):
-    done = subprocess.run([sys.executable, "-c", _LOADED, plan], capture_output=True, text=True, check=True)
-    modules = set(json.loads(done.stdout.strip().splitlines()[-1]))
+def test_a_kinds_module_loads_only_when_a_setting_uses_it(plan, loaded, not_loaded, loaded_by_plan):
+    modules = set(loaded_by_plan[plan])
     assert set(loaded) <= modules and not set(not_loaded) & modules
