@@ -87,7 +87,8 @@ def _stack_block_list(stack: nn.Module) -> nn.ModuleList | None:
     the one with more parameters: a stack that keeps a norm per block beside its blocks (CLVP's conditioning
     encoder: ``group_norms`` and ``mel_attn_blocks``) iterates over both, and the blocks are the heavier."""
     direct = [child for child in stack.children() if isinstance(child, nn.ModuleList) and len(child) > 0]
-    if any(is_gradient_checkpointing_layer(unwrapped(block)) for child in direct for block in child):
+    if any(is_gradient_checkpointing_layer(unwrapped(block)) for child in direct for block in child
+           if block is not None):
         return None  # its blocks flag themselves; another list (MusicGen's per-codebook embeddings) is no stack
     candidates = direct or [m for m in stack.modules() if isinstance(m, nn.ModuleList) and len(m) > 0]
     return max(candidates, key=lambda blocks: (len(blocks), sum(p.numel() for p in blocks.parameters())), default=None)
@@ -116,6 +117,8 @@ def find_blocks(model: nn.Module) -> list[Block]:
         if block_list is None:
             continue
         for block in block_list:
+            if block is None:
+                continue  # a list padded with None (Informer's encoder: one distilling conv fewer than layers)
             inner = unwrapped(block)
             if id(inner) not in owner_of and not is_gradient_checkpointing_layer(inner):
                 owner_of[id(block)] = module

@@ -417,6 +417,8 @@ def tiny_config(model_type: str):
     if "backbone_config" in kwargs and isinstance(defaults.get("backbone"), str) and "use_timm_backbone" in defaults:
         # a backbone config replaces the named (timm) checkpoint; 4.x configs refuse both at once
         kwargs.update(backbone=None, use_timm_backbone=False)
+    if defaults.get("use_pretrained_backbone"):  # random weights: nothing to load (4.45's Deformable DETR default)
+        kwargs["use_pretrained_backbone"] = False
     return cls(**kwargs)
 
 

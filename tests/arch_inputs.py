@@ -285,6 +285,15 @@ def _patchified(model: torch.nn.Module, batch: dict, generator: torch.Generator)
     batch["spatial_shapes"] = torch.tensor([[side, side]] * BATCH_SIZE)
 
 
+def _spectrogram(model: torch.nn.Module, batch: dict, generator: torch.Generator) -> dict:
+    """TVLT (deprecated, 4.x): a required spectrogram beside the video, (batch, channels, time, frequency), the time
+    two patches long (its configured length is a maximum) and the frequency exactly the configured one."""
+    config = model.config
+    patch = config.audio_patch_size if isinstance(config.audio_patch_size, int) else config.audio_patch_size[0]
+    shape = (BATCH_SIZE, config.num_audio_channels, 2 * patch, config.frequency_length)
+    return {"audio_values": torch.randn(*shape, generator=generator)}
+
+
 #: Per-type input rules on top of the generic batch, each with why the generic rule cannot know; a rule gets the
 #: model, the generic batch and the seeded generator and returns the entries to set (or sets them in the batch itself and returns
 #: None: a rule that also removes entries).
@@ -335,6 +344,7 @@ INPUT_RULES: dict[str, Any] = {
     "speech_to_text": _frames_first,  # the convolutional subsampler reads (batch, frames, features)
     "speecht5": _speech_hidden_states,
     "udop": _boxes,  # the text encoder's 2-D relative position bias needs every token's box
+    "tvlt": _spectrogram,
     "tvp": _one_video,  # text + video grounding: the video frames are an optional input
     "ultravbert": _one_image_per_sequence,
     "uvdoc": _document,
@@ -366,6 +376,7 @@ FEATURES_LAST: dict[str, Callable[[Any], int]] = {
     "fun_asr_nano": lambda config: config.input_size,  # mel bins times stacked frames
     "granite_speech5": lambda config: 4 * config.num_mel_bins,  # delta-expanded, then stacked in pairs
     "gemma4": lambda config: config.subsampling_conv_channels[0],  # the projection assumes bins == channels
+    "mctct": lambda config: config.input_feat_per_channel * config.input_channels,  # M-CTC-T (deprecated, 4.x)
 }
 
 

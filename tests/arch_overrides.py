@@ -323,7 +323,9 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "time_series_transformer": {"prediction_length": 4, "context_length": 4, "lags_sequence": [1, 2],
                                 "num_time_features": 1},
     # The visual prompter pads frames to max_img_size and frames a border of visual_prompt_size.
-    "tvp": {"max_img_size": 2 * IMAGE_SIZE, "visual_prompt_size": 4},  # the ResNet grid pools 64 -> 1
+    # The ResNet grid pools 64 -> 1. On 4.x its text embeddings read type_vocab_size, which the config class does
+    # not declare (the checkpoints' config.json carries it).
+    "tvp": {"max_img_size": 2 * IMAGE_SIZE, "visual_prompt_size": 4, "type_vocab_size": 2},
     # The SAM encoder's output convolutions and windowed/global attention pattern have their own sizes.
     "unlimited_ocr": {"vision_config": {"sam_config": {"output_channels": 32, "downsample_channels": [32, 32],
                                                       "window_size": 2, "global_attn_indexes": [1, 3]}}},
@@ -352,6 +354,11 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     # The predictor has its own width and heads; positions follow the crop size.
     "vjepa2": {"pred_hidden_size": 32, "pred_num_attention_heads": 4, "crop_size": IMAGE_SIZE},
     # The acoustic encoder doubles its width per stride; the quantizer reads both encoders (2 x hidden); no GQA.
+    # ViT-hybrid (deprecated, 4.x): its BiT backbone's bottleneck blocks are a quarter of the stage width, and their
+    # group norms take 32 groups (the tiny widths need fewer); its patches are the backbone's feature map, whose
+    # shape (the tiny backbone's third stage: 64 channels, 1/16 of the image) the config states, one pixel each.
+    "vit_hybrid": {"backbone_config": {"num_groups": 4}, "patch_size": 1,
+                   "backbone_featmap_shape": [1, 64, IMAGE_SIZE // 16, IMAGE_SIZE // 16]},
     "xcodec2": {"encoder_hidden_size": 4, "downsampling_ratios": [2, 2, 2, 2, 2], "quantization_dim": 64,
                 "num_key_value_heads": 4},
     # The shared transformer is tied across hybrid layers: the tiny stack needs two of them.

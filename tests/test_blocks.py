@@ -64,6 +64,19 @@ def test_of_lists_as_long_as_each_other_the_blocks_are_the_heavier():
     assert [b.name for b in find_blocks(Stack())] == ["blocks.0", "blocks.1", "blocks.2"]
 
 
+def test_a_list_padded_with_none_is_read_past_the_none():
+    """Informer (4.x): its encoder keeps a distilling conv per layer but the last, padding that list with None."""
+
+    class Stack(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.gradient_checkpointing = False
+            self.layers = nn.ModuleList(_Plain() for _ in range(3))
+            self.conv_layers = nn.ModuleList([nn.Conv1d(4, 4, 1), nn.Conv1d(4, 4, 1), None])
+
+    assert [b.name for b in find_blocks(Stack())] == ["layers.0", "layers.1", "layers.2"]
+
+
 @needs_layer_flags
 def test_a_list_beside_layer_flag_blocks_is_no_block_list():
     """MusicGen: a per-codebook embedding list (larger than the layer list) beside the decoder layers."""
