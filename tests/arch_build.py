@@ -323,6 +323,9 @@ def tiny_kwargs(cls: type, defaults: dict[str, Any], tokens: _Tokens,
     if defaults.get("rope_scaling", 0) is None and multimodal_rope:
         # 4.x Qwen-VL text models read rope_scaling["mrope_section"], None by default (checkpoints set it)
         kwargs["rope_scaling"] = {"rope_type": "default", "mrope_section": _mrope_section({}, defaults)}
+    if defaults.get("rope_scaling", 0) is None and _squashed(getattr(cls, "model_type", "")) in _ROPE_TYPE_READERS:
+        # 4.x Mllama's rotary embedding reads rope_scaling["rope_type"], None by default (checkpoints set it)
+        kwargs["rope_scaling"] = {"rope_type": "default"}
     kwargs.update(_backbone_outputs(defaults, layers))
     if defaults.get("use_mamba_kernels"):  # the fused Mamba kernels need CUDA (jamba raises before 4.5x without them)
         kwargs["use_mamba_kernels"] = False
@@ -383,6 +386,10 @@ def _squashed(model_type: str) -> str:
 _MROPE_TYPES = frozenset(_squashed(name) for name in (
     "glm4v", "glm4v_moe", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "glm4v_text", "glm4v_moe_text",
     "qwen2_vl_text", "qwen2_5_vl_text", "qwen3_vl_text", "qwen3_vl_moe_text"))
+
+
+#: Model types whose 4.x text model reads ``rope_scaling["rope_type"]`` from a config that defaults it to None.
+_ROPE_TYPE_READERS = frozenset({_squashed("mllama_text_model")})
 
 
 def _mrope_section(rope: dict, defaults: dict) -> list[int]:
