@@ -296,6 +296,14 @@ def _spectrogram(model: torch.nn.Module, batch: dict, generator: torch.Generator
     return {"audio_values": torch.randn(*shape, generator=generator)}
 
 
+def _trajectories(model: torch.nn.Module, batch: dict, generator: torch.Generator) -> dict:
+    """Trajectory Transformer (deprecated, 4.x): discretised trajectories, one token per dimension of each
+    transition (each dimension's ids are offset by the model), whole transitions within its block size."""
+    config = model.config
+    length = max(1, min(SEQUENCE_LENGTH, config.block_size) // config.transition_dim) * config.transition_dim
+    return {"trajectories": torch.randint(0, config.vocab_size, (BATCH_SIZE, length), generator=generator)}
+
+
 #: Per-type input rules on top of the generic batch, each with why the generic rule cannot know; a rule gets the
 #: model, the generic batch and the seeded generator and returns the entries to set (or sets them in the batch itself and returns
 #: None: a rule that also removes entries).
@@ -346,6 +354,7 @@ INPUT_RULES: dict[str, Any] = {
     "speech_to_text": _frames_first,  # the convolutional subsampler reads (batch, frames, features)
     "speecht5": _speech_hidden_states,
     "udop": _boxes,  # the text encoder's 2-D relative position bias needs every token's box
+    "trajectory_transformer": _trajectories,
     "tvlt": _spectrogram,
     "tvp": _one_video,  # text + video grounding: the video frames are an optional input
     "ultravbert": _one_image_per_sequence,
