@@ -26,6 +26,9 @@ the input of ``ci/compat_report.py``.
 default run and slow tests, on the newest release): the JUnit files ``DIR/*.xml`` and the sweep report
 ``DIR/sweep.json``. It is adopted only if this interpreter has that release's pins installed, each package at its
 pinned version; otherwise the release runs as usual, and the line says why.
+
+``--adopt-floor FILE`` takes the oldest release's results from the torch range's floor end (``ci/torch_range.py``'s
+``torch.json``): that release's pins with the floor torch, the same suite. Its pins are recorded as that run's.
 """
 
 from __future__ import annotations
@@ -291,6 +294,21 @@ def adopt(release: str, folder: Path) -> Result:
     return result
 
 
+def adopt_floor(path: Path) -> tuple[Result | None, str]:
+    """The result of the torch range's floor end (the first of ``torch.json``'s ends), adopted for its release."""
+    try:
+        end = json.loads(path.read_text())["ends"][0]
+    except (OSError, ValueError, KeyError, IndexError) as error:
+        return None, f"--adopt-floor {path}: no torch range report ({error})"
+    folder = path.parent / f"torch-{end['torch']}"
+    if not sorted(folder.glob("*.xml")):
+        return None, f"--adopt-floor {path}: no JUnit report in {folder}"
+    result = adopt(end["release"], folder)
+    result.pins, result.env = end.get("pins", result.pins), end.get("env")
+    result.adopted = f"the torch range's floor run (torch {end['torch']})"
+    return result, ""
+
+
 def run_release(release: str, args: argparse.Namespace, echo: bool) -> Result:
     result = Result(release, pins=pin_lines(release))
     out = args.out / release
@@ -354,6 +372,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--build-only", action="store_true", help="build the environments, run no test")
     parser.add_argument("--adopt", type=Path, metavar="DIR",
                         help="take this interpreter's release's results from DIR/*.xml and DIR/sweep.json")
+    parser.add_argument("--adopt-floor", type=Path, metavar="FILE",
+                        help="take the oldest release's results from ci/torch_range.py's torch.json (its floor end)")
     parser.add_argument("pytest_args", nargs="*", help="after --: what pytest runs (default: tests)")
     args = parser.parse_args(argv)
     chosen = [r for item in (args.releases or RELEASES) for r in item.split(",") if r]
@@ -394,6 +414,13 @@ def main(argv: list[str] | None = None) -> int:
             say(results[release].line())
         else:
             say(why or f"--adopt {args.adopt}: transformers {release} is not among the releases run")
+    if args.adopt_floor:
+        floor, why = adopt_floor(args.adopt_floor.resolve())
+        if floor is not None and floor.release in args.releases and floor.release not in results:
+            results[floor.release] = floor
+            say(floor.line())
+        else:
+            say(why or f"--adopt-floor {args.adopt_floor}: transformers {floor.release} is not to be adopted here")
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         futures = {pool.submit(run_release, release, args, echo): release
                    for release in args.releases if release not in results}

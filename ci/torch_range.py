@@ -5,9 +5,10 @@
     python ci/torch_range.py --torch 2.5.1 -- tests/test_offload.py
     python ci/torch_range.py --list             # the ends, their pins and whether their environment is built
 
-``ci/matrix.py`` runs every transformers release on one torch (the pins' 2.13.0); this runs the torch axis: the
+``ci/matrix.py`` runs every transformers release on the pins' torch (2.13.0); this runs the torch axis: the
 floor torch (``pyproject.toml``'s ``torch>=``) with the oldest transformers of the matrix, and the newest torch
-with the newest transformers. Each end's constraints are that transformers release's pins
+with the newest transformers. CI runs this first and the matrix takes the floor end as its oldest release's run
+(``ci/matrix.py --adopt-floor``): what a user of that release runs, without a second run of the same suite. Each end's constraints are that transformers release's pins
 (``ci/pins/transformers-<release>.txt``: its peft, accelerate, huggingface_hub, ...) with the torch line replaced;
 torch is installed first and alone, as in the matrix. Releases other than the local CPU build are CUDA builds from
 PyPI (several GB; they run on CPU): the environments are cached outside the clone like the matrix's
@@ -138,9 +139,9 @@ def run_end(torch: str, release: str, args: argparse.Namespace, echo: bool) -> d
             result.exit_status = 0
         elif result.problem is None:
             result.env = str(path)
+            # the sample sweep's report too: ci/matrix.py --adopt-floor takes the floor end as its oldest release
             env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-                   "PYTHONDONTWRITEBYTECODE": "1"}
-            env.pop("HF_CKPT_SWEEP_REPORT", None)
+                   "PYTHONDONTWRITEBYTECODE": "1", "HF_CKPT_SWEEP_REPORT": str(out / "sweep.json")}
             if args.jobs > 1:
                 env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // args.jobs)))
             command = [str(path / "bin" / "python"), "-m", "pytest", "-p", "no:cacheprovider",

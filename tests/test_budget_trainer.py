@@ -104,6 +104,7 @@ def test_stock_trainer_plans_the_first_batch_logs_once_and_saves_the_plan(patche
     assert messages[0].endswith(f"saved to {saved}")
 
 
+@pytest.mark.slow
 def test_stock_trainer_with_bf16_plans_for_the_autocast_its_blocks_run_under(patched, tmp_path, budget_log):
     """bf16=True over float32 weights: the plan in effect is the autocast estimate's. Where accelerate wraps the
     outer forward in autocast, the outer level plans without it and the inner model's forward plans again, once."""
@@ -143,6 +144,7 @@ def test_enable_budget_gradients_equal_no_checkpointing_and_probe_measures_the_p
     assert max_grad_diff(reference, grads) <= 1e-5
 
 
+@pytest.mark.slow
 def test_peft_model_is_planned_with_its_adapters(budget_log):
     peft = pytest.importorskip("peft")  # in the test extra: installed wherever the suite runs in CI
 
@@ -202,6 +204,7 @@ def test_byte_budget_larger_batch_replans_smaller_keeps(tmp_path, budget_log):
     assert "at batch 2 x seq 32" in messages[1]
 
 
+@pytest.mark.slow
 def test_weights_moved_after_the_first_plan_are_planned_again_and_auto_read_again(free_memory, budget_log):
     """``model.to(...)`` between steps: the plan in effect was made for the old dtype (or device), so the next
     forward plans again for the new one, and ``"auto"`` reads the free memory again."""
@@ -432,6 +435,7 @@ def _trained_with(tmp_path, kwargs: dict):
     return model
 
 
+@pytest.mark.slow
 def test_keep_outputs_plans_for_a_loop_that_keeps_the_outputs(patched, tmp_path):
     """The Trainer's kwargs dict and hf_ckpt.enable take keep_outputs with a budget: the plan is made from an
     estimate that counts the kept outputs (its baseline exceeds the plan of the same step without them by at least
@@ -453,6 +457,7 @@ def test_keep_outputs_plans_for_a_loop_that_keeps_the_outputs(patched, tmp_path)
     assert _plan_of(model).baseline_bytes - _plan_of(plain).baseline_bytes >= _logits_bytes()
 
 
+@pytest.mark.slow
 def test_keep_outputs_in_plan_from_shapes():
     config = tiny_llama().config
     kept = hf_ckpt.plan(config, batch_size=2, seq_len=SEQ, budget=0.5, dtype="float32", device="cpu",

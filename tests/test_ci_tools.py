@@ -166,6 +166,31 @@ def test_an_adopted_release_is_not_run_again_and_counts_every_report(
     assert (report["release"], report["sweep"], report["ok"]) == ("5.24.0", {"transformers": "5.24.0"}, False)
 
 
+def test_the_oldest_release_is_the_torch_range_floors_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """CI runs the torch range first; the matrix takes its floor end (the oldest release on the floor torch)."""
+    floor = tmp_path / "torch" / "torch-2.5.1"
+    floor.mkdir(parents=True)
+    (floor / "junit.xml").write_text(PASSING)
+    (floor / "sweep.json").write_text(json.dumps({"transformers": "4.45.2", "torch": "2.5.1"}))
+    pins = ["torch==2.5.1", "transformers==4.45.2"]
+    (tmp_path / "torch" / "torch.json").write_text(json.dumps({"floor": "2.5", "ends": [
+        {"torch": "2.5.1", "release": "4.45.2", "pins": pins, "env": "/envs/floor"},
+        {"torch": "2.14.1", "release": "5.24.0", "pins": [], "env": "/envs/newest"}]}))
+    ran = _run_instead(monkeypatch, lambda release: matrix.Result(release, passed=5, exit_status=0))
+    status = matrix.main(["--releases", "4.45.2,4.51.3", "--out", str(tmp_path / "out"),
+                          "--adopt-floor", str(tmp_path / "torch" / "torch.json")])
+    assert (ran, status) == (["4.51.3"], 0)
+    assert "transformers 4.45.2: 1 passed, 0 failed, 1 skipped (adopted from the torch range's floor run (torch 2.5.1)" \
+        in capsys.readouterr().out
+    report = json.loads((tmp_path / "out" / "matrix.json").read_text())["releases"][0]
+    assert (report["pins"], report["env"], report["sweep"]["torch"]) == (pins, "/envs/floor", "2.5.1")
+    missing = matrix.main(["--releases", "4.51.3", "--out", str(tmp_path / "out2"),
+                           "--adopt-floor", str(tmp_path / "nowhere.json")])
+    assert missing == 0 and "--adopt-floor" in capsys.readouterr().out
+
+
 def test_a_run_that_cannot_be_adopted_is_run_and_says_why(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:
