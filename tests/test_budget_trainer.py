@@ -77,6 +77,7 @@ def _training_args(tmp_path, kwargs: dict, max_steps: int = 1, **extra):
     )
 
 
+@pytest.mark.slow
 def test_stock_trainer_plans_the_first_batch_logs_once_and_saves_the_plan(patched, tmp_path, budget_log):
     from transformers import Trainer
 
@@ -164,6 +165,7 @@ def test_peft_model_is_planned_with_its_adapters(budget_log):
     assert "(float32 on cpu, LORA)" in budget_log()[0]
 
 
+@pytest.mark.slow
 def test_mixin_budget_in_the_kwargs_dict(budget_log):
     import warnings
 

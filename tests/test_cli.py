@@ -160,6 +160,7 @@ def test_help_and_argument_errors_import_neither_torch_nor_transformers(argv):
     assert "Traceback" not in done.stderr
 
 
+@pytest.mark.slow
 def test_python_dash_m_reports_errors_in_one_line_without_traceback():
     done = _python("-m", "hf_ckpt", "bench", "--settings", "nonsense")
     assert done.returncode == 2
@@ -238,6 +239,7 @@ def test_model_directory_with_truncated_safetensors(tmp_path, capsys, no_model_i
     assert str(weights) in line and "truncated" in line
 
 
+@pytest.mark.slow
 def test_model_directory_that_fails_to_load_is_one_line_naming_it(tmp_path):
     _tiny_llama_dir(tmp_path)
     (tmp_path / "pytorch_model.bin").write_bytes(b"not a pickle")  # passes the parse-time checks, fails to load

@@ -125,6 +125,7 @@ def _loop_keeping_outputs(model, batch, keep):
     return retained
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore")
 def test_keep_outputs_matches_a_loop_that_keeps_the_outputs_through_backward():
     """keep_outputs=True: within 3% of a real step that keeps ``outputs`` (none and full checkpointing), on a
@@ -188,6 +189,7 @@ def test_cost_does_not_grow_with_depth():
     assert deep.activation_bytes["none"] - shallow.activation_bytes["none"] == (40 - BLOCKS) * per_block
 
 
+@pytest.mark.slow
 def test_lora_trains_only_the_adapters():
     peft = pytest.importorskip("peft")  # optional dependency; installed in the project's test environment
     lora = peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"], lora_dropout=0.0)

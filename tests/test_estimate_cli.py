@@ -47,6 +47,7 @@ def test_table_json_and_the_plan_that_fits(config_path, tmp_path, capsys):
     assert plan.predicted_bytes <= plan.budget_bytes
 
 
+@pytest.mark.slow
 def test_keep_outputs_is_estimated_and_said_in_the_json(config_path, tmp_path, capsys):
     """--keep-outputs counts the logits the kept output object holds (float32: 4 bytes each) and the JSON says
     which loop was estimated."""

@@ -53,6 +53,7 @@ def plans(workload):
     return {fraction: hf_ckpt.plan(model, batch, fraction) for fraction in (0.25, 0.5, 0.75)}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fraction", [0.25, 0.5, 0.75])
 def test_plan_fits_the_budget_at_no_more_recompute_than_every_n_layers(workload, every_n, plans, fraction):
     model, batch = workload
@@ -156,6 +157,7 @@ def test_a_model_that_cannot_run_selective_is_planned_without_it():
     assert "selective" not in plan.strategies
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore")
 def test_under_the_callers_autocast_steps_and_plans_are_measured_as_a_training_loop_runs_them():
     """``with torch.autocast(...): hf_ckpt.plan(...)``: each profiled forward casts the weights anew and frees the
