@@ -114,13 +114,13 @@ def render_full_sweep(sweep: dict | None) -> list[str]:
         "`ci/sweep.py` builds the base model class of **every model type that supports checkpointing** on each "
         "release (every class in the auto mappings declaring `supports_gradient_checkpointing = True`, deduplicated "
         "by model type) tiny and generically from its config class's own fields (`tests/arch_build.py`), with "
-        "inputs generated from its `main_input_name` and `forward` signature, and runs the same 4 cases. On the "
-        "newest release the sweep is asserted: every model type passes or is a reviewed strict expected failure "
-        "(below), so an upstream fix turns it red until the entry is removed. On the older releases the same "
-        "enumeration is measured and reported here, with 2 of the 4 cases (`hf_ckpt.enable` with "
-        "`every_n_layers=2`, the patched `gradient_checkpointing_enable` with every layer: each entry point and "
-        "each selection once); what is asserted there is the default suite's stratified sample (one or two model "
-        "types per modality), with all 4.",
+        "inputs generated from its `main_input_name` and `forward` signature, and runs 2 of the 4 cases "
+        "(`hf_ckpt.enable` with `every_n_layers=2`, the patched `gradient_checkpointing_enable` with every layer: "
+        "each entry point and each selection once; the default suite runs all 4 on its stratified sample and on the "
+        "common architectures' task heads, below). On the newest release the sweep is asserted: every model type "
+        "passes or is a reviewed strict expected failure (below), so an upstream fix turns it red until the entry "
+        "is removed. On the older releases the same enumeration is measured and reported here; what is asserted "
+        "there is the default suite's stratified sample (one or two model types per modality).",
         "",
         "Where a model's loop calls its blocks directly and never hands them to a checkpoint function (its stack keeps "
         "a `gradient_checkpointing` flag, but no method of the stack names `_gradient_checkpointing_func` or "

@@ -28,7 +28,9 @@ default run and slow tests, on the newest release): the JUnit files ``DIR/*.xml`
 pinned version; otherwise the release runs as usual, and the line says why.
 
 ``--adopt-floor FILE`` takes the oldest release's results from the torch range's floor end (``ci/torch_range.py``'s
-``torch.json``): that release's pins with the floor torch, the same suite. Its pins are recorded as that run's.
+``torch.json``): that release's pins with the floor torch, the same suite. Its pins are recorded as that run's. The
+file is read once the other releases have run (CI runs the torch range beside the matrix); a missing or unreadable
+one makes that release fail, saying why.
 """
 
 from __future__ import annotations
@@ -414,22 +416,24 @@ def main(argv: list[str] | None = None) -> int:
             say(results[release].line())
         else:
             say(why or f"--adopt {args.adopt}: transformers {release} is not among the releases run")
-    if args.adopt_floor:
-        floor, why = adopt_floor(args.adopt_floor.resolve())
-        if floor is not None and floor.release in args.releases and floor.release not in results:
-            results[floor.release] = floor
-            say(floor.line())
-        else:
-            say(why or f"--adopt-floor {args.adopt_floor}: transformers {floor.release} is not to be adopted here")
+    # the oldest release, paired with the floor torch by the torch range, is adopted from it
+    floor_release = RELEASES[0] if args.adopt_floor and RELEASES[0] in args.releases and RELEASES[0] not in results \
+        else None
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         futures = {pool.submit(run_release, release, args, echo): release
-                   for release in args.releases if release not in results}
+                   for release in args.releases if release not in results and release != floor_release}
         for future in concurrent.futures.as_completed(futures):
             result = future.result()
             results[result.release] = result
             if not echo:
                 say(f"===== transformers {result.release} =====", (args.out / result.release / "log.txt").read_text())
             say(result.line())
+    if floor_release is not None:  # read once the other releases have run: CI runs the torch range beside them
+        floor, why = adopt_floor(args.adopt_floor.resolve())
+        if floor is not None and floor.release != floor_release:
+            floor, why = None, f"--adopt-floor {args.adopt_floor}: its floor end runs {floor.release}, not {floor_release}"
+        results[floor_release] = floor or Result(floor_release, pins=pin_lines(floor_release), problem=why)
+        say(results[floor_release].line())
     ordered = [results[release] for release in args.releases]
     say("", "===== transformers release matrix =====")
     say(*(result.line() for result in ordered))

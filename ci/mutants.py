@@ -12,7 +12,8 @@ rest of the suite runs (the two runs together are the whole suite). It prints ``
 seconds`` and exits 1 when any mutant survives.
 
     python ci/mutants.py                 # every mutant
-    python ci/mutants.py --jobs 2        # two at a time, each in its own copy (what CI runs)
+    python ci/mutants.py --jobs 2        # two at a time, each in its own copy (CI runs one at a time, beside
+                                         # the slow tests)
     python ci/mutants.py --list          # names only
     python ci/mutants.py every_n_off_by_one warn_every_time
 """

@@ -6,13 +6,14 @@
     python ci/sweep.py --jobs 2 --out build/sweep
 
 Runs ``tests/test_architectures.py -k test_every_model_type`` with ``HF_CKPT_SWEEP=full`` in each release's
-cached matrix environment (``ci/matrix.py`` builds and reuses them). On the **newest** release the sweep is
-asserted: every model type passes or is a reviewed strict xfail (``tests/arch_known_failures.py``), and any other
-outcome fails this script. On the **older** releases the same enumeration runs with the known-failure list off
-(``HF_CKPT_SWEEP_KNOWN=off``: it was reviewed on the newest release) and its counts are measured and reported, not
-asserted; the default suite's stratified sample (``SAMPLE`` in the test module) is what is asserted there. To fit
-CI, the older releases run 2 of the 4 cases (``OLDER_CASES``: each entry point once, each selection once) and
-report failures one line each (``--tb=line``; the sweep report keeps each failure's message).
+cached matrix environment (``ci/matrix.py`` builds and reuses them), 2 of the 4 cases on every release
+(``CASES``: each entry point once, each selection once; the default suite runs all 4 on its stratified sample and
+on the common architectures' task heads). On the **newest** release the sweep is asserted: every model type
+passes or is a reviewed strict xfail (``tests/arch_known_failures.py``), and any other outcome fails this script.
+On the **older** releases the same enumeration runs with the known-failure list off (``HF_CKPT_SWEEP_KNOWN=off``:
+it was reviewed on the newest release) and its counts are measured and reported, not asserted; the default suite's
+stratified sample (``SAMPLE`` in the test module) is what is asserted there. The older releases report failures
+one line each (``--tb=line``; the sweep report keeps each failure's message).
 
 Writes ``<out>/sweep.json`` (each release's per-model-type results, the denominator and the runtime), the input
 of ``ci/compat_report.py --sweep``, and prints one line per release: ``sweep X: P of N model types passed``.
@@ -34,9 +35,9 @@ import matrix  # noqa: E402  (ci/matrix.py: the environments)
 ROOT = matrix.ROOT
 NEWEST = matrix.RELEASES[-1]
 VARIANTS = ("enable-every1", "enable-every2", "patched-every1", "patched-every2")
-#: The cases the older releases run: ``hf_ckpt.enable`` with ``every_n_layers=2`` and the patched
+#: The cases every release runs: ``hf_ckpt.enable`` with ``every_n_layers=2`` and the patched
 #: ``gradient_checkpointing_enable`` with every layer.
-OLDER_CASES = ("enable-every2", "patched-every1")
+CASES = ("enable-every2", "patched-every1")
 
 
 def outcome(record: dict, cases: tuple[str, ...] = VARIANTS) -> str:
@@ -50,7 +51,7 @@ def outcome(record: dict, cases: tuple[str, ...] = VARIANTS) -> str:
 
 def summarise(release: str, sweep: dict | None, strict: bool, status: int, seconds: float) -> dict:
     model_types = (sweep or {}).get("model_types", {})
-    cases = VARIANTS if strict else OLDER_CASES
+    cases = CASES
     counts = {name: 0 for name in ("passed", "failed", "xfail", "xpass")}
     for record in model_types.values():
         counts[outcome(record, cases)] += 1
@@ -76,10 +77,11 @@ def run_release(release: str, args: argparse.Namespace) -> dict:
             "HF_CKPT_SWEEP_REPORT": str(out / "sweep.json"),
             "PYTHONDONTWRITEBYTECODE": "1",
             "PYTHONUNBUFFERED": "1",  # progress reaches the log as it happens
-            "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // max(1, args.jobs))),
+            # a caller's own limit wins (CI runs this beside the matrix, one thread each)
+            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS") or str(max(1, (os.cpu_count() or 1) // max(1, args.jobs))),
         }
         # A release that runs past --timeout is stopped (exit status 124): its sweep is then reported as incomplete.
-        cases = "" if strict else f" and ({' or '.join(OLDER_CASES)})"
+        cases = f" and ({' or '.join(CASES)})"
         command = ["timeout", "--kill-after=30", str(args.timeout), str(path / "bin" / "python"), "-m", "pytest",
                    "-p", "no:cacheprovider", "-q", "tests/test_architectures.py", "-k", f"test_every_model_type{cases}",
                    f"--junitxml={out / 'junit.xml'}", *([] if strict else ["--tb=line"])]
@@ -98,7 +100,7 @@ def line(result: dict) -> str:
     text += f", {counts['xfail']} known failures" if counts["xfail"] else ""
     text += f", {counts['failed']} failed" if counts["failed"] else ""
     text += f", {counts['xpass']} stale known failures (passed)" if counts["xpass"] else ""
-    mode = "asserted" if result["strict"] else f"measured, {len(result['cases'])} cases"
+    mode = f"{'asserted' if result['strict'] else 'measured'}, {len(result['cases'])} cases"
     return f"{text} ({mode}, {result['seconds']:.0f} s){'' if result['ok'] else ' FAILED'}"
 
 
