@@ -111,6 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=int, default=1800, help="seconds a release may run (default 1800)")
     parser.add_argument("--cache-dir", type=Path, default=matrix.DEFAULT_CACHE, help="matrix environments")
     parser.add_argument("--out", type=Path, default=ROOT / "build" / "sweep", help="logs and sweep.json")
+    parser.add_argument("--merge", action="store_true",
+                        help="keep the other releases an existing sweep.json holds (CI sweeps in two lanes)")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     chosen = [r for item in (args.releases or matrix.RELEASES) for r in item.split(",") if r]
     unknown = [r for r in chosen if r not in matrix.RELEASES]
@@ -126,10 +128,22 @@ def main(argv: list[str] | None = None) -> int:
             results[result["release"]] = result
             matrix.say(line(result))
     ordered = [results[r] for r in matrix.RELEASES if r in results]
-    (args.out / "sweep.json").write_text(json.dumps({"releases": ordered, "seconds": round(time.monotonic() - started, 1)},
-                                                    indent=1) + "\n")
+    _write(args.out / "sweep.json", ordered, time.monotonic() - started, args.merge)
     matrix.say(f"sweep: {len(ordered)} releases in {time.monotonic() - started:.0f} s")
     return 0 if all(r["ok"] for r in ordered) else 1
+
+
+def _write(path: Path, releases: list[dict], seconds: float, merge: bool) -> None:
+    """Write ``sweep.json``; with ``merge``, under a lock, keeping the releases another run wrote there."""
+    with matrix.locked(path.with_suffix(".lock")):
+        kept: dict[str, dict] = {}
+        if merge and path.is_file():
+            earlier = json.loads(path.read_text())
+            kept = {run["release"]: run for run in earlier["releases"]}
+            seconds += earlier.get("seconds", 0)
+        kept.update({run["release"]: run for run in releases})
+        ordered = [kept[r] for r in matrix.RELEASES if r in kept]
+        path.write_text(json.dumps({"releases": ordered, "seconds": round(seconds, 1)}, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -281,6 +281,18 @@ def test_the_sweep_asserts_the_newest_release_and_measures_the_others() -> None:
     assert not unexpected["ok"]
 
 
+def test_two_sweeps_merge_into_one_report_in_release_order(tmp_path: Path) -> None:
+    """CI sweeps the releases in two lanes, each merging into the same sweep.json."""
+    path = tmp_path / "sweep.json"
+    sweep._write(path, [{"release": "5.24.0"}], 10.0, merge=True)
+    sweep._write(path, [{"release": "4.51.3"}, {"release": "4.45.2"}], 5.0, merge=True)
+    merged = json.loads(path.read_text())
+    assert [run["release"] for run in merged["releases"]] == ["4.45.2", "4.51.3", "5.24.0"]
+    assert merged["seconds"] == 15.0
+    sweep._write(path, [{"release": "5.0.0"}], 1.0, merge=False)  # without --merge: this run's releases only
+    assert json.loads(path.read_text()) == {"releases": [{"release": "5.0.0"}], "seconds": 1.0}
+
+
 def test_every_release_runs_the_same_two_cases(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     commands = {}
     monkeypatch.setattr(sweep.matrix, "build_env", lambda *args, **kwargs: (tmp_path / "env", False))
