@@ -7,8 +7,9 @@
 
 ``ci/matrix.py`` runs every transformers release on the pins' torch (2.13.0); this runs the torch axis: the
 floor torch (``pyproject.toml``'s ``torch>=``) with the oldest transformers of the matrix, and the newest torch
-with the newest transformers. CI runs this first and the matrix takes the floor end as its oldest release's run
-(``ci/matrix.py --adopt-floor``): what a user of that release runs, without a second run of the same suite. Each end's constraints are that transformers release's pins
+with the newest transformers. CI runs this beside the matrix, which then takes the floor end as its oldest
+release's run (``ci/matrix.py --adopt-floor``): what a user of that release runs, without a second run of the same
+suite. Each end's constraints are that transformers release's pins
 (``ci/pins/transformers-<release>.txt``: its peft, accelerate, huggingface_hub, ...) with the torch line replaced;
 torch is installed first and alone, as in the matrix. Releases other than the local CPU build are CUDA builds from
 PyPI (several GB; they run on CPU): the environments are cached outside the clone like the matrix's

@@ -320,12 +320,12 @@ def tiny_kwargs(cls: type, defaults: dict[str, Any], tokens: _Tokens,
             and ("mrope_section" in getattr(cls, "ignore_keys_at_rope_validation", ()) or multimodal_rope)):
         # the model falls back to a full-size section list when the config has none (GLM-4V)
         kwargs["rope_parameters"] = {**rope, "mrope_section": _mrope_section(rope, defaults)}
-    if defaults.get("rope_scaling", 0) is None and multimodal_rope:
-        # 4.x Qwen-VL text models read rope_scaling["mrope_section"], None by default (checkpoints set it)
-        kwargs["rope_scaling"] = {"rope_type": "default", "mrope_section": _mrope_section({}, defaults)}
-    if defaults.get("rope_scaling", 0) is None and _squashed(getattr(cls, "model_type", "")) in _ROPE_TYPE_READERS:
-        # 4.x Mllama's rotary embedding reads rope_scaling["rope_type"], None by default (checkpoints set it)
-        kwargs["rope_scaling"] = {"rope_type": "default"}
+    if defaults.get("rope_scaling", 0) is None and (multimodal_rope or _squashed(getattr(cls, "model_type", ""))
+                                                   in _ROPE_TYPE_READERS):
+        # 4.x Qwen-VL text models read rope_scaling["mrope_section"], 4.x Mllama's rope_scaling["rope_type"]; None
+        # by default (checkpoints set it)
+        kwargs["rope_scaling"] = {"rope_type": "default",
+                                  **({"mrope_section": _mrope_section({}, defaults)} if multimodal_rope else {})}
     kwargs.update(_backbone_outputs(defaults, layers))
     if defaults.get("use_mamba_kernels"):  # the fused Mamba kernels need CUDA (jamba raises before 4.5x without them)
         kwargs["use_mamba_kernels"] = False

@@ -93,9 +93,9 @@ def _packed_patches(model: torch.nn.Module, batch: dict, generator: torch.Genera
 def _mllama_tiles(model: torch.nn.Module, batch: dict, generator: torch.Generator) -> dict:
     """Mllama: one image of one tile per sequence, ``(batch, images, tiles, channels, size, size)``, its aspect
     ratio (id 1: the single 1 x 1 ratio, see ``OVERRIDES``) and which tiles each token cross-attends to."""
-    length = batch["input_ids"].shape[1]
     if "pixel_values" not in batch:  # 4.x sweeps Mllama's text model alone: no image, no tile
         return {}
+    length = batch["input_ids"].shape[1]
     return {"pixel_values": batch["pixel_values"][:, None, None],
             "aspect_ratio_ids": torch.ones(BATCH_SIZE, 1, dtype=torch.long),
             "aspect_ratio_mask": torch.ones(BATCH_SIZE, 1, 1, dtype=torch.long),
