@@ -93,8 +93,8 @@ def _outcomes(run: dict) -> dict[str, str]:
     return {name: _outcome(record, cases) for name, record in run["sweep"]["model_types"].items()}
 
 
-def _first_failure(record: dict) -> str:
-    for variant in VARIANTS:
+def _first_failure(record: dict, cases: tuple[str, ...] = VARIANTS) -> str:
+    for variant in cases:
         if record.get(variant, "not run") != "passed":
             return f"{variant}: {record.get(variant, 'not run')}"
     return ""
@@ -117,10 +117,9 @@ def render_full_sweep(sweep: dict | None) -> list[str]:
         "inputs generated from its `main_input_name` and `forward` signature, and runs 2 of the 4 cases "
         "(`hf_ckpt.enable` with `every_n_layers=2`, the patched `gradient_checkpointing_enable` with every layer: "
         "each entry point and each selection once; the default suite runs all 4 on its stratified sample and on the "
-        "common architectures' task heads, below). On the newest release the sweep is asserted: every model type "
-        "passes or is a reviewed strict expected failure (below), so an upstream fix turns it red until the entry "
-        "is removed. On the older releases the same enumeration is measured and reported here; what is asserted "
-        "there is the default suite's stratified sample (one or two model types per modality).",
+        "common architectures' task heads, below). The sweep is asserted on every release: each model type passes or "
+        "is a strict expected failure reviewed for that release (below, with its reason), so an upstream fix turns it "
+        "red until the entry is narrowed or removed.",
         "",
         "Where a model's loop calls its blocks directly and never hands them to a checkpoint function (its stack keeps "
         "a `gradient_checkpointing` flag, but no method of the stack names `_gradient_checkpointing_func` or "
@@ -132,12 +131,13 @@ def render_full_sweep(sweep: dict | None) -> list[str]:
         "blocks wrapped the same way: so pass Gemma 3n's and Gemma 4's audio encoders (`gemma3n_audio`, "
         "`gemma4_audio`), MuseSpark's audio model (`muse_spark_audio`), PP-LCNetV4 (`pp_lcnet_v4`) and, on 4.45, "
         "VAN (`van`). Where a flag sits above a nested loop that checkpoints (Fuyu, SEW-D on 4.45), nothing is "
-        "wrapped. The newest release's environment installs `scipy` "
-        "(`inkling_mm_model`); `timm` is not installed: it needs torchvision, and the index's torchvision is the CUDA "
-        "build, which does not load beside the CPU torch.",
+        "wrapped. The newest release is swept on the newest torch, in the torch range's ceiling environment, "
+        "which also installs `timm` and `torchvision` (the TimmWrapper towers of `perception_lm`, `pe_video` and "
+        "`pe_audio_video`; the index's torchvision is a CUDA build, which loads beside the CUDA torch there but not "
+        "beside the matrix's CPU torch), and `scipy` (`inkling_mm_model`).",
         "",
         "| transformers | model types that support checkpointing | passed | known failures (xfail) | failed | cases "
-        "| mode |",
+        "| torch |",
         "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     outcomes = {run["release"]: _outcomes(run) for run in runs}
@@ -148,9 +148,9 @@ def render_full_sweep(sweep: dict | None) -> list[str]:
         total = len(outcomes[run["release"]])
         share = f" ({100 * counts['passed'] / total:.0f}%)" if total else ""
         failed = counts["failed"] + counts["xpass"]
-        mode = "asserted" if run.get("strict") else "measured"
+        torch = run["sweep"].get("torch", "")
         lines.append(f"| {run['release']} | {total} | {counts['passed']}{share} | {counts['xfail']} | {failed} "
-                     f"| {len(run.get('cases', VARIANTS))} | {mode} |")
+                     f"| {len(run.get('cases', VARIANTS))} | {torch} |")
     timing = ", ".join(f"{r['release']} {r['seconds']:.0f} s" for r in runs)
     lines += ["", f"Sweep runtime in the run this page comes from: {timing}. {MEASURED}", ""]
     lines += ["### By modality", "", "Passed / model types, per release.", "",
@@ -162,29 +162,35 @@ def render_full_sweep(sweep: dict | None) -> list[str]:
             passed = sum(outcomes[run["release"]][m] == "passed" for m in records)
             cells.append(f"{passed} / {len(records)}" if records else "—")
         lines.append(f"| {modality} | " + " | ".join(cells) + " |")
-    newest = runs[-1]
-    records = newest["sweep"]["model_types"]
-    known = {m: r for m, r in records.items() if r.get("known_failure")}
-    lines += ["", f"### Known failures on {newest['release']}", "",
-              "Each is a strict expected failure in `tests/arch_known_failures.py`, with its reviewed reason.", ""]
-    by_reason: dict[str, list[str]] = {}
-    for model_type, record in sorted(known.items()):
-        by_reason.setdefault(record["known_failure"], []).append(model_type)
-    for reason, model_types in sorted(by_reason.items(), key=lambda item: (-len(item[1]), item[0])):
-        lines.append(f"- {', '.join(f'`{m}`' for m in model_types)}: {reason}")
-    unexpected = [(run["release"], m, r) for run in runs for m, r in sorted(run["sweep"]["model_types"].items())
-                  if outcomes[run["release"]][m] in ("failed", "xpass")]
+    lines += ["", "### Known failures", "",
+              "Each is a strict expected failure in `tests/arch_known_failures.py` on the releases listed, with its "
+              "reviewed reason.", ""]
+    by_reason: dict[str, dict[str, list[str]]] = {}
     for run in runs:
-        failing = [m for m, found in sorted(outcomes[run["release"]].items()) if found in ("failed", "xpass")]
-        if not failing:
-            continue
-        title = "Failures" if run.get("strict") else "Not passing (measured, not asserted)"
-        lines += ["", f"### {title} on {run['release']}", ""]
-        if run.get("strict"):
-            lines += [f"- `{m}`: {_first_failure(r)}" for rel, m, r in unexpected if rel == run["release"]]
-        else:
-            lines.append(", ".join(f"`{m}`" for m in failing))
+        for model_type, record in sorted(run["sweep"]["model_types"].items()):
+            if record.get("known_failure"):
+                by_reason.setdefault(record["known_failure"], {}).setdefault(model_type, []).append(run["release"])
+    for reason, found in sorted(by_reason.items(), key=lambda item: (-len(item[1]), item[0])):
+        where = ", ".join(f"`{m}` ({_span(releases, names)})" for m, releases in sorted(found.items()))
+        lines.append(f"- {where}: {reason}")
+    for run in runs:
+        failing = [(m, r) for m, r in sorted(run["sweep"]["model_types"].items())
+                   if outcomes[run["release"]][m] in ("failed", "xpass")]
+        if failing:
+            lines += ["", f"### Failures on {run['release']}", ""]
+            lines += [f"- `{m}`: {_first_failure(r, tuple(run.get('cases', VARIANTS)))}" for m, r in failing]
     return lines + [""]
+
+
+def _span(releases: list[str], order: list[str]) -> str:
+    """``releases`` as runs of consecutive releases of ``order``: "4.45.2 to 5.0.0, 5.22.2"."""
+    runs: list[list[str]] = []
+    for release in sorted(releases, key=order.index):
+        if runs and order.index(release) == order.index(runs[-1][-1]) + 1:
+            runs[-1].append(release)
+        else:
+            runs.append([release])
+    return ", ".join(run[0] if len(run) == 1 else f"{run[0]} to {run[-1]}" for run in runs)
 
 
 def _cell(result: dict | None) -> str:

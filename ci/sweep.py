@@ -1,19 +1,18 @@
 #!/usr/bin/env python3
 """The full architecture sweep: every model type that supports checkpointing, on each release of the matrix.
 
-    python ci/sweep.py                          # newest release asserted, the others measured (what CI runs)
+    python ci/sweep.py                          # every release, each asserted (CI splits them over two lanes)
     python ci/sweep.py --releases 5.24.0        # one release
     python ci/sweep.py --jobs 2 --out build/sweep
 
 Runs ``tests/test_architectures.py -k test_every_model_type`` with ``HF_CKPT_SWEEP=full`` in each release's
 cached matrix environment (``ci/matrix.py`` builds and reuses them), 2 of the 4 cases on every release
 (``CASES``: each entry point once, each selection once; the default suite runs all 4 on its stratified sample and
-on the common architectures' task heads). On the **newest** release the sweep is asserted: every model type
-passes or is a reviewed strict xfail (``tests/arch_known_failures.py``), and any other outcome fails this script.
-On the **older** releases the same enumeration runs with the known-failure list off (``HF_CKPT_SWEEP_KNOWN=off``:
-it was reviewed on the newest release) and its counts are measured and reported, not asserted; the default suite's
-stratified sample (``SAMPLE`` in the test module) is what is asserted there. The older releases report failures
-one line each (``--tb=line``; the sweep report keeps each failure's message).
+on the common architectures' task heads). The newest release is swept in the torch range's ceiling environment
+(``ci/torch_range.py``: its pins on the newest torch, with timm and torchvision, which the CPU torch of the matrix
+cannot load). Every release is asserted: each model type passes or is a reviewed strict xfail for that release
+(``tests/arch_known_failures.py``, entries by release range), and any other outcome fails this script. Failures
+are reported one line each (``--tb=line``; the sweep report keeps each failure's message).
 
 Writes ``<out>/sweep.json`` (each release's per-model-type results, the denominator and the runtime), the input
 of ``ci/compat_report.py --sweep``, and prints one line per release: ``sweep X: P of N model types passed``.
@@ -31,6 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import matrix  # noqa: E402  (ci/matrix.py: the environments)
+import torch_range  # noqa: E402  (ci/torch_range.py: the newest release's environment, with timm)
 
 ROOT = matrix.ROOT
 NEWEST = matrix.RELEASES[-1]
@@ -63,12 +63,21 @@ def summarise(release: str, sweep: dict | None, strict: bool, status: int, secon
     }
 
 
+def environment(release: str, cache: Path, log) -> Path:
+    """Where ``release`` is swept: its matrix environment; the newest release's is the torch range's ceiling end
+    (its pins on the newest torch, with timm and torchvision: ``torch_range.CEILING_EXTRAS``)."""
+    torch, ceiling = torch_range.ENDS[-1]
+    if release == ceiling:
+        return torch_range.build_env(cache, torch, release, log, echo=False, rebuild=False)[0]
+    return matrix.build_env(cache, release, log, echo=False, rebuild=False)[0]
+
+
 def run_release(release: str, args: argparse.Namespace) -> dict:
     out = args.out / release
     out.mkdir(parents=True, exist_ok=True)
-    strict = release == NEWEST
+    strict = True  # every release: its reviewed known failures (tests/arch_known_failures.py) are strict xfails
     with open(out / "log.txt", "w") as log:
-        path, _ = matrix.build_env(args.cache_dir, release, log, echo=False, rebuild=False)
+        path = environment(release, args.cache_dir, log)
         env = {
             **os.environ,
             "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
@@ -84,7 +93,7 @@ def run_release(release: str, args: argparse.Namespace) -> dict:
         cases = f" and ({' or '.join(CASES)})"
         command = ["timeout", "--kill-after=30", str(args.timeout), str(path / "bin" / "python"), "-m", "pytest",
                    "-p", "no:cacheprovider", "-q", "tests/test_architectures.py", "-k", f"test_every_model_type{cases}",
-                   f"--junitxml={out / 'junit.xml'}", *([] if strict else ["--tb=line"])]
+                   f"--junitxml={out / 'junit.xml'}", "--tb=line"]
         started = time.monotonic()
         status = matrix.run_logged(command, log, env=env, echo=False)
         seconds = time.monotonic() - started

@@ -38,12 +38,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _venvs import DEFAULT_CACHE, build_steps, fingerprint, locked, remove_stale  # noqa: E402
-from matrix import RELEASES, Result, pin_lines, read_junit, requirements, run_logged, say  # noqa: E402
+from matrix import RELEASES, Result, optional, pin_lines, read_junit, requirements, run_logged, say  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
 #: The torch axis: (torch, transformers) pairs, floor first. The floor must be pyproject's ``torch>=``.
 ENDS = (("2.5.1", RELEASES[0]), ("2.14.1", RELEASES[-1]))
+
+#: What only the ceiling end installs: timm (the TimmWrapper towers of Perception LM, PE-Video, PE-Audio-Video)
+#: needs torchvision, and the index's torchvision is a CUDA build: it loads beside this end's CUDA torch, not beside
+#: the matrix's CPU torch ("operator torchvision::nms does not exist"). ``ci/sweep.py`` sweeps the newest release here.
+CEILING_EXTRAS = ("torchvision==0.29.1", "timm==1.0.31")
 
 #: Bump to rebuild every environment of the torch axis after a change to how they are built.
 RECIPE_VERSION = "1"
@@ -59,10 +64,20 @@ def declared_floor() -> str:
     raise RuntimeError("pyproject.toml declares no torch>= floor")
 
 
+def extras(torch: str) -> list[str]:
+    """The packages only this end installs (:data:`CEILING_EXTRAS` on the ceiling), pinned."""
+    return list(CEILING_EXTRAS) if torch == ENDS[-1][0] else []
+
+
 def constraints(torch: str, release: str) -> list[str]:
-    """``release``'s pins with torch pinned to ``torch`` instead."""
+    """``release``'s pins with torch pinned to ``torch`` instead, and the end's :func:`extras`."""
     lines = [line for line in pin_lines(release) if line.split("==", 1)[0].strip().lower() != "torch"]
-    return [f"torch=={torch}", *lines]
+    return [f"torch=={torch}", *lines, *extras(torch)]
+
+
+def packages(torch: str, release: str) -> list[str]:
+    """What the end installs after torch: the requirements, the release's optional packages, the extras."""
+    return requirements() + optional(release) + [line.split("==", 1)[0] for line in extras(torch)]
 
 
 def env_hash(torch: str, release: str) -> str:
@@ -94,7 +109,7 @@ def build_env(cache: Path, torch: str, release: str, log, echo: bool, rebuild: b
         shutil.rmtree(path, ignore_errors=True)
         pins = path.with_name(path.name + ".constraints.txt")
         pins.write_text("\n".join(constraints(torch, release)) + "\n")
-        for step in build_steps(path, pins, f"torch=={torch}", requirements()):
+        for step in build_steps(path, pins, f"torch=={torch}", packages(torch, release)):
             if run_logged(step, log, echo=echo) != 0:
                 raise RuntimeError(f"environment build failed at: {' '.join(step)}")
         versions = json.loads(subprocess.run(

@@ -18,10 +18,11 @@ from typing import Any
 from torch import nn
 
 from ._compat import current_accelerator, is_gradient_checkpointing_layer
+from ._stack_code import hard_codes_checkpoint
 from ._warnings import warn_once
 from .blocks import SELECTED_ATTRIBUTE, Block, find_blocks
 from .config import CheckpointConfig
-from .functions import build_block_functions, build_checkpoint_function, with_block_selection
+from .functions import build_block_functions, build_checkpoint_function, stack_checkpoints, with_block_selection
 from .offload import OverlappedOffload
 
 
@@ -124,6 +125,7 @@ def bind(target: nn.Module, binding: Binding) -> list[tuple[nn.Module, str, Any]
     block_of = {id(block.module): block for block in binding.blocks}
     enclosing = {id(m): block for block in binding.blocks for m in block.module.modules() if m is not block.module}
     stack_function = with_block_selection(binding.default)
+    owners = {id(block.owner) for block in binding.blocks if not block.layer_flag}
     functions = binding.functions
     bound: list[tuple[nn.Module, str, Any]] = []
 
@@ -147,9 +149,9 @@ def bind(target: nn.Module, binding: Binding) -> list[tuple[nn.Module, str, Any]
             index = enclosing[id(module)].index
             put(module, "_gradient_checkpointing_func", functions.get(index, binding.default))
             put(module, "gradient_checkpointing", index in functions and not is_gradient_checkpointing_layer(module))
-        else:
+        else:  # a stack; one whose loop hard-codes torch's checkpoint keeps its flag off (hf_ckpt._direct wraps)
             put(module, "_gradient_checkpointing_func", stack_function)
-            put(module, "gradient_checkpointing", True)
+            put(module, "gradient_checkpointing", not (id(module) in owners and hard_codes_checkpoint(type(module))))
     for block in binding.blocks:
         if not block.layer_flag:
             put(block.module, SELECTED_ATTRIBUTE, functions.get(block.index, False))
@@ -158,7 +160,8 @@ def bind(target: nn.Module, binding: Binding) -> list[tuple[nn.Module, str, Any]
 
 def is_block_checkpointed(block: Block) -> bool:
     """Whether ``block`` will be recomputed in backward, as the model's flags say."""
-    if not getattr(block.owner, "gradient_checkpointing", False):
+    if not (getattr(block.owner, "gradient_checkpointing", False) if block.layer_flag
+            else stack_checkpoints(block.owner)):
         return False
     if block.layer_flag:
         return True

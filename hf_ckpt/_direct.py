@@ -1,104 +1,56 @@
 """Blocks whose stack calls them directly, checkpointed by hf_ckpt itself.
 
 Some models keep a ``gradient_checkpointing`` flag on a stack (or inherit ``supports_gradient_checkpointing``) but
-their loop calls the blocks directly and never hands them to a checkpoint function: CLVP's text and speech
-encoders, Mllama's vision encoder, HGNetV2's encoder (PP-OCRv5 server recognition), PP-LCNetV4's encoder
-(PP-OCRv6 small recognition). Setting their flags changes nothing; the first-step probe used to measure that no
-block was recomputed.
+their loop calls the blocks directly and never hands them to a checkpoint function: Mllama's vision encoder,
+HGNetV2's encoder (PP-OCRv5 server recognition), PP-LCNetV4's encoder (PP-OCRv6 small recognition), CLVP's
+encoders from transformers 5.16. Setting their flags changes nothing; the first-step probe used to measure that no
+block was recomputed. Others call ``torch.utils.checkpoint.checkpoint`` by name in their loop instead of their
+bound ``_gradient_checkpointing_func`` (CLVP's encoders and decoder before 5.16): with the flag on they checkpoint
+every block, with torch's default arguments, whatever was selected.
 
 There, hf_ckpt does what torch's ``checkpoint_wrapper`` does: each block of such a stack gets an instance
 ``forward`` that runs the block's own ``forward`` under the block's checkpoint function, in training forwards with
-grad. It reads the flags at every call (:func:`hf_ckpt._binding.block_function`'s attributes: the stack's
-``gradient_checkpointing`` and the block's ``_hf_ckpt_selected``), so the no-grad hooks, a suspended setting and an
-unselected block all run the block plainly; :func:`install` records an undo that puts the block's ``forward`` back.
+grad (a stack that hard-codes torch's checkpoint keeps its own flag off: :mod:`hf_ckpt._binding`). It reads the
+flags at every call (:func:`hf_ckpt.functions.stack_checkpoints` and the block's ``_hf_ckpt_selected``), so the
+no-grad hooks, a suspended setting, upstream's ``gradient_checkpointing_disable`` and an unselected block all run
+the block plainly; :func:`install` records an undo that puts the block's ``forward`` back.
 
-**Which stacks.** A stack qualifies when no method of its class (nor of its model-specific bases; nested
-functions and the functions behind decorators included) names ``_gradient_checkpointing_func`` or ``checkpoint``:
-read from the compiled code's names, not from source text. Such a stack has no way to checkpoint a block, so
-wrapping cannot checkpoint one twice. Whether it worked is then measured as for every model: the first-step probe
-counts the blocks backward reran, and :func:`hf_ckpt.checkpointed_layers` reports that.
+**Which stacks** (:mod:`hf_ckpt._stack_code`, read from the compiled code's names, not from source text): a stack
+no method of which names ``_gradient_checkpointing_func`` or ``checkpoint``, and a stack that names torch's
+``checkpoint`` but never its bound function. Every module between the stack and the block must never checkpoint,
+so wrapping cannot checkpoint a block twice. Whether it worked is then measured as for every model: the first-step
+probe counts the blocks backward reran, and :func:`hf_ckpt.checkpointed_layers` reports that.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
-import types
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 from torch import nn
 
+from ._stack_code import hard_codes_checkpoint, never_checkpoints
 from .blocks import SELECTED_ATTRIBUTE, Block
 from .counting import in_backward
+from .functions import stack_checkpoints
 
-#: Names whose presence in a stack's code means it can checkpoint its blocks itself.
-CHECKPOINT_NAMES = frozenset({"_gradient_checkpointing_func", "checkpoint"})
-
-
-
-def _generic(owner: Any) -> bool:
-    """A base or method that is not the stack's own loop: ``object``'s, torch's, transformers' shared ones
-    (``PreTrainedModel`` and its mixins, which set ``_gradient_checkpointing_func`` on every module)."""
-    name = getattr(owner, "__module__", None) or ""
-    return owner is object or name in ("builtins", "torch") or name.startswith("torch.") or (
-        name.startswith("transformers.") and not name.startswith("transformers.models."))
-
-
-def _names(code: types.CodeType) -> set[str]:
-    """The global and attribute names ``code`` and the code nested in it use."""
-    names = set(code.co_names)
-    for constant in code.co_consts:
-        if isinstance(constant, types.CodeType):
-            names |= _names(constant)
-    return names
-
-
-def _codes(function: Any) -> Iterator[types.CodeType]:
-    """The code of ``function`` and of every function it wraps (``__wrapped__``, closures of decorators)."""
-    seen: set[int] = set()
-    pending = [getattr(function, "__func__", function)]
-    while pending:
-        current = pending.pop()
-        code = getattr(current, "__code__", None)
-        if code is None or id(code) in seen:
-            continue
-        seen.add(id(code))
-        yield code
-        wrapped = getattr(current, "__wrapped__", None)
-        if wrapped is not None:
-            pending.append(wrapped)
-        for cell in getattr(current, "__closure__", None) or ():
-            try:
-                contents = cell.cell_contents
-            except ValueError:  # an empty cell
-                continue
-            if inspect.isfunction(contents):
-                pending.append(contents)
-
-
-@functools.lru_cache(maxsize=None)
-def never_checkpoints(stack_class: type) -> bool:
-    """Whether no own method of ``stack_class`` names a checkpoint function (see the module docstring)."""
-    for klass in stack_class.__mro__:
-        if _generic(klass):
-            continue
-        for value in vars(klass).values():
-            if _generic(getattr(value, "__func__", value)):
-                continue  # a shared method assigned in the class body (``_set_gradient_checkpointing = ...``)
-            if any(CHECKPOINT_NAMES & _names(code) for code in _codes(value)):
-                return False
-    return True
 
 
 def _runs_unchecked(owner: nn.Module, names: dict[int, str], module: nn.Module) -> bool:
-    """Whether no module from ``owner`` down to ``module``'s parent (the code that runs the block) checkpoints."""
+    """Whether no module from ``owner`` down to ``module``'s parent (the code that runs the block) checkpoints; the
+    flag holder itself may hard-code torch's checkpoint (its flag stays off, so that code never runs)."""
     current = owner
     for part in names.get(id(module), "").split(".")[:-1]:
-        if not never_checkpoints(type(current)):
+        if not _unchecked(owner, current):
             return False
         current = getattr(current, part)
-    return never_checkpoints(type(current))
+    return _unchecked(owner, current)
+
+
+def _unchecked(owner: nn.Module, module: nn.Module) -> bool:
+    return never_checkpoints(type(module)) or (module is owner and hard_codes_checkpoint(type(owner)))
 
 
 def directly_called(blocks: tuple[Block, ...]) -> list[Block]:
@@ -120,7 +72,7 @@ def _checkpointed_forward(owner: nn.Module, module: nn.Module, forward: Any, *ar
     """A directly called block's ``forward``: under its checkpoint function when the flags select it in a training
     forward with grad; as it was otherwise (and while backward recomputes it)."""
     choice = getattr(module, SELECTED_ATTRIBUTE, None)
-    if (not callable(choice) or not getattr(owner, "gradient_checkpointing", False) or not module.training
+    if (not callable(choice) or not stack_checkpoints(owner) or not module.training
             or not torch.is_grad_enabled() or in_backward()):
         return forward(*args, **kwargs)
     if kwargs and getattr(choice, "keywords", {}).get("use_reentrant"):  # reentrant checkpoint takes no keywords

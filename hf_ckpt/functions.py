@@ -56,6 +56,17 @@ def with_block_selection(checkpoint_function: Callable[..., Any]) -> functools.p
     return functools.partial(checkpoint_selected_blocks, checkpoint_function)
 
 
+def stack_checkpoints(stack: Any) -> bool:
+    """Whether the blocks of ``stack`` are checkpointed: its flag is on, or hf_ckpt's selecting function is bound
+    to it with the flag left off (a stack whose loop hard-codes torch's checkpoint, ``hf_ckpt._stack_code``: hf_ckpt
+    wraps its selected blocks instead). Upstream's enable and disable both rebind the function, which ends the
+    second case."""
+    if getattr(stack, "gradient_checkpointing", False):
+        return True
+    bound = getattr(stack, "_gradient_checkpointing_func", None)
+    return getattr(bound, "func", None) is checkpoint_selected_blocks
+
+
 def build_checkpoint_function(
     checkpoint_kwargs: dict[str, Any], *, offloader: OverlappedOffload | None = None, checkpoint_fn: Any = None
 ) -> functools.partial:

@@ -45,10 +45,10 @@ from typing import Any
 import torch
 
 from arch_inputs import EXTRA_INPUTS, IMAGE_SIZES, INPUT_RULES, features_last, time_series
-from arch_overrides import DEFAULT_PARTS, OVERRIDES
+from arch_overrides import DEFAULT_PARTS, OVERRIDES, PARAMETER_BUDGETS
 from arch_tiny import (AUDIO_SAMPLES, BATCH_SIZE, BLOCKS, FIRST_ID, IMAGE_SIZE, MAX_PARAMETERS, PATCH_SIZE,
-                       RESERVED_IDS, SEQUENCE_LENGTH, SIZES, VOCAB_SIZE, find, grid_patches, required, token_ids,
-                       uninitialized_memory_is_nan)
+                       RESERVED_IDS, SEQUENCE_LENGTH, SIZES, TIMM_VIT_ARGS, VOCAB_SIZE, find, grid_patches, required,
+                       token_ids, uninitialized_memory_is_nan)
 
 __all__ = ["AUDIO_SAMPLES", "BATCH_SIZE", "BLOCKS", "FIRST_ID", "IMAGE_SIZE", "MAX_PARAMETERS", "OVERRIDES",
            "PATCH_SIZE", "RESERVED_IDS", "SEQUENCE_LENGTH", "VOCAB_SIZE"]
@@ -327,6 +327,8 @@ def tiny_kwargs(cls: type, defaults: dict[str, Any], tokens: _Tokens,
         kwargs["rope_scaling"] = {"rope_type": "default",
                                   **({"mrope_section": _mrope_section({}, defaults)} if multimodal_rope else {})}
     kwargs.update(_backbone_outputs(defaults, layers))
+    if isinstance(defaults.get("architecture"), str) and "model_args" in defaults:
+        kwargs.update(_timm_model_args(defaults))
     if defaults.get("use_mamba_kernels"):  # the fused Mamba kernels need CUDA (jamba raises before 4.5x without them)
         kwargs["use_mamba_kernels"] = False
     if layers and defaults.get("num_kv_shared_layers") == layers:  # every layer reuses another model's cache
@@ -402,6 +404,23 @@ def _mrope_section(rope: dict, defaults: dict) -> list[int]:
     return [t, h, half - t - h]
 
 
+def _timm_model_args(defaults: dict) -> dict[str, Any]:
+    """A timm tower (``timm_wrapper`` config) of the ViT family made tiny through its ``model_args``, which timm
+    passes to the model class over the named architecture's own; nothing where that class takes other sizes (or
+    timm is not installed: the type then fails its build, naming timm)."""
+    try:
+        import timm
+    except ImportError:
+        return {}
+    model_args = {**(defaults.get("model_args") or {}), **TIMM_VIT_ARGS}
+    try:
+        with torch.device("meta"):
+            timm.create_model(defaults["architecture"], pretrained=False, **model_args)
+    except Exception:  # noqa: BLE001 (another family: ResNet, FastViT, MobileNet take other sizes)
+        return {}
+    return {"model_args": model_args}
+
+
 def _backbone_outputs(defaults: dict, layers: int | None) -> dict[str, Any]:
     """A backbone's selected stages follow its shrunk depth: the same number of stages, the last ones."""
     stages, indices = defaults.get("stage_names"), defaults.get("out_indices")
@@ -454,7 +473,7 @@ def build(entry: ModelType, seed: int = 0) -> torch.nn.Module:
     if isinstance(wanted, type) and not isinstance(config, wanted):  # a base class built from one part of its
         config = next((v for v in vars(config).values() if isinstance(v, wanted)), config)  # type's composite config
     parameters = _parameters(model_class, config)
-    if parameters > MAX_PARAMETERS:
+    if parameters > PARAMETER_BUDGETS.get(entry.model_type, MAX_PARAMETERS):
         raise NotTiny(f"{entry.model_type} still has {parameters} parameters with the tiny config")
     torch.manual_seed(seed)
     with uninitialized_memory_is_nan():
@@ -539,7 +558,8 @@ def _inputs(model: torch.nn.Module, seed: int, pixels: bool = False, image_token
     if main == "inputs" and hasattr(model, "encoder"):  # speech encoder-decoder: the encoder's own input
         wanted[0] = getattr(model.encoder, "main_input_name", "input_values")
     # an input the forward requires under a name the generator knows, where main_input_name names another
-    wanted += [n for n in ("pixel_values", "input_features", "input_values") if required(parameters, n)
+    wanted += [n for n in ("pixel_values", "pixel_values_videos", "input_features", "input_values")
+               if required(parameters, n)
                and n not in wanted]
     wanted += [name for name in EXTRA_INPUTS.get(config.model_type, []) if name != "image_sizes"]
     for name in wanted:

@@ -34,7 +34,10 @@ class Reference:
         assert all(torch.isfinite(g).all() for g in self.grads.values()), "non-finite gradients without checkpointing"
         self.state = {name: tensor.clone() for name, tensor in model.state_dict().items()}
         self.blocks = len(find_blocks(model))
-        self.live = live(model, self.grads) if live else list(range(self.blocks))
+        # a block whose weights are tied to a block that ran gets their gradients without running (PE-Audio-Video's
+        # per-modality copies of its text model): only blocks that ran can be recomputed
+        ran = {index for index, count in runs.counts.items() if count}
+        self.live = [i for i in (live(model, self.grads) if live else range(self.blocks)) if i in ran]
 
     def fresh(self) -> torch.nn.Module:
         model = self.build()

@@ -143,9 +143,17 @@ def _neucodec(model: torch.nn.Module, batch: dict, generator: torch.Generator) -
 def _paired_audio(model: torch.nn.Module, batch: dict, generator: torch.Generator) -> dict:
     """PE-Audio (contrastive audio-text): a mono waveform of two frames of its DAC embedder next to the text."""
     frame = 1
-    for ratio in model.config.audio_config.dac_config.downsampling_ratios:
+    for ratio in find(model.config, "downsampling_ratios"):
         frame *= ratio
     return {"input_values": torch.randn(BATCH_SIZE, 1, 2 * frame, generator=generator)}
+
+
+def _audio_and_video(model: torch.nn.Module, batch: dict, generator: torch.Generator) -> dict:
+    """PE-Audio-Video: the audio tower's mono waveform (two DAC frames) and the video tower's frames, ``(batch,
+    frames, channels, size, size)``: the model refuses fewer than two modalities, and each tower holds blocks."""
+    frames = find(model.config, "num_frames", default=None) or 2
+    video = torch.randn(BATCH_SIZE, frames, 3, IMAGE_SIZE, IMAGE_SIZE, generator=generator)
+    return {**_paired_audio(model, batch, generator), "pixel_values_videos": video}
 
 
 def _merged_patches(model: torch.nn.Module, batch: dict, generator: torch.Generator) -> dict:
@@ -180,6 +188,11 @@ def _space_time_patches(model: torch.nn.Module, batch: dict, generator: torch.Ge
     config = model.config.vision_config
     shape = (BATCH_SIZE, config.temporal_patch_size, config.patch_size, config.patch_size, config.num_channels)
     return {"pixel_values": torch.randn(*shape, generator=generator)}
+
+
+def _one_tile(model: torch.nn.Module, batch: dict, generator: torch.Generator) -> dict:
+    """Perception LM: each image as ``(batch, tiles, channels, size, size)``, one tile (the model flattens tiles)."""
+    return {"pixel_values": batch["pixel_values"].unsqueeze(1)} if "pixel_values" in batch else {}
 
 
 def _mono_waveform(model: torch.nn.Module, batch: dict, generator: torch.Generator) -> dict:
@@ -339,6 +352,8 @@ INPUT_RULES: dict[str, Any] = {
     "paddleocr_vl": _patches_as_images,
     "pe_audio": _paired_audio,
     "pe_audio_encoder": _mono_waveform,  # the DAC encoder convolves (batch, channels, samples)
+    **dict.fromkeys(["pe_audio_video", "pe_audio_video_encoder"], _audio_and_video),
+    "perception_lm": _one_tile,
     "pi0": _robot_step,
     "pocket_tts_audio_tokenizer": _mono_waveform,  # a codec: (batch, channels, samples)
     "pocket_tts_audio_tokenizer_decoder": _latents,  # the decoder alone takes the codec's latent frames
@@ -377,6 +392,7 @@ EXTRA_INPUTS: dict[str, list[str]] = {
 IMAGE_SIZES: dict[str, int] = {
     "depth_pro": 4 * PATCH_SIZE,  # the 1/4-scaled image must still hold one patch_size crop
     "efficientloftr": 2 * IMAGE_SIZE,  # coarse features at 1/8, then pooled 4x4 by the attention aggregation
+    "fast_vlm": 4 * IMAGE_SIZE,  # FastViT-MCi3 downsamples 64x: a 2 x 2 grid of image features
 }
 
 #: Audio encoders (by modeling module) that read (batch, frames, features) rather than (batch, mel bins, frames),

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from arch_tiny import BLOCKS, IMAGE_SIZE, PATCH_SIZE, RESERVED_IDS, SIZES, VOCAB_SIZE
+from arch_tiny import BLOCKS, IMAGE_SIZE, PATCH_SIZE, RESERVED_IDS, SIZES, TIMM_VIT_ARGS, VOCAB_SIZE
 
 _MIMI = {"upsample_groups": 32, "num_filters": 4, "codebook_dim": 32, "codebook_size": 32,
          "vector_quantization_hidden_dimension": 32}
@@ -71,8 +71,11 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     # DPT-style head widths (not named like sizes the generic rule knows).
     "chmv2": {"post_process_channels": [16, 16, 32, 32], "fusion_hidden_size": 32, "head_hidden_size": 16,
               "number_output_channels": 16},
-    # The encoders' rotary width is at least 32 (max(projection_dim // (2 * heads), 32)): one 32-wide head.
-    "clvp": {"text_config": {"num_attention_heads": 1}, "speech_config": {"num_attention_heads": 1}},
+    # The encoders' rotary width is at least 32 (max(projection_dim // (2 * heads), 32)): one 32-wide head. The
+    # decoder's fixing codes (the speech token ids that replace its stop token before the speech encoder embeds
+    # them) go up to 248: inside the tiny vocabulary.
+    "clvp": {"text_config": {"num_attention_heads": 1}, "speech_config": {"num_attention_heads": 1},
+             "decoder_config": {"decoder_fixing_codes": [83, 45, 45, 100]}},
     # The default config has no rotary parameters per layer type (checkpoints set them); the model indexes them.
     "cohere_compass_text": {"rope_parameters": {"full_attention": {
         "rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 1, 1]}}},
@@ -122,10 +125,17 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     # M-RoPE sections in (h, w, t) order, the h and w ones interleaved pairwise: they must be equal.
     "ernie4_5_vl_moe_text": {"rope_parameters": {"rope_type": "default", "rope_theta": 500000.0,
                                                  "mrope_section": [1, 1, 2]}},
+    # FastViT-MCi3 (a timm tower) widths and depths are model_args; its attention stages need widths that are
+    # multiples of their 32-wide heads, and its output (twice the last width) is the vision hidden size.
+    "fast_vlm": {"vision_config": {"hidden_size": 64, "model_args": {
+        "inference_mode": True, "layers": (1, 1, 1, 1, 1), "embed_dims": (8, 8, 16, 32, 32)}}},
     # DaViT stage widths and channel-attention groups are lists named unlike the generic per-stage lists.
     "florence2": {"vision_config": {"embed_dim": [32] * 4, "num_groups": [2] * 4}},
     # The adaptor's width is fixed to a quarter of the text model's (checked by the config).
     "fun_asr_nano": {"adaptor_config": {"intermediate_size": SIZES["hidden_size"] // 4}},
+    # Its vision tower is timm's MobileNetV5 encoder (300M weights): a sixteenth of its channels (its widths and
+    # depths are an architecture string, not arguments), whose output keeps 2048 channels (see PARAMETER_BUDGETS).
+    "gemma3n": {"vision_config": {"model_args": {"channel_multiplier": 0.0625}, "hidden_size": 2048}},
     # The last 15 of 35 layers reuse the cache of an earlier layer of each attention kind: both kinds must stay
     # among the first layers.
     "gemma3n_text": {"layer_types": ["sliding_attention", "full_attention"] * (BLOCKS // 2),
@@ -274,6 +284,10 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "pe_audio_encoder": {"dac_config": {"encoder_hidden_size": 4, "downsampling_ratios": [2, 2, 2, 2],
                                         "decoder_hidden_size": 16, "upsampling_ratios": [2, 2, 2, 2],
                                         "hop_length": 16}},
+    # The default vision tower names timm's resnet50 without model_args, but the projector reads
+    # model_args["embed_dim"]: checkpoints use a PE-core ViT, given its tiny sizes (every token out: no pooling).
+    "perception_lm": {"vision_config": {"architecture": "vit_pe_core_large_patch14_336",
+                                        "model_args": {**TIMM_VIT_ARGS, "global_pool": ""}}},
     # The upsampling convolution is grouped: its groups must divide the (tiny) hidden size.
     "pocket_tts_audio_tokenizer": {"upsample_groups": 32},
     "pocket_tts_audio_tokenizer_decoder": {"upsample_groups": 32},  # as pocket_tts_audio_tokenizer
@@ -367,4 +381,13 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "zaya": {"num_experts_per_tok": 1},
     # The metric head reads the neck's fusion output through convolutions of this width.
     "zoedepth": {"bottleneck_features": 32},
+}
+
+
+#: Parameter budgets above ``arch_tiny.MAX_PARAMETERS`` for the types whose towers keep fixed widths however small
+#: their config, each with why.
+PARAMETER_BUDGETS: dict[str, int] = {
+    # MobileNetV5's multi-scale fusion always outputs 2048 channels (timm drops num_features from the encoder's
+    # arguments) and the text model embeds them: 7.3M weights at a sixteenth of its channels.
+    "gemma3n": 8_000_000,
 }

@@ -18,6 +18,11 @@ PATCH_SIZE = 8
 AUDIO_SAMPLES = 1600  # raw waveform: survives the 320x downsampling of wav2vec2-style feature encoders
 MAX_PARAMETERS = 5_000_000
 
+#: ``model_args`` of a timm ViT-family tower (a ``timm_wrapper`` config's ``architecture``: Eva, PE core): the
+#: timm model class takes them as keyword arguments over its named architecture's own.
+TIMM_VIT_ARGS: dict[str, Any] = {"embed_dim": 32, "depth": BLOCKS, "num_heads": 4, "img_size": IMAGE_SIZE,
+                                 "patch_size": PATCH_SIZE}
+
 #: Input ids are drawn from [FIRST_ID, VOCAB_SIZE - RESERVED_IDS); special token ids above that range.
 FIRST_ID = 4
 RESERVED_IDS = 24

@@ -248,8 +248,8 @@ def test_the_compatibility_page_shows_what_was_measured(tmp_path: Path) -> None:
     assert "| 4.45.2 | 2.13.0 | 0.36.2 | — | 0.13.2 |" in text  # the pins that differ between releases
 
 
-def _full_sweep() -> dict:
-    """ci/sweep.py's JSON for two releases: the newest asserted, the older measured."""
+def _full_sweep(reviewed: bool = False) -> dict:
+    """ci/sweep.py's JSON for two releases, both asserted: the older one with a failure, reviewed or not."""
     passed = dict.fromkeys(compat_report.VARIANTS, "passed")
     newest = {"llama": {"class": "LlamaModel", "modality": "text decoder", "known_failure": None, **passed},
               "vit": {"class": "ViTModel", "modality": "vision", "known_failure": None, **passed},
@@ -257,21 +257,23 @@ def _full_sweep() -> dict:
                          "enable-every1": "failed: ImportError: timm"}}
     ran = dict.fromkeys(sweep.CASES, "passed")  # every release runs 2 of the 4 cases
     older = {"llama": {"class": "LlamaModel", "modality": "text decoder", "known_failure": None, **ran},
-             "vit": {"class": "ViTModel", "modality": "vision", "known_failure": None,
+             "vit": {"class": "ViTModel", "modality": "vision", "known_failure": "upstream bug" if reviewed else None,
                      **ran, "enable-every2": "failed: AssertionError: measured recompute [0]"}}
     return {"releases": [
-        sweep.summarise("4.45.2", {"model_types": older, "supporting_model_types": 2}, False, 1, 30.0),
-        sweep.summarise("5.24.0", {"model_types": newest, "supporting_model_types": 3}, True, 0, 60.0),
+        sweep.summarise("4.45.2", {"model_types": older, "supporting_model_types": 2, "torch": "2.13.0+cpu"},
+                        True, 0 if reviewed else 1, 30.0),
+        sweep.summarise("5.24.0", {"model_types": newest, "supporting_model_types": 3, "torch": "2.14.1+cu130"},
+                        True, 0, 60.0),
     ]}
 
 
-def test_the_sweep_asserts_the_newest_release_and_measures_the_others() -> None:
+def test_the_sweep_asserts_every_release() -> None:
     data = _full_sweep()
     older, newest = data["releases"]
     assert newest["counts"] == {"passed": 2, "failed": 0, "xfail": 1, "xpass": 0} and newest["ok"]
-    assert older["counts"] == {"passed": 1, "failed": 1, "xfail": 0, "xpass": 0} and older["ok"]  # measured only
+    assert older["counts"] == {"passed": 1, "failed": 1, "xfail": 0, "xpass": 0} and not older["ok"]  # unreviewed
     assert sweep.line(newest) == "sweep 5.24.0: 2 of 3 model types passed, 1 known failures (asserted, 2 cases, 60 s)"
-    assert sweep.line(older) == "sweep 4.45.2: 1 of 2 model types passed, 1 failed (measured, 2 cases, 30 s)"
+    assert sweep.line(older) == "sweep 4.45.2: 1 of 2 model types passed, 1 failed (asserted, 2 cases, 30 s) FAILED"
     assert newest["cases"] == older["cases"] == ["enable-every2", "patched-every1"]
     stale = sweep.summarise("5.24.0", {"model_types": {"x": {"known_failure": "why",
                                                                 **dict.fromkeys(sweep.VARIANTS, "passed")}}},
@@ -293,22 +295,26 @@ def test_two_sweeps_merge_into_one_report_in_release_order(tmp_path: Path) -> No
     assert json.loads(path.read_text()) == {"releases": [{"release": "5.0.0"}], "seconds": 1.0}
 
 
-def test_every_release_runs_the_same_two_cases(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_every_release_runs_the_same_two_cases_asserted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each release in its matrix environment, the newest in the torch range's ceiling one (timm loads there)."""
     commands = {}
-    monkeypatch.setattr(sweep.matrix, "build_env", lambda *args, **kwargs: (tmp_path / "env", False))
+    monkeypatch.setattr(sweep.matrix, "build_env", lambda *args, **kwargs: (tmp_path / "matrix-env", False))
+    monkeypatch.setattr(sweep.torch_range, "build_env", lambda *args, **kwargs: (tmp_path / "ceiling-env", False))
 
     def fake_run(command, log, env=None, echo=False):
-        commands[env["HF_CKPT_SWEEP_KNOWN"]] = command[command.index("-k") + 1:]
+        commands[command[3]] = (env["HF_CKPT_SWEEP_KNOWN"], command[command.index("-k") + 1:])
         return 0
 
     monkeypatch.setattr(sweep.matrix, "run_logged", fake_run)
     args = sweep.argparse.Namespace(out=tmp_path, cache_dir=tmp_path, jobs=1, timeout=60)
     older, newest = sweep.run_release("4.45.2", args), sweep.run_release(sweep.NEWEST, args)
     junit = f"--junitxml={tmp_path}"
-    assert commands["off"] == ["test_every_model_type and (enable-every2 or patched-every1)",
-                               f"{junit}/4.45.2/junit.xml", "--tb=line"]
-    assert commands["strict"] == ["test_every_model_type and (enable-every2 or patched-every1)",
-                                  f"{junit}/{sweep.NEWEST}/junit.xml"]
+    cases = "test_every_model_type and (enable-every2 or patched-every1)"
+    assert commands == {
+        str(tmp_path / "matrix-env" / "bin" / "python"): ("strict", [cases, f"{junit}/4.45.2/junit.xml", "--tb=line"]),
+        str(tmp_path / "ceiling-env" / "bin" / "python"): ("strict", [cases, f"{junit}/{sweep.NEWEST}/junit.xml",
+                                                                     "--tb=line"]),
+    }
     assert older["cases"] == newest["cases"] == ["enable-every2", "patched-every1"]
 
 
@@ -329,16 +335,17 @@ def test_the_page_reports_every_model_type_by_modality(tmp_path: Path) -> None:
     page = tmp_path / "compatibility.md"
     assert compat_report.main(["--input", str(source), "--sweep", str(full), "--output", str(page)]) == 0
     text = page.read_text()
-    assert "| 5.24.0 | 3 | 2 (67%) | 1 | 0 | 2 | asserted |" in text  # denominator, passed, xfail, failed, cases
-    assert "| 4.45.2 | 2 | 1 (50%) | 0 | 1 | 2 | measured |" in text
+    # denominator, passed, xfail, failed, cases, the torch it ran on
+    assert "| 5.24.0 | 3 | 2 (67%) | 1 | 0 | 2 | 2.14.1+cu130 |" in text
+    assert "| 4.45.2 | 2 | 1 (50%) | 0 | 1 | 2 | 2.13.0+cpu |" in text
     assert "| vision | 0 / 1 | 1 / 2 |" in text and "| text decoder | 1 / 1 | 1 / 1 |" in text
-    assert "- `timm_x`: needs the optional dependency timm" in text
-    assert "### Not passing (measured, not asserted) on 4.45.2" in text
+    assert "- `timm_x` (5.24.0): needs the optional dependency timm" in text
+    assert "### Failures on 4.45.2\n\n- `vit`: enable-every2: failed: AssertionError: measured recompute [0]" in text
 
 
 def test_check_fails_when_the_page_is_not_what_the_run_gives(tmp_path: Path, capsys) -> None:
     source, full = _matrix_json(tmp_path), tmp_path / "sweep.json"
-    full.write_text(json.dumps(_full_sweep()))
+    full.write_text(json.dumps(_full_sweep(reviewed=True)))
     page = tmp_path / "compatibility.md"
     arguments = ["--input", str(source), "--sweep", str(full), "--output", str(page)]
     assert compat_report.main(arguments) == 0
@@ -378,6 +385,11 @@ def test_an_end_is_its_releases_pins_with_torch_replaced(tmp_path: Path) -> None
     pins = torch_range.constraints("2.5.1", "4.45.2")
     assert pins[0] == "torch==2.5.1" and [p for p in pins if p.startswith("torch==")] == ["torch==2.5.1"]
     assert set(pins[1:]) == {p for p in matrix.pin_lines("4.45.2") if not p.startswith("torch==")}
+    # the ceiling end also pins and installs timm and torchvision (CUDA builds: they load beside its CUDA torch)
+    ceiling = torch_range.constraints("2.14.1", "5.24.0")
+    assert ceiling[-2:] == ["torchvision==0.29.1", "timm==1.0.31"]
+    assert torch_range.packages("2.14.1", "5.24.0")[-2:] == ["torchvision", "timm"]
+    assert not {"torchvision", "timm"} & set(torch_range.packages("2.5.1", "4.45.2"))
     floor, newest = torch_range.env_dir(tmp_path, "2.5.1", "4.45.2"), torch_range.env_dir(tmp_path, "2.14.1", "5.24.0")
     assert floor.name.startswith("torch-2.5.1-") and newest.name.startswith("torch-2.14.1-") and floor != newest
     assert not torch_range.env_is_built(floor)  # no stamp: an interrupted build is redone
@@ -410,7 +422,7 @@ def test_a_torch_end_reports_its_skip_reasons_and_fails_the_run_when_red(
 
 def test_the_page_has_a_torch_table_that_check_verifies(tmp_path: Path, capsys) -> None:
     source, full, torch_json = _matrix_json(tmp_path), tmp_path / "sweep.json", tmp_path / "torch.json"
-    full.write_text(json.dumps(_full_sweep()))
+    full.write_text(json.dumps(_full_sweep(reviewed=True)))
     end = {"failed": 0, "errors": 0, "problem": None, "exit_status": 0}
     torch_json.write_text(json.dumps({"floor": "2.5", "ends": [
         {**end, "torch": "2.5.1", "release": "4.45.2",

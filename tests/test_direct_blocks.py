@@ -16,7 +16,8 @@ import arch_build
 import arch_check
 import hf_ckpt
 from hf_ckpt import HfCkptWarning
-from hf_ckpt._direct import directly_called, never_checkpoints
+from hf_ckpt._direct import directly_called
+from hf_ckpt._stack_code import hard_codes_checkpoint, never_checkpoints
 from hf_ckpt.blocks import find_blocks
 from hf_ckpt.counting import BlockRunCounter
 from helpers import (
@@ -35,13 +36,49 @@ from helpers import (
 
 
 @pytest.mark.parametrize(
-    "cls, never",
-    [(InertStackModel, True), (FuncStackModel, False), (DirectStackModel, False), (DormantStackModel, False)],
+    "cls, never, hard_coded",
+    [(InertStackModel, True, False), (FuncStackModel, False, False), (DirectStackModel, False, True),
+     (DormantStackModel, False, False)],
 )
-def test_a_stack_qualifies_only_when_no_method_names_a_checkpoint_function(cls, never):
-    assert never_checkpoints(cls) is never
+def test_a_stack_qualifies_when_no_method_names_a_checkpoint_function_or_only_torchs(cls, never, hard_coded):
+    assert never_checkpoints(cls) is never and hard_codes_checkpoint(cls) is hard_coded
     model = tiny_legacy(cls)
-    assert len(directly_called(tuple(find_blocks(model)))) == (4 if never else 0)
+    assert len(directly_called(tuple(find_blocks(model)))) == (4 if never or hard_coded else 0)
+
+
+@pytest.mark.parametrize("options, selected", [({"every_n_layers": 2}, [0, 2]), ({"layers": [1, 3]}, [1, 3]),
+                                               ({}, [0, 1, 2, 3])])
+def test_a_stack_that_hard_codes_torchs_checkpoint_keeps_its_flag_off_and_its_selected_blocks_wrapped(
+        options, selected):
+    """CLVP before transformers 5.16: its loop calls torch.utils.checkpoint.checkpoint itself, so with its flag on
+    every block would be recomputed whatever the selection (and with torch's default arguments)."""
+    model = tiny_legacy(DirectStackModel)
+    batch = batch_for(model)
+    reference = train_step(model, batch)
+    hf_ckpt.enable(model, **options)
+    assert model.gradient_checkpointing is False  # the loop's own checkpoint call never runs
+    assert hf_ckpt.checkpointed_layers(model) == selected
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", HfCkptWarning)  # the probe measures the selection: no warning
+        recomputed, grads = recomputed_in_step(model, batch)
+    assert recomputed == selected
+    assert max_grad_diff(reference, grads) <= 1e-5
+    report = hf_ckpt.verify(model, batch)  # its reference step runs with the wrapping switched off
+    assert report.ok and report.recomputed == selected, str(report)
+    hf_ckpt.disable(model)
+    assert all("forward" not in layer.__dict__ for layer in model.layers)
+    assert "_gradient_checkpointing_func" not in model.__dict__ and model.gradient_checkpointing is False
+    assert recomputed_in_step(model, batch)[0] == []
+
+
+def test_upstreams_disable_ends_the_wrapping_of_a_hard_coded_stack():
+    """Upstream's gradient_checkpointing_disable rebinds every stack's function: the wrapped blocks run plainly."""
+    model = tiny_legacy(DirectStackModel)
+    batch = batch_for(model)
+    hf_ckpt.enable(model, every_n_layers=2)
+    model.gradient_checkpointing_disable()
+    assert hf_ckpt.checkpointed_layers(model) == []
+    assert recomputed_in_step(model, batch)[0] == []
 
 
 @pytest.mark.parametrize("options, selected", [({"every_n_layers": 2}, [0, 2]), ({"layers": [1, 3]}, [1, 3]),

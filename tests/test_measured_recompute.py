@@ -14,7 +14,6 @@ from hf_ckpt import HfCkptWarning
 from hf_ckpt.blocks import Block
 from hf_ckpt.counting import BlockRunCounter
 from helpers import (
-    DirectStackModel,
     DormantStackModel,
     FuncStackModel,
     LambdaStackModel,
@@ -78,7 +77,6 @@ def _enable_quietly(model, **options):
         (PartialStackModel, {"every_n_layers": 2}, [0, 1, 2, 3], "recomputed although not selected"),
         (PartialStackModel, {"layers": [3]}, [0, 1, 2, 3], "recomputed although not selected"),
         (LambdaStackModel, {"every_n_layers": 2}, [0, 1, 2, 3], "recomputed although not selected"),
-        (DirectStackModel, {"every_n_layers": 2}, [0, 1, 2, 3], "recomputed although not selected"),
         (DormantStackModel, {"every_n_layers": 2}, [], "selected but were not recomputed"),
     ],
 )

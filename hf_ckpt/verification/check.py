@@ -7,6 +7,7 @@ from typing import Any, Callable, Iterator, Mapping
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from .._preserve import accelerator_devices, check_trainable, preserved
 from .._state import ACTIVE_ATTRIBUTE, get_state, suspended
@@ -14,6 +15,7 @@ from .._target import target_model
 from ..blocks import find_blocks
 from .._apply import checkpointed_layers
 from ..counting import BlockRunCounter
+from ..functions import stack_checkpoints
 from ..distributed._engines import wrapped_blocks
 from ..measure.step import LossFn, loss_of
 from .gradients import compare_gradients, parameter_groups
@@ -36,9 +38,11 @@ def _describe_setting(target: nn.Module, wrapped: list[int]) -> str:
 def _checkpointing_off(target: nn.Module) -> Iterator[None]:
     """Switch checkpointing off everywhere, then put back exactly what was there (the same objects).
 
-    Turns off every ``gradient_checkpointing`` flag and the switch of hf_ckpt's own checkpoint wrappers
-    (``hf_ckpt.distributed.apply``). Nothing else changes: hf_ckpt's state, hooks and bound checkpoint functions
-    stay in place, so nothing has to be rebuilt afterwards, whoever enabled checkpointing.
+    Turns off every ``gradient_checkpointing`` flag, the switch of hf_ckpt's own checkpoint wrappers
+    (``hf_ckpt.distributed.apply``) and the selecting function of a stack whose flag hf_ckpt keeps off (its loop
+    hard-codes torch's checkpoint; hf_ckpt wraps its blocks). Nothing else changes: hf_ckpt's state, hooks and
+    the blocks' checkpoint functions stay in place, so nothing has to be rebuilt afterwards, whoever enabled
+    checkpointing.
     """
     switch = ACTIVE_ATTRIBUTE
     switches = [m for m in target.modules() if switch in m.__dict__]
@@ -47,9 +51,13 @@ def _checkpointing_off(target: nn.Module) -> Iterator[None]:
         for module in target.modules()
         if hasattr(module, "gradient_checkpointing")
     ]
+    wrapping = [(m, m.__dict__["_gradient_checkpointing_func"]) for m, _, _ in flags
+                if not m.gradient_checkpointing and stack_checkpoints(m) and "_gradient_checkpointing_func" in m.__dict__]
     saved_switches = [(m, m.__dict__[switch]) for m in switches]
     for module, _, _ in flags:
         module.gradient_checkpointing = False
+    for module, _ in wrapping:
+        module._gradient_checkpointing_func = checkpoint
     for module in switches:
         module.__dict__[switch] = False
     try:
@@ -60,6 +68,8 @@ def _checkpointing_off(target: nn.Module) -> Iterator[None]:
                 module.gradient_checkpointing = value
             else:
                 del module.gradient_checkpointing
+        for module, function in wrapping:
+            module._gradient_checkpointing_func = function
         for module, value in saved_switches:
             module.__dict__[switch] = value
 
