@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable
 
+from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from .blocks import SELECTED_ATTRIBUTE, module_of
@@ -39,11 +40,16 @@ def checkpoint_selected_blocks(
     """Checkpoint ``function`` as its block's ``_hf_ckpt_selected`` attribute says.
 
     The attribute is False for a block to run directly, or the block's own checkpoint function (a selective
-    block's differs from a full one's). A function whose block cannot be told is checkpointed with
-    ``checkpoint_function`` (the stack's flag asked for it).
+    block's differs from a full one's). The block is the one ``function`` is bound to or closes over, else the
+    first argument that is a block (IDEFICS hands a nested ``vblock(decoder_layer, ...)`` the layer as its first
+    argument). A function whose block cannot be told is checkpointed with ``checkpoint_function`` (the stack's flag
+    asked for it).
     """
     module = module_of(function)
     choice = getattr(module, SELECTED_ATTRIBUTE, None) if module is not None else None
+    if choice is None:
+        choice = next((getattr(argument, SELECTED_ATTRIBUTE) for argument in args
+                       if isinstance(argument, nn.Module) and hasattr(argument, SELECTED_ATTRIBUTE)), None)
     if choice is False:
         return function(*args, **kwargs)
     if callable(choice):

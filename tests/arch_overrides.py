@@ -174,8 +174,10 @@ OVERRIDES: dict[str, dict[str, Any]] = {
                                                      "mrope_section": [1, 1, 0]}}},
     "hy_v4_vl_text": {"rope_parameters": {"rope_theta": 10000.0, "rope_type": "default", "mrope_section": [1, 1, 0]}},
     # The default config freezes the vision and text layers (no parameter gradients, though the gradient still
-    # flows through the text layers to the trainable cross-attention between them): train every block.
-    "idefics": {"freeze_text_layers": False, "freeze_vision_layers": False},
+    # flows through the text layers to the trainable cross-attention between them): train every block. Checkpoints
+    # cross-attend every 4th of 32 layers, so the decoder layers outnumber the gated cross-attention layers (the
+    # stack's blocks are its longest list): every 2nd of the tiny 4.
+    "idefics": {"freeze_text_layers": False, "freeze_vision_layers": False, "cross_layer_interval": 2},
     # The merger's widths (its hidden layer, and its output: the text model's width) have names of their own.
     **dict.fromkeys(["inkling2", "inkling2_loop"],
                     {"vision_config": {"projection_hidden_dim": 32, "text_hidden_size": 32}}),

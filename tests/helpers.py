@@ -211,6 +211,16 @@ class LambdaStackModel(_ToyStack):
         return self._gradient_checkpointing_func(lambda h: self.layers[index](h), hidden_states)
 
 
+class ArgumentStackModel(_ToyStack):
+    """Hands its checkpoint function a nested function and the block as its first argument (IDEFICS's ``vblock``)."""
+
+    def _run_layer(self, layer, hidden_states):
+        def run(block, states):
+            return block(states)
+
+        return self._gradient_checkpointing_func(run, layer, hidden_states)
+
+
 class DirectStackModel(_ToyStack):
     """Calls ``torch.utils.checkpoint`` itself: every block is recomputed whatever the selection."""
 

@@ -14,6 +14,7 @@ from hf_ckpt import HfCkptWarning
 from hf_ckpt.blocks import Block
 from hf_ckpt.counting import BlockRunCounter
 from helpers import (
+    ArgumentStackModel,
     DormantStackModel,
     FuncStackModel,
     LambdaStackModel,
@@ -98,6 +99,20 @@ def test_a_selection_the_model_ignores_is_measured_warned_and_reported(cls, opti
     with warnings.catch_warnings():
         warnings.simplefilter("error", HfCkptWarning)  # warned once; the probe is gone
         recomputed_in_step(model, batch)
+
+
+@pytest.mark.parametrize("options, selected", [({"every_n_layers": 2}, [0, 2]), ({"layers": [3]}, [3])])
+def test_a_block_handed_to_the_checkpoint_function_as_an_argument_follows_the_selection(options, selected):
+    """IDEFICS (4.x) checkpoints ``vblock(decoder_layer, ...)``: the block is the function's first argument."""
+    model = tiny_legacy(ArgumentStackModel)
+    batch = batch_for(model)
+    reference = train_step(model, batch)
+    hf_ckpt.enable(model, **options)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", HfCkptWarning)  # the probe measures the selection: no warning
+        recomputed, grads = recomputed_in_step(model, batch)
+    assert recomputed == selected == hf_ckpt.checkpointed_layers(model)
+    assert max_grad_diff(reference, grads) <= 1e-5
 
 
 def test_a_forward_replaced_after_class_creation_is_measured():
