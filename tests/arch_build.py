@@ -680,19 +680,27 @@ def _inputs(model: torch.nn.Module, seed: int, pixels: bool = False, image_token
     return batch
 
 
+#: Output fields that hold a key/value cache: no training loss reads them, and a model may return one only without
+#: checkpointing (4.x Idefics2Model does not pass ``use_cache=False`` on to its text model, whose config default
+#: returns the cache unless checkpointing turns it off).
+_CACHES = frozenset({"past_key_values"})
+
+
 def _tensors(output: Any):
     if isinstance(output, torch.Tensor):
         yield output
     elif isinstance(output, dict):
-        for value in output.values():
-            yield from _tensors(value)
+        for name, value in output.items():
+            if name not in _CACHES:
+                yield from _tensors(value)
     elif isinstance(output, (tuple, list)):
         for value in output:
             yield from _tensors(value)
 
 
 def loss(output: Any) -> torch.Tensor:
-    """A scalar from every floating tensor of ``output`` that carries a gradient (base models have no loss)."""
+    """A scalar from every floating tensor of ``output`` that carries a gradient (base models have no loss), but a
+    key/value cache (:data:`_CACHES`)."""
     parts = [t.float().pow(2).mean() for t in _tensors(output) if t.is_floating_point() and t.requires_grad]
     if not parts:
         raise NotTiny("the output has no tensor that carries a gradient")
