@@ -35,13 +35,17 @@ _UVDOC_BACKBONE = {"resnet_head": [[3, 8], [8, 8]],
 _BERT_DECODER = {"model_type": "bert", "is_decoder": True, "add_cross_attention": True}
 
 #: The parts of composite configs that have none by default before transformers 5 (their ``__init__`` raises
-#: without them): those 5.x defaults to, given only where the config's own defaults fail (``tiny_config``), then
-#: made tiny by the generic rule like any sub-config.
+#: without them, or leaves the part None): those 5.x defaults to, given only where the config's own defaults fail
+#: or leave one of them None (``tiny_config``), then made tiny by the generic rule like any sub-config.
 DEFAULT_PARTS: dict[str, dict[str, Any]] = {
     "encoder-decoder": {"encoder": {"model_type": "bert"}, "decoder": _BERT_DECODER},
     "musicgen": {"text_encoder": {"model_type": "t5"}, "audio_encoder": {"model_type": "encodec"}, "decoder": {}},
     "musicgen_melody": {"text_encoder": {"model_type": "t5"}, "audio_encoder": {"model_type": "encodec"},
                         "decoder": {}},
+    # Upstream (4.5x): Phi4MultimodalConfig.__init__ builds the default vision config without assigning it, so
+    # vision_config stays None (checkpoints set it), and builds the default audio config only where vision_config is
+    # None; the model's feature embedding reads both.
+    "phi4_multimodal": {"vision_config": {}, "audio_config": {}},
     "speech-encoder-decoder": {"encoder": {"model_type": "wav2vec2"}, "decoder": _BERT_DECODER},
     "vision-encoder-decoder": {"encoder": {"model_type": "vit"}, "decoder": _BERT_DECODER},
 }
