@@ -27,9 +27,10 @@ multi-head latent attention, and generates the inputs named by a forward's requi
 ``main_input_name`` (video frames, Qwen-VL style flattened patches with their ``grid_thw``, the encoder's input of a
 speech encoder-decoder).
 
-Per-type settings live next door: ``arch_overrides.OVERRIDES`` (config values the generic rule cannot guess) and
-``arch_inputs.INPUT_RULES`` (batch layouts only a model's own code defines), each entry with its reason; the tiny
-sizes and the helpers both use are in ``arch_tiny``.
+Per-type settings live next door: ``arch_overrides.OVERRIDES`` (config values the generic rule cannot guess),
+``arch_overrides.MODEL_KWARGS`` (a model class's own keyword arguments) and ``arch_inputs.INPUT_RULES`` (batch
+layouts only a model's own code defines), each entry with its reason; the tiny sizes and the helpers both use are
+in ``arch_tiny``.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ from typing import Any
 import torch
 
 from arch_inputs import EXTRA_INPUTS, IMAGE_SIZES, INPUT_RULES, features_last, time_series
-from arch_overrides import DEFAULT_PARTS, OVERRIDES, PARAMETER_BUDGETS
+from arch_overrides import DEFAULT_PARTS, MODEL_KWARGS, OVERRIDES, PARAMETER_BUDGETS
 from arch_tiny import (AUDIO_SAMPLES, BATCH_SIZE, BLOCKS, FIRST_ID, IMAGE_SIZE, MAX_PARAMETERS, PATCH_SIZE,
                        RESERVED_IDS, SEQUENCE_LENGTH, SIZES, TIMM_VIT_ARGS, VOCAB_SIZE, find, grid_patches, required,
                        token_ids, uninitialized_memory_is_nan)
@@ -456,17 +457,17 @@ class NotTiny(Exception):
     """The generic rule does not make this model type tiny."""
 
 
-def _parameters(model_class: type, config: Any) -> int:
+def _parameters(model_class: type, config: Any, **kwargs: Any) -> int:
     """The parameter count of ``model_class(config)``, sized on the meta device first, without allocating (a missed
     size would build a full-size model); a model whose ``__init__`` reads a tensor's value (older releases' drop
     path rates: ``torch.linspace(...)[i].item()``) cannot be built there and is counted on the CPU."""
     try:
         with torch.device("meta"):
-            return sum(p.numel() for p in model_class(config).parameters())
+            return sum(p.numel() for p in model_class(config, **kwargs).parameters())
     except (RuntimeError, NotImplementedError) as error:
         if "meta" not in str(error):
             raise
-    return sum(p.numel() for p in model_class(config).parameters())
+    return sum(p.numel() for p in model_class(config, **kwargs).parameters())
 
 
 def build(entry: ModelType, seed: int = 0) -> torch.nn.Module:
@@ -476,12 +477,13 @@ def build(entry: ModelType, seed: int = 0) -> torch.nn.Module:
     wanted = getattr(model_class, "config_class", None)
     if isinstance(wanted, type) and not isinstance(config, wanted):  # a base class built from one part of its
         config = next((v for v in vars(config).values() if isinstance(v, wanted)), config)  # type's composite config
-    parameters = _parameters(model_class, config)
+    kwargs = MODEL_KWARGS.get(entry.model_type, {})
+    parameters = _parameters(model_class, config, **kwargs)
     if parameters > PARAMETER_BUDGETS.get(entry.model_type, MAX_PARAMETERS):
         raise NotTiny(f"{entry.model_type} still has {parameters} parameters with the tiny config")
     torch.manual_seed(seed)
     with uninitialized_memory_is_nan():
-        model = model_class(config).float().train()
+        model = model_class(config, **kwargs).float().train()
     model._sweep_model_type = entry.model_type  # the key of INPUT_RULES (a sub-config has a type of its own)
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():

@@ -50,6 +50,14 @@ DEFAULT_PARTS: dict[str, dict[str, Any]] = {
     "vision-encoder-decoder": {"encoder": {"model_type": "vit"}, "decoder": _BERT_DECODER},
 }
 
+#: Per-type keyword arguments of the model class itself (not of its config), each with why.
+MODEL_KWARGS: dict[str, dict[str, Any]] = {
+    # Upstream (4.51 to 4.57): ViTHybridPreTrainedModel._init_weights zeroes the embeddings' mask_token, which is None
+    # unless the model is made with use_mask_token=True, so the model cannot be made from a config (from_pretrained
+    # skips the init of loaded weights and trains). The token is used only with bool_masked_pos (never here).
+    "vit_hybrid": {"use_mask_token": True},
+}
+
 #: Per-type config settings on top of the generic rule, each with why the rule cannot work.
 OVERRIDES: dict[str, dict[str, Any]] = {
     # EfficientNet scales its stage widths and repeats by these coefficients (2.0 and 3.1: 55 blocks, 62M weights);
