@@ -74,8 +74,9 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "audio-spectrogram-transformer": {"max_length": 32},
     # The decoder's start window (label_length, 10 by default) is cut from the context, here 4 steps long.
     "autoformer": {"label_length": 2},
-    # The image placeholder token comes with a checkpoint (None by default).
-    "blip-2": {"image_token_id": VOCAB_SIZE - RESERVED_IDS + 1},
+    # The image placeholder token comes with a checkpoint (None by default). Under its constructor name: on 4.57
+    # "image_token_id" is an alias that __init__ then overwrites with image_token_index (None).
+    "blip-2": {"image_token_index": VOCAB_SIZE - RESERVED_IDS + 1},
     # Hashed byte n-gram embeddings: one table of this many rows per n-gram size.
     "blt": {"encoder_hash_byte_group_vocab": VOCAB_SIZE},
     # The BPE <-> image-token map comes with a checkpoint (None by default); the model reads "<image>" from it.
