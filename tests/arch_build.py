@@ -267,8 +267,10 @@ def tiny_kwargs(cls: type, defaults: dict[str, Any], tokens: _Tokens,
         if isinstance(value, dict) and "model_type" in value:
             built = getattr(instance, name, None)
             sub = _sub_config_class(cls, name, value)
-            if sub is None and not hasattr(cls, "sub_configs") and hasattr(built, "to_dict"):
-                sub = type(built)  # before ``sub_configs`` (4.45): the class the default holds
+            if sub is None and hasattr(built, "to_dict"):
+                # the class the default holds: before ``sub_configs`` (4.45), or a class registered under no
+                # model type (4.57 T5Gemma's encoder and decoder: "t5_gemma_module", and no ``sub_configs``)
+                sub = type(built)
             if sub is not None:
                 tiny = _accepted(sub, {**value, **tiny_kwargs(sub, value, tokens, widths=widths, instance=built)})
                 kwargs[name] = _merge(tiny, OVERRIDES.get(value["model_type"], {}))  # a sub-model's own overrides
