@@ -383,8 +383,11 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     # The HiFi-GAN vocoder, duration predictor and posterior encoder have their own widths and depths.
     "vits": {"upsample_initial_channel": 32, "duration_predictor_filter_channels": 32,
              "posterior_encoder_num_wavenet_layers": 2, "spectrogram_bins": 16},
-    # The predictor has its own width and heads; positions follow the crop size.
-    "vjepa2": {"pred_hidden_size": 32, "pred_num_attention_heads": 4, "crop_size": IMAGE_SIZE},
+    # The predictor has its own width and heads; positions follow the crop size. The 3D rotary embedding splits each
+    # head in three parts of 2 * (head size // 6) channels, which 4.57 cannot rotate when 2 wide (rotate_queries_or_keys
+    # squeezes its one frequency away): 2 heads of 16 channels in the encoder and in the predictor.
+    "vjepa2": {"pred_hidden_size": 32, "pred_num_attention_heads": 2, "num_attention_heads": 2,
+               "crop_size": IMAGE_SIZE},
     # The acoustic encoder doubles its width per stride; the quantizer reads both encoders (2 x hidden); no GQA.
     # ViT-hybrid (deprecated, 4.x): its BiT backbone's bottleneck blocks are a quarter of the stage width, and their
     # group norms take 32 groups (the tiny widths need fewer); its patches are the backbone's feature map, whose
