@@ -31,20 +31,116 @@ class Known:
 #: Reasons starting so are not run (xfail with run=False): one training step takes minutes.
 TOO_SLOW = "cannot be built tiny: one training step takes over a minute"
 
-#: By model type; a type's entries cover disjoint release ranges.
+#: The optional dependencies some types import, which the matrix's CPU-torch environments cannot load.
+_NEEDS_TIMM = ("needs the optional dependency `timm` (its {tower} is a TimmWrapper model), which needs torchvision: "
+               "the index's torchvision is a CUDA build, which does not load beside this environment's CPU torch "
+               "(\"operator torchvision::nms does not exist\"); the newest release is swept where it loads, in the torch "
+               "range's ceiling environment, and passes there")
+_NO_FORWARD = ("cannot be measured by counting: {cls} defines no forward (it only generates: thinker, then talker, "
+               "then {vocoder}), so there is no training step; its trainable thinker is swept as {thinker}")
+_QFORMER_CONFIG_FLAG = (
+    "upstream bug: {encoder}.forward ({module}) checkpoints only if `getattr(self.config, \"gradient_checkpointing\", "
+    "False)`, a config attribute nothing sets, instead of its own `self.gradient_checkpointing` flag, so its Q-Former "
+    "layers are never checkpointed (hf_ckpt's probe reports the truth; the check expects every selected block); "
+    "upstream's own gradient_checkpointing_enable() skips them the same: {reproduction}")
+
+#: By model type; a type's entries cover disjoint release ranges (of the matrix's releases).
 KNOWN_FAILURES: dict[str, tuple[Known, ...]] = {
-    'fast_vlm': (Known('', 'needs the optional dependency `timm` (its vision tower is a TimmWrapperModel)'),),
-    'gemma3n': (Known('', 'needs the optional dependency `timm` (its vision tower is a TimmWrapperModel); its text model passes alone (gemma3n_text)'),),
-    'glm_image_vqmodel': (Known('', 'upstream bug: GlmImageVQVAE (modeling_glm_image.py), registered as the glm_image_vqmodel base model, inherits supports_gradient_checkpointing=True but defines no forward (only encode) and no block; reproduction: GlmImageVQVAE(GlmImageVQVAEConfig())(torch.randn(1, 3, 32, 32)) raises NotImplementedError'),),
-    'llama4': (Known('', "upstream bug: Llama4ForConditionalGeneration.forward (modeling_llama4.py) builds its output with `image_outputs=outputs.image_outputs` from its language model's MoeCausalLMOutputWithPast, which has no such field: `Llama4ForConditionalGeneration(config)(input_ids=ids)` raises AttributeError for any input, with return_dict=False too"),),
-    'pe_audio_video': (Known('', 'needs the optional dependency `timm` (not installed in the test environments): its video tower is a TimmWrapper model'),),
-    'pe_audio_video_encoder': (Known('', 'needs the optional dependency `timm` (not installed in the test environments): its video tower is a TimmWrapper model'),),
-    'pe_video': (Known('', 'needs the optional dependency `timm` (not installed in the test environments): its vision tower is a TimmWrapper model'),),
-    'pe_video_encoder': (Known('', 'needs the optional dependency `timm` (not installed in the test environments): its vision tower is a TimmWrapper model'),),
-    'perception_lm': (Known('', 'needs the optional dependency `timm` (not installed in the test environments): its vision tower is a TimmWrapper model'),),
-    'pi0': (Known('', "upstream bug: PI0Model.forward runs the VLM prefix with use_cache=True and reads the returned cache (modeling_pi0.py: `vlm_input_length = cache.get_seq_length()`), but with checkpointing on in training the VLM's output-capturing wrapper sets use_cache=False (utils/generic.py), so cache is None; upstream's own gradient_checkpointing_enable() fails the same: `model.train(); model.gradient_checkpointing_enable(); model(input_ids=..., pixel_values=..., pixel_attention_mask=..., action_embeds=...)` raises AttributeError: 'NoneType' object has no attribute 'get_seq_length'"),),
-    'qwen2_5_omni': (Known('', 'cannot be measured by counting: Qwen2_5OmniForConditionalGeneration defines no forward (it only generates: thinker, then talker, then token2wav), so there is no training step; its trainable thinker is swept as qwen2_5_omni_thinker'),),
-    'qwen3_omni_moe': (Known('', 'cannot be measured by counting: Qwen3OmniMoeForConditionalGeneration defines no forward (it only generates: thinker, then talker, then code2wav), so there is no training step; its trainable thinker is swept as qwen3_omni_moe_thinker'),),
+    # ---- upstream bugs, with a reproduction (run in that release's environment)
+    "blip-2": (Known("<4.57", _QFORMER_CONFIG_FLAG.format(
+        encoder="Blip2QFormerEncoder", module="modeling_blip_2.py",
+        reproduction="`m = Blip2QFormerModel(Blip2QFormerConfig(num_hidden_layers=2, hidden_size=32, "
+        "num_attention_heads=4, intermediate_size=64, encoder_hidden_size=32)).train(); "
+        "m.gradient_checkpointing_enable({\"use_reentrant\": False}); m(query_embeds=x, "
+        "encoder_hidden_states=x).last_hidden_state.sum().backward()` runs layer 0 once")),),
+    "imagegpt": (Known(">=4.57,<5.0",
+        "upstream bug: ImageGPTModel.forward (modeling_imagegpt.py) sets `past_length = ... else past_key_values`, "
+        "None without a cache, so any forward with use_cache=False (which checkpointing forces in training) fails "
+        "building position_ids; upstream's own gradient_checkpointing_enable() fails the same: "
+        "`ImageGPTModel(ImageGPTConfig(n_layer=2, n_embd=32, n_head=4, vocab_size=128, n_positions=16))` with "
+        "checkpointing on, `m(ids)` raises TypeError: unsupported operand type(s) for +: 'int' and 'NoneType'"),),
+    "instructblip": (Known("<4.57", _QFORMER_CONFIG_FLAG.format(
+        encoder="InstructBlipQFormerEncoder", module="modeling_instructblip.py",
+        reproduction="InstructBlipQFormerModel runs its layer 0 once in a training step")),),
+    "instructblipvideo": (Known("<4.57", _QFORMER_CONFIG_FLAG.format(
+        encoder="InstructBlipVideoQFormerEncoder", module="modeling_instructblipvideo.py",
+        reproduction="InstructBlipVideoQFormerModel runs its layer 0 once in a training step")),),
+    "maskformer-swin": (Known("<4.57",
+        "upstream bug: MaskFormerSwinEncoder.forward (modeling_maskformer_swin.py) hands its checkpoint function "
+        "`layer_module.__call__, hidden_states, layer_head_mask, output_attentions`, dropping `input_dimensions`, so "
+        "MaskFormerSwinStage.forward's `height, width = input_dimensions` gets None; upstream's own "
+        "gradient_checkpointing_enable() fails the same: `m = MaskFormerSwinModel(MaskFormerSwinConfig(embed_dim=16, "
+        "depths=[1, 1, 1, 1], num_heads=[1, 1, 1, 1])).train(); m.gradient_checkpointing_enable({\"use_reentrant\": "
+        "False}); m(torch.randn(1, 3, 64, 64))` raises TypeError: cannot unpack non-iterable NoneType object"),),
+    "moonshine": (Known(">=4.51,<4.57",
+        "upstream bug: MoonshineDecoder.forward (modeling_moonshine.py) passes its layer's arguments positionally in "
+        "an order MoonshineDecoderLayer.forward does not have, so past_key_value receives the bool use_cache; "
+        "upstream's own gradient_checkpointing_enable() fails the same: `MoonshineModel(MoonshineConfig(hidden_size=32, "
+        "intermediate_size=64, encoder_num_hidden_layers=2, decoder_num_hidden_layers=2, encoder_num_attention_heads=4, "
+        "decoder_num_attention_heads=4, vocab_size=128))` with checkpointing on, `m(torch.randn(1, 4000), "
+        "decoder_input_ids=ids)` raises AttributeError: 'bool' object has no attribute 'is_updated'"),),
+    "pop2piano": (Known(">=4.51,<4.57",
+        "upstream bug: Pop2PianoStack.forward (modeling_pop2piano.py) passes cache_position in the position of "
+        "Pop2PianoBlock.forward's return_dict, so cache_position is None and Pop2PianoAttention.forward's "
+        "`cache_position[-1]` fails; upstream's own gradient_checkpointing_enable() fails the same: "
+        "Pop2PianoForConditionalGeneration (d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4, vocab_size=128) "
+        "with checkpointing on, `m(inputs_embeds=torch.randn(1, 8, 32), decoder_input_ids=ids)` raises TypeError: "
+        "'NoneType' object is not subscriptable"),),
+    "recurrent_gemma": (Known("<5.0",
+        "upstream bug: RecurrentGemmaRglru.forward (modeling_recurrent_gemma.py) keeps its final state in "
+        "`self.recurrent_states` and starts its next call from it, with use_cache=False too, so a checkpointed "
+        "block's recompute starts from the state the forward just stored instead of zeros and runs a different "
+        "graph; upstream's own gradient_checkpointing_enable() fails the same: `m = RecurrentGemmaModel("
+        "RecurrentGemmaConfig(num_hidden_layers=1, block_types=[\"recurrent\"], vocab_size=128, hidden_size=32, "
+        "intermediate_size=64, num_attention_heads=4, lru_width=32)).train(); m.gradient_checkpointing_enable("
+        "{\"use_reentrant\": False}); m(ids).last_hidden_state.sum().backward()` raises CheckpointError"),),
+    "speech_to_text_2": (Known(">=4.51,<5.0",
+        "upstream bug: Speech2Text2PreTrainedModel._init_weights (deprecated/speech_to_text_2/"
+        "modeling_speech_to_text_2.py) reads `module.weight` of Speech2Text2SinusoidalPositionalEmbedding, which has "
+        "`weights`, so `Speech2Text2ForCausalLM(Speech2Text2Config(d_model=32, decoder_layers=2, "
+        "decoder_attention_heads=4, decoder_ffn_dim=64, vocab_size=128))` raises AttributeError; a model loaded with "
+        "from_pretrained has no `weights` either and its forward raises AttributeError: it cannot train"),),
+    "udop": (Known("<4.57",
+        "upstream bug: UdopStack.forward (modeling_udop.py) has no checkpointed branch and the stack has no "
+        "gradient_checkpointing flag; only UdopAttention has one, and it only makes the zero position bias require "
+        "grad, so nothing is ever checkpointed and hf_ckpt finds no block; upstream's own "
+        "gradient_checkpointing_enable() checkpoints nothing: after `m.gradient_checkpointing_enable()` on "
+        "`UdopModel(UdopConfig(d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4, vocab_size=128))`, only "
+        "attention modules have the flag set"),),
+    "umt5": (Known("<4.57",
+        "upstream bug: UMT5Stack.forward (modeling_umt5.py) sets `hidden_states = layer_outputs[0]` only in the "
+        "non-checkpointed branch, so with checkpointing every block's output is dropped: no block parameter gets a "
+        "gradient and none is recomputed; upstream's own gradient_checkpointing_enable() fails the same: with "
+        "`UMT5Model(UMT5Config(d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4, vocab_size=128))`, one "
+        "training step leaves `encoder.block[0].layer[0].SelfAttention.q.weight.grad` None"),),
+    "zoedepth": (Known("<4.51",
+        "upstream bug: its BEiT backbone's BeitEncoder.forward (modeling_beit.py) drops `resolution` in its "
+        "checkpointed branch, so a BEiT with use_relative_position_bias=True (ZoeDepth's backbone) fails in "
+        "BeitSelfAttention.forward at `height, width = resolution`; upstream's own gradient_checkpointing_enable() "
+        "fails the same: `m = BeitModel(BeitConfig(use_relative_position_bias=True, hidden_size=32, "
+        "num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, image_size=32, patch_size=8)).train(); "
+        "m.gradient_checkpointing_enable({\"use_reentrant\": False}); m(torch.randn(1, 3, 32, 32))` raises "
+        "TypeError: cannot unpack non-iterable NoneType object"),),
+    # B_UPSTREAM_PLACEHOLDER
+    # ---- no training forward
+    "qwen2_5_omni": (Known("", _NO_FORWARD.format(cls="Qwen2_5OmniForConditionalGeneration", vocoder="token2wav",
+                                                   thinker="qwen2_5_omni_thinker")),),
+    "qwen3_omni_moe": (Known("", _NO_FORWARD.format(cls="Qwen3OmniMoeForConditionalGeneration", vocoder="code2wav",
+                                                     thinker="qwen3_omni_moe_thinker")),),
+    # ---- optional dependencies the release's environment cannot load
+    "deta": (Known("<5.0",
+        "needs the optional dependency `torchvision` (its deformable attention's NMS): the index's torchvision is a "
+        "CUDA build, which does not load beside this environment's CPU torch (libc10_cuda.so missing)"),),
+    "fast_vlm": (Known(">=5.0,<5.24", _NEEDS_TIMM.format(tower="vision tower")),),
+    "gemma3n": (Known(">=4.57,<5.24", _NEEDS_TIMM.format(tower="vision tower")),),
+    "pe_audio_video": (Known(">=5.0,<5.24", _NEEDS_TIMM.format(tower="video tower")),),
+    "pe_audio_video_encoder": (Known(">=5.0,<5.24", _NEEDS_TIMM.format(tower="video tower")),),
+    "pe_video": (Known(">=5.0,<5.24", _NEEDS_TIMM.format(tower="vision tower")),),
+    "pe_video_encoder": (Known(">=5.0,<5.24", _NEEDS_TIMM.format(tower="vision tower")),),
+    "perception_lm": (Known(">=4.57,<5.24", _NEEDS_TIMM.format(tower="vision tower")),),
+    "qdqbert": (Known("<5.0",
+        "needs the optional dependency `pytorch-quantization`, which cannot be installed: PyPI has only a "
+        "placeholder package that refuses to install (the real one is on NVIDIA's own index)"),),
 }
 
 
