@@ -725,10 +725,17 @@ def live_blocks(model: torch.nn.Module, grads: dict[str, torch.Tensor]) -> list[
 
 
 def gradients(model: torch.nn.Module, batch: dict[str, Any], seed: int = 0) -> dict[str, torch.Tensor]:
-    """One training step's gradients (RNG seeded, so any dropout draws the same masks in every run)."""
+    """One training step's gradients (RNG seeded, so any dropout draws the same masks in every run).
+
+    TorchScript runs unoptimized: its profiling executor runs a scripted function's first calls as profiled and
+    the later ones through an optimized graph that rounds differently, so a reference step would differ from any
+    later step with or without checkpointing (VITS's ``fused_add_tanh_sigmoid_multiply``, scripted before 5.24:
+    1.6e-4 on gradients of up to 390 between two plain steps).
+    """
     model.zero_grad(set_to_none=True)
     torch.manual_seed(seed)
-    loss(model(**batch)).backward()
+    with torch.jit.optimized_execution(False):
+        loss(model(**batch)).backward()
     return {name: p.grad.detach().clone() for name, p in model.named_parameters() if p.grad is not None}
 
 
