@@ -398,6 +398,9 @@ OVERRIDES: dict[str, dict[str, Any]] = {
                 "num_key_value_heads": 4},
     # The shared transformer is tied across hybrid layers: the tiny stack needs two of them.
     "zamba": {"layers_block_type": ["mamba", "hybrid", "mamba", "hybrid"]},
+    # Rotary positions in the shared attention blocks (a config option): 5.0's Zamba2Model.forward calls its rotary
+    # embedding unconditionally but builds it only with use_mem_rope (False by default: AttributeError).
+    "zamba2": {"use_mem_rope": True},
     # ZAYA routes each token to one expert only (checked by the config).
     "zaya": {"num_experts_per_tok": 1},
     # The metric head reads the neck's fusion output through convolutions of this width.
