@@ -169,11 +169,11 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "granite_docling_vision": {"deepstack_visual_indexes": [1, 2, 3]},
     # Chunked local attention: the context must fit the tiny position table.
     "granite_speech5_encoder": {"context_size": 16, "num_key_value_heads": 4},
-    # Mamba heads must split mamba_expand * hidden_size (64) into heads of mamba_d_head. The layer kinds are stated:
-    # on 4.57 the attribute_map alias layers_block_type -> layer_types shadows the property that falls back to all
-    # Mamba layers, so the default (layer_types None) gives None, which the layers index.
+    # Mamba heads must split mamba_expand * hidden_size (64) into heads of mamba_d_head. The layer kinds as the
+    # checkpoints list them: layer_types defaults to None, and before 5.x fixed it (4.57, 5.0) the attribute map
+    # sends config.layers_block_type to it past the all-Mamba fallback, so the layers index None.
     "granitemoehybrid": {"mamba_n_heads": 4, "mamba_d_head": 16, "mamba_d_state": 16,
-                         "layer_types": ["mamba"] * BLOCKS},
+                         "layer_types": ["mamba", "attention"] * (BLOCKS // 2)},
     # Hiera's sizes are (height, width) pairs: the tiny image, the patch grid 8 x 8 = one 8 x 8 mask unit.
     "hiera": {"image_size": [IMAGE_SIZE, IMAGE_SIZE]},
     # A recurrent model: two stacks of 2 make the 4 layers (its low- and high-level stacks keep their default
