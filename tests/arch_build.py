@@ -436,16 +436,24 @@ def _backbone_outputs(defaults: dict, layers: int | None) -> dict[str, Any]:
 
 def tiny_config(model_type: str):
     cls = config_class(model_type)
-    parts = DEFAULT_PARTS.get(model_type, {})
     try:
         instance = cls()
     except Exception:  # noqa: BLE001 (defaults its own validation rejects: start from the per-type settings)
-        instance = None
-    if instance is None or any(getattr(instance, name, None) is None for name in parts):
-        # defaults that fail, or that leave out a part the model needs: start from the per-type settings
         # copies: 4.x composite configs pop "model_type" out of the dicts they are given
-        instance = cls(**copy.deepcopy({**parts, **OVERRIDES.get(model_type, {})}))
+        instance = cls(**copy.deepcopy({**DEFAULT_PARTS.get(model_type, {}), **OVERRIDES.get(model_type, {})}))
     defaults = instance.to_dict()
+    parts = DEFAULT_PARTS.get(model_type, {})
+    if any(defaults.get(name) is None or part.get("model_type", defaults[name].get("model_type"))
+           != defaults[name].get("model_type") for name, part in parts.items()):
+        # defaults that leave a part out (5.0's Phi-4 multimodal) or give one of another type (5.15's Granite 4
+        # Vision: a Llama text config)
+        try:
+            instance = cls(**copy.deepcopy(parts))
+        except Exception:  # noqa: BLE001 (a part its validation rejects, as above: with the part's own overrides)
+            overrides = OVERRIDES.get(model_type, {})
+            instance = cls(**copy.deepcopy({name: _merge(part, overrides.get(name, {}))
+                                            for name, part in parts.items()}))
+        defaults = instance.to_dict()
     kwargs = _merge(tiny_kwargs(cls, defaults, _Tokens(), instance=instance), OVERRIDES.get(model_type, {}))
     if "backbone_config" in kwargs and isinstance(defaults.get("backbone"), str) and "use_timm_backbone" in defaults:
         # a backbone config replaces the named (timm) checkpoint; 4.x configs refuse both at once
