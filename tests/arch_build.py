@@ -390,7 +390,7 @@ def _squashed(model_type: str) -> str:
 #: (``rope_scaling`` None, ``rope_parameters`` without ``mrope_section``: checkpoints set them); squashed.
 _MROPE_TYPES = frozenset(_squashed(name) for name in (
     "glm4v", "glm4v_moe", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "glm4v_text", "glm4v_moe_text",
-    "qwen2_vl_text", "qwen2_5_vl_text", "qwen3_vl_text", "qwen3_vl_moe_text"))
+    "qwen2_vl_text", "qwen2_5_vl_text", "qwen3_vl_text", "qwen3_vl_moe_text", "glm_image_text"))
 
 
 #: Model types whose 4.x text model reads ``rope_scaling["rope_type"]`` from a config that defaults it to None.

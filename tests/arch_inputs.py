@@ -266,6 +266,13 @@ def _text_line(model: torch.nn.Module, batch: dict, generator: torch.Generator) 
     batch["pixel_values"] = torch.randn(BATCH_SIZE, 3, 96, 2 * IMAGE_SIZE, generator=generator)
 
 
+def _target_grid(model: torch.nn.Module, batch: dict, generator: torch.Generator) -> None:
+    """GLM-Image up to 5.0 (no ``images_per_sample``): the grids end with one more, the generated image's, which
+    has no pixels (the model encodes ``image_grid_thw[:-1]``)."""
+    if "images_per_sample" not in inspect.signature(model.forward).parameters and "image_grid_thw" in batch:
+        batch["image_grid_thw"] = torch.cat([batch["image_grid_thw"], batch["image_grid_thw"][-1:]])
+
+
 def _features_mask(model: torch.nn.Module, batch: dict, generator: torch.Generator) -> None:
     # one chunk of 2 * n_window frames (the encoder's attention window), all valid
     frames = 2 * model.config.n_window
@@ -322,6 +329,7 @@ def _trajectories(model: torch.nn.Module, batch: dict, generator: torch.Generato
 #: None: a rule that also removes entries).
 INPUT_RULES: dict[str, Any] = {
     # The feature extractor stacks 4 frames per row: the input projection reads num_mel_bins * 4 features.
+    "glm_image": _target_grid,
     "granite_speech5_encoder": functools.partial(_frames_first, stack=4),
     **dict.fromkeys(["idefics", "idefics2", "idefics3", "modernvbert"], _one_image_per_sequence),
     **dict.fromkeys(["inkling2", "inkling2_loop", "inkling2_vision"], _merged_patches),
