@@ -266,10 +266,20 @@ def _text_line(model: torch.nn.Module, batch: dict, generator: torch.Generator) 
     batch["pixel_values"] = torch.randn(BATCH_SIZE, 3, 96, 2 * IMAGE_SIZE, generator=generator)
 
 
-def _target_grid(model: torch.nn.Module, batch: dict, generator: torch.Generator) -> None:
-    """GLM-Image up to 5.0 (no ``images_per_sample``): the grids end with one more, the generated image's, which
-    has no pixels (the model encodes ``image_grid_thw[:-1]``)."""
-    if "images_per_sample" not in inspect.signature(model.forward).parameters and "image_grid_thw" in batch:
+def _glm_image(model: torch.nn.Module, batch: dict, generator: torch.Generator) -> None:
+    """GLM-Image: each source image's tokens between its start and end tokens (5.15 to 5.22 count a sample's source
+    images by its end tokens); up to 5.0 (no ``images_per_sample``) the grids end with one more, the generated
+    image's, which has no pixels (the model encodes ``image_grid_thw[:-1]``)."""
+    if "image_grid_thw" not in batch:
+        return
+    config = model.config
+    ids = batch["input_ids"]
+    images = int((ids[0] == config.image_token_id).sum())
+    start, end = (torch.full((BATCH_SIZE, 1), token) for token in (config.image_start_token_id,
+                                                                    config.image_end_token_id))
+    batch["input_ids"] = torch.cat([start, ids[:, :images], end, ids[:, images:]], dim=1)
+    batch["attention_mask"] = torch.ones_like(batch["input_ids"])
+    if "images_per_sample" not in inspect.signature(model.forward).parameters:
         batch["image_grid_thw"] = torch.cat([batch["image_grid_thw"], batch["image_grid_thw"][-1:]])
 
 
@@ -329,7 +339,7 @@ def _trajectories(model: torch.nn.Module, batch: dict, generator: torch.Generato
 #: None: a rule that also removes entries).
 INPUT_RULES: dict[str, Any] = {
     # The feature extractor stacks 4 frames per row: the input projection reads num_mel_bins * 4 features.
-    "glm_image": _target_grid,
+    "glm_image": _glm_image,
     "granite_speech5_encoder": functools.partial(_frames_first, stack=4),
     **dict.fromkeys(["idefics", "idefics2", "idefics3", "modernvbert"], _one_image_per_sequence),
     **dict.fromkeys(["inkling2", "inkling2_loop", "inkling2_vision"], _merged_patches),
