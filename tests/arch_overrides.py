@@ -38,6 +38,8 @@ _BERT_DECODER = {"model_type": "bert", "is_decoder": True, "add_cross_attention"
 #: without them, or leaves the part None): those 5.x defaults to, given only where the config's own defaults fail
 #: or leave one of them None (``tiny_config``), then made tiny by the generic rule like any sub-config.
 DEFAULT_PARTS: dict[str, dict[str, Any]] = {
+    # 5.15's config leaves the vision tower out by default, but the model builds it unconditionally (from None).
+    "diffusion_gemma": {"vision_config": {"model_type": "gemma4_vision"}},
     "encoder-decoder": {"encoder": {"model_type": "bert"}, "decoder": _BERT_DECODER},
     "musicgen": {"text_encoder": {"model_type": "t5"}, "audio_encoder": {"model_type": "encodec"}, "decoder": {}},
     "musicgen_melody": {"text_encoder": {"model_type": "t5"}, "audio_encoder": {"model_type": "encodec"},
