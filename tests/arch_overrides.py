@@ -41,6 +41,8 @@ DEFAULT_PARTS: dict[str, dict[str, Any]] = {
     # 5.15's config leaves the vision tower out by default, but the model builds it unconditionally (from None).
     "diffusion_gemma": {"vision_config": {"model_type": "gemma4_vision"}},
     "encoder-decoder": {"encoder": {"model_type": "bert"}, "decoder": _BERT_DECODER},
+    # 5.15's assistant configs leave their text config out by default (the models then build a full-size one).
+    **dict.fromkeys(["gemma4_assistant", "gemma4_unified_assistant"], {"text_config": {}}),
     "musicgen": {"text_encoder": {"model_type": "t5"}, "audio_encoder": {"model_type": "encodec"}, "decoder": {}},
     "musicgen_melody": {"text_encoder": {"model_type": "t5"}, "audio_encoder": {"model_type": "encodec"},
                         "decoder": {}},
