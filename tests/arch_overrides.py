@@ -43,6 +43,11 @@ DEFAULT_PARTS: dict[str, dict[str, Any]] = {
     "encoder-decoder": {"encoder": {"model_type": "bert"}, "decoder": _BERT_DECODER},
     # 5.15's assistant configs leave their text config out by default (the models then build a full-size one).
     **dict.fromkeys(["gemma4_assistant", "gemma4_unified_assistant"], {"text_config": {}}),
+    # 5.15 defaults a missing text / vision config to Llama / SigLIP, not to the types a dict defaults to (and 5.22
+    # defaults to): Llama lacks the Granite fields the text model reads, SigLIP the CLS token the "default" feature
+    # selection drops (15 of 16 patch features left).
+    "granite4_vision": {"text_config": {"model_type": "granite4_vision_text"},
+                        "vision_config": {"model_type": "clip_vision_model"}},
     "musicgen": {"text_encoder": {"model_type": "t5"}, "audio_encoder": {"model_type": "encodec"}, "decoder": {}},
     "musicgen_melody": {"text_encoder": {"model_type": "t5"}, "audio_encoder": {"model_type": "encodec"},
                         "decoder": {}},
@@ -167,8 +172,10 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "gpt_neo": {"attention_types": [[["global", "local"], BLOCKS // 2]]},
     # Vision -> text injection points name layers of the full-size towers (none by default for the deepstack);
     # Q-Former heads are the vision width // 64 (zero below 64); the window downsampling rate has no default.
+    # (The Q-Former follows the vision width: 5.22 sets it so, 5.15 only for a Q-Former config it builds itself.)
     "granite4_vision": {"deepstack_layer_map": [[-2, 0], [-1, 1]], "spatial_target_layers": list(range(BLOCKS)),
-                        "vision_config": {"hidden_size": 64}, "downsample_rate": "1/2"},
+                        "vision_config": {"hidden_size": 64}, "downsample_rate": "1/2",
+                        "qformer_config": {"hidden_size": 64, "encoder_hidden_size": 64, "num_attention_heads": 1}},
     # Vision layers whose features the connector stacks, of the full-size 12-layer tower.
     "granite_docling_vision": {"deepstack_visual_indexes": [1, 2, 3]},
     # Chunked local attention: the context must fit the tiny position table.
