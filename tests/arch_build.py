@@ -537,6 +537,7 @@ def inputs(model: torch.nn.Module, seed: int = 0) -> dict[str, Any]:
     if not (pixels and "input_ids" in batch and _image_token_id(model.config) is not None):
         return batch
     candidates: list[int] | None = None
+    counted = False
     while True:
         try:
             with torch.no_grad():
@@ -545,7 +546,7 @@ def inputs(model: torch.nn.Module, seed: int = 0) -> dict[str, Any]:
         except (ValueError, RuntimeError) as error:
             found = _FEATURES.search(str(error))
             scattered = _SCATTER.search(str(error))
-            if not (found or scattered or "image tokens" in str(error)) or candidates == []:
+            if not (found or scattered or "image tokens" in str(error)) or (candidates == [] and counted):
                 raise
             if candidates is None and scattered:
                 hidden = 1 if scattered.group(2) else find(model.config, "hidden_size", default=1)  # [tokens, hidden]
@@ -557,7 +558,28 @@ def inputs(model: torch.nn.Module, seed: int = 0) -> dict[str, Any]:
             elif candidates is None:  # older releases: one token per image, expanded by the model, or one per patch
                 patches = (IMAGE_SIZE // PATCH_SIZE) ** 2
                 candidates = [1, patches, patches + 1]
+            if not candidates and not counted:  # last: what the model's own image features count over the batch
+                counted = True
+                candidates = [c for c in [_feature_tokens(model, batch)] if c]
+                if not candidates:
+                    raise
             batch = _inputs(model, seed, pixels=True, image_tokens=candidates.pop(0))
+
+
+def _feature_tokens(model: torch.nn.Module, batch: dict[str, Any]) -> int | None:
+    """Image tokens per sequence from the features ``get_image_features`` returns, where the error's count is not
+    (5.15's HunYuan-VL reports the features' leading dimension: 1, for 16 features of 2 images in one row)."""
+    getter = getattr(model, "get_image_features", None)
+    if getter is None:
+        return None
+    try:
+        with torch.no_grad():
+            found = getter(**{k: v for k, v in batch.items() if k in inspect.signature(getter).parameters})
+    except Exception:  # noqa: BLE001 (a getter that needs more than the batch has: no count)
+        return None
+    found = getattr(found, "pooler_output", found)
+    found = [found] if isinstance(found, torch.Tensor) else list(_tensors(found))
+    return sum(f.numel() // f.shape[-1] for f in found) // BATCH_SIZE or None
 
 
 def _inputs(model: torch.nn.Module, seed: int, pixels: bool = False, image_tokens: int = 0) -> dict[str, Any]:
