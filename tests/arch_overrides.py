@@ -209,6 +209,11 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     **dict.fromkeys(["inkling2", "inkling2_loop"],
                     {"vision_config": {"projection_hidden_dim": 32, "text_hidden_size": 32}}),
     "inkling2_vision": {"projection_hidden_dim": 32, "text_hidden_size": 32},
+    # The encoder steps through one scale per prime factor of the patch (and temporal patch) size plus the input's:
+    # with fewer layers than scales (8 x 8 patches: 5 scales for 4 layers) it assigns them with scipy's
+    # linear_sum_assignment, an optional dependency; 4 x 4 patches make 4 scales (the default 40 x 40 ones: 6 for
+    # 24 layers).
+    "inkling_vision": {"patch_size": 4},
     # The image placeholder token has no default id (real checkpoints add it to the tokenizer); the Q-Former's
     # query tokens (the image's tokens in the text) must fit the tiny sequence.
     "instructblip": {"image_token_index": VOCAB_SIZE - 1, "num_query_tokens": 4},
