@@ -37,7 +37,9 @@ _NEEDS_TIMM = ("needs the optional dependency `timm` (its {tower} is a TimmWrapp
                "(\"operator torchvision::nms does not exist\"); the newest release is swept where it loads, in the torch "
                "range's ceiling environment, and passes there")
 _NO_FORWARD = ("cannot be measured by counting: {cls} defines no forward (it only generates: thinker, then talker, "
-               "then {vocoder}), so there is no training step; its trainable thinker is swept as {thinker}")
+               "then {vocoder}), so there is no training step; ")
+_THINKER = "its trainable thinker is swept as {thinker}"
+_NO_THINKER = "this release registers no thinker model type to sweep instead (5.15 does)"
 _QFORMER_CONFIG_FLAG = (
     "upstream bug: {encoder}.forward ({module}) checkpoints only if `getattr(self.config, \"gradient_checkpointing\", "
     "False)`, a config attribute nothing sets, instead of its own `self.gradient_checkpointing` flag, so its Q-Former "
@@ -121,12 +123,50 @@ KNOWN_FAILURES: dict[str, tuple[Known, ...]] = {
         "num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, image_size=32, patch_size=8)).train(); "
         "m.gradient_checkpointing_enable({\"use_reentrant\": False}); m(torch.randn(1, 3, 32, 32))` raises "
         "TypeError: cannot unpack non-iterable NoneType object"),),
-    # B_UPSTREAM_PLACEHOLDER
+    "dbrx": (Known(">=5.0,<5.15",
+        "upstream bug in 5.0: DbrxRouter.__init__ (modeling_dbrx.py) builds its router as nn.Linear("
+        "ffn_config.ffn_hidden_size, moe_num_experts) but applies it to the d_model-wide hidden states, so any config "
+        "whose ffn_hidden_size differs from d_model (the defaults: 3584 and 2048) fails (5.15 sizes it by "
+        "hidden_size); reproduction: `DbrxModel(DbrxConfig(d_model=32, n_heads=4, n_layers=2, vocab_size=128, "
+        "attn_config={\"kv_n_heads\": 1, \"rope_theta\": 10000.0, \"clip_qkv\": 8.0}, ffn_config={\"hidden_size\": 32, "
+        "\"ffn_hidden_size\": 64, \"moe_num_experts\": 4, \"moe_top_k\": 2}))(torch.randint(0, 128, (1, 8)))` raises "
+        "RuntimeError: mat1 and mat2 shapes cannot be multiplied (8x32 and 64x4)"),),
+    "glm_image_vqmodel": (Known("",
+        "upstream bug: GlmImageVQVAE (modeling_glm_image.py), registered as the glm_image_vqmodel base model, "
+        "inherits supports_gradient_checkpointing=True but defines no forward (only encode) and no block; "
+        "reproduction: `GlmImageVQVAE(GlmImageVQVAEConfig())(torch.randn(1, 3, 32, 32))` raises NotImplementedError"),),
+    "llama4": (
+        Known(">=5.0,<5.15",
+              "upstream bug in 5.0: Llama4ForConditionalGeneration.__init__ (modeling_llama4.py) reads "
+              "self.config.pad_token_id, which Llama4Config does not declare (the pad token id lives in text_config; "
+              "huggingface/transformers#43525, fixed by #43539), so the model cannot be built from any Llama 4 "
+              "config: `with torch.device(\"meta\"): Llama4ForConditionalGeneration(Llama4Config())` raises "
+              "AttributeError: 'Llama4Config' object has no attribute 'pad_token_id'"),
+        Known(">=5.24",
+              "upstream bug: Llama4ForConditionalGeneration.forward (modeling_llama4.py) builds its output with "
+              "`image_outputs=outputs.image_outputs` from its language model's MoeCausalLMOutputWithPast, which has no "
+              "such field: `Llama4ForConditionalGeneration(config)(input_ids=ids)` raises AttributeError for any "
+              "input, with return_dict=False too"),
+    ),
+    "pi0": (Known("",
+        "upstream bug: PI0Model.forward runs the VLM prefix with use_cache=True and reads the returned cache "
+        "(modeling_pi0.py: `vlm_input_length = past_key_values.get_seq_length()`, `cache.get_seq_length()` on 5.24), "
+        "but with checkpointing on in training the VLM's output-capturing wrapper sets use_cache=False "
+        "(utils/generic.py), so the cache is None; upstream's own gradient_checkpointing_enable() fails the same: "
+        "`model.train(); model.gradient_checkpointing_enable(); model(input_ids=..., pixel_values=..., "
+        "pixel_attention_mask=..., action_embeds=...)` raises AttributeError: 'NoneType' object has no attribute "
+        "'get_seq_length'"),),
     # ---- no training forward
-    "qwen2_5_omni": (Known("", _NO_FORWARD.format(cls="Qwen2_5OmniForConditionalGeneration", vocoder="token2wav",
-                                                   thinker="qwen2_5_omni_thinker")),),
-    "qwen3_omni_moe": (Known("", _NO_FORWARD.format(cls="Qwen3OmniMoeForConditionalGeneration", vocoder="code2wav",
-                                                     thinker="qwen3_omni_moe_thinker")),),
+    "qwen2_5_omni": (
+        Known("<5.15", _NO_FORWARD.format(cls="Qwen2_5OmniForConditionalGeneration", vocoder="token2wav") + _NO_THINKER),
+        Known(">=5.15", _NO_FORWARD.format(cls="Qwen2_5OmniForConditionalGeneration", vocoder="token2wav")
+              + _THINKER.format(thinker="qwen2_5_omni_thinker")),
+    ),
+    "qwen3_omni_moe": (
+        Known("<5.15", _NO_FORWARD.format(cls="Qwen3OmniMoeForConditionalGeneration", vocoder="code2wav") + _NO_THINKER),
+        Known(">=5.15", _NO_FORWARD.format(cls="Qwen3OmniMoeForConditionalGeneration", vocoder="code2wav")
+              + _THINKER.format(thinker="qwen3_omni_moe_thinker")),
+    ),
     # ---- optional dependencies the release's environment cannot load
     "deta": (Known("<5.0",
         "needs the optional dependency `torchvision` (its deformable attention's NMS): the index's torchvision is a "
