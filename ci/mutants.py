@@ -223,6 +223,22 @@ MUTANTS: tuple[Mutant, ...] = (
         "    if request.weights is not None:  # mutant: weights read once\n",
         ("tests/test_budget_trainer.py::test_weights_moved_after_the_first_plan_are_planned_again_and_auto_read_again",),
     ),
+    Mutant(
+        "hard_coded_stack_flag_on",
+        "a stack whose loop hard-codes torch's checkpoint keeps its flag off: only the selected blocks are recomputed",
+        "hf_ckpt/_binding.py",
+        'put(module, "gradient_checkpointing", not (id(module) in owners and hard_codes_checkpoint(type(module))))',
+        'put(module, "gradient_checkpointing", True)',
+        ("tests/test_direct_blocks.py",),
+    ),
+    Mutant(
+        "block_argument_ignored",
+        "a block handed to the checkpoint function as an argument follows the selection (IDEFICS's vblock)",
+        "hf_ckpt/functions.py",
+        "    if choice is None:\n        choice = next(",
+        "    if False:  # mutant: the arguments are never read\n        choice = next(",
+        ("tests/test_measured_recompute.py",),
+    ),
 )
 
 

@@ -441,3 +441,17 @@ def test_the_page_has_a_torch_table_that_check_verifies(tmp_path: Path, capsys) 
     torch_json.write_text(json.dumps(red))
     assert compat_report.main([*arguments, "--check"]) == 1  # a red end never checks out
     assert "torch 2.14.1 (transformers 5.24.0): **2 failed**" in capsys.readouterr().out
+
+
+def test_every_release_has_one_reviewed_reason_per_known_failure(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sweep asserts each release against its own known failures: a type's entries never overlap there."""
+    import arch_known_failures as known  # tests/ is on sys.path (conftest.py)
+
+    for release in matrix.RELEASES:
+        assert all(reason.strip() for reason in known.known_failures(release).values())
+    assert "llama4" in known.known_failures("5.0.0") and "llama4" not in known.known_failures("5.15.1")
+    assert known.known_failures("5.0.0")["llama4"] != known.known_failures("5.24.0")["llama4"]  # two upstream bugs
+    monkeypatch.setitem(known.KNOWN_FAILURES, "x", (known.Known("<5.1", "one"), known.Known(">=4.57", "two")))
+    with pytest.raises(ValueError, match=r"^x: 2 known-failure entries apply to 5\.0\.0$"):
+        known.known_failures("5.0.0")
+    assert known.known_failures("4.45.2")["x"] == "one"
