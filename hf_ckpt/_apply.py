@@ -16,6 +16,7 @@ from torch import nn
 
 from . import _hooks
 from ._binding import bind, is_block_checkpointed, resolve, run_model_logic, uses_legacy_signature
+from ._stack_code import never_calls_bound_function
 from ._state import CheckpointState, get_state, set_state, take_back
 from ._target import target_model
 from ._warnings import warn_once
@@ -63,8 +64,8 @@ def apply_config(model: nn.Module, config: CheckpointConfig) -> nn.Module:
         raise
     state = CheckpointState(config=config, before=before, bound=bound)
     _hooks.add_checkpointing_hooks(state, target, binding, needs_input_grads=target is not model)
-    if any(not block.layer_flag for block in binding.blocks):  # deferred: only stack-flag models load it
-        from . import _direct
+    if any(not block.layer_flag and never_calls_bound_function(type(block.owner)) for block in binding.blocks):
+        from . import _direct  # deferred: only a stack that never calls its bound function has blocks to wrap
         _direct.install(state, binding.blocks)  # blocks a stack calls directly: checkpointed by wrapping them
     if hooked:  # one saved-tensor hook for both: recomputed modules, remade block outputs
         _outside.install(state, [model, target], outside)

@@ -83,6 +83,12 @@ def checkpoint_names(stack_class: type) -> frozenset[str]:
     return frozenset(found)
 
 
+def never_calls_bound_function(stack_class: type) -> bool:
+    """Whether no own method of ``stack_class`` names its bound ``_gradient_checkpointing_func``: the stacks whose
+    blocks hf_ckpt may wrap (:func:`never_checkpoints` and :func:`hard_codes_checkpoint` together)."""
+    return BOUND_NAME not in checkpoint_names(stack_class)
+
+
 def never_checkpoints(stack_class: type) -> bool:
     """Whether no own method of ``stack_class`` names a checkpoint function."""
     return not checkpoint_names(stack_class)
