@@ -160,12 +160,9 @@ def bind(target: nn.Module, binding: Binding) -> list[tuple[nn.Module, str, Any]
 
 def is_block_checkpointed(block: Block) -> bool:
     """Whether ``block`` will be recomputed in backward, as the model's flags say."""
-    if not (getattr(block.owner, "gradient_checkpointing", False) if block.layer_flag
-            else stack_checkpoints(block.owner)):
-        return False
     if block.layer_flag:
-        return True
-    return getattr(block.module, SELECTED_ATTRIBUTE, True) is not False
+        return bool(getattr(block.owner, "gradient_checkpointing", False))
+    return stack_checkpoints(block.owner) and getattr(block.module, SELECTED_ATTRIBUTE, True) is not False
 
 
 def block_function(block: Block) -> Any | None:

@@ -37,7 +37,6 @@ from .counting import in_backward
 from .functions import stack_checkpoints
 
 
-
 def _runs_unchecked(owner: nn.Module, names: dict[int, str], module: nn.Module) -> bool:
     """Whether no module from ``owner`` down to ``module``'s parent (the code that runs the block) checkpoints; the
     flag holder itself may hard-code torch's checkpoint (its flag stays off, so that code never runs)."""
