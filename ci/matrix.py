@@ -57,13 +57,19 @@ ROOT = Path(__file__).resolve().parents[1]
 PINS_DIR = ROOT / "ci" / "pins"
 
 #: Supported releases, oldest first; each needs ``ci/pins/transformers-<release>.txt``.
-RELEASES = ("4.45.2", "4.51.3", "4.57.6", "5.0.0", "5.15.1", "5.22.2", "5.24.0")
+RELEASES = ("4.45.2", "4.51.3", "4.57.6", "5.0.0", "5.15.1", "5.22.2", "5.24.0", "5.25.0")
 
 #: Optional packages that model types import (scipy: Inkling's vision tower; timm: TimmWrapper towers). A release's
 #: environment installs those its pins pin, so adding one changes that release's hash alone (one rebuild, not 7).
 #: timm is not pinned anywhere: it needs torchvision, and the index's torchvision is the CUDA build, which does not
 #: load beside the CPU torch ("operator torchvision::nms does not exist").
 OPTIONAL = ("scipy", "timm")
+
+#: What a release other than the newest runs unless told otherwise (and each end of ``ci/torch_range.py``): the default
+#: run less the tests marked ``any_release``, whose outcome cannot depend on the release (``tests/release_guard.py``
+#: fails a marked test that builds a transformers model or config, runs autograd or starts a process); the newest
+#: release runs them, in CI's default run.
+RELEASE_BOUND = ["-m", "not slow and not any_release", "tests"]
 
 #: Bump to rebuild every environment after a change to how they are built.
 RECIPE_VERSION = "1"
@@ -311,6 +317,12 @@ def adopt_floor(path: Path) -> tuple[Result | None, str]:
     return result, ""
 
 
+def default_tests(release: str) -> list[str]:
+    """What pytest runs on ``release`` when no test is named: every default test on the newest release, the tests
+    whose outcome can depend on the release (:data:`RELEASE_BOUND`) on the others."""
+    return ["tests"] if release == RELEASES[-1] else RELEASE_BOUND
+
+
 def run_release(release: str, args: argparse.Namespace, echo: bool) -> Result:
     result = Result(release, pins=pin_lines(release))
     out = args.out / release
@@ -341,7 +353,7 @@ def run_release(release: str, args: argparse.Namespace, echo: bool) -> Result:
         junit = out / "junit.xml"
         command = [
             str(path / "bin" / "python"), "-m", "pytest", "-p", "no:cacheprovider",
-            f"--junitxml={junit}", *(args.pytest_args or ["tests"]),
+            f"--junitxml={junit}", *(args.pytest_args or default_tests(release)),
         ]
         started = time.monotonic()
         result.exit_status = run_logged(command, log, env=env, echo=echo)
@@ -376,7 +388,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="take this interpreter's release's results from DIR/*.xml and DIR/sweep.json")
     parser.add_argument("--adopt-floor", type=Path, metavar="FILE",
                         help="take the oldest release's results from ci/torch_range.py's torch.json (its floor end)")
-    parser.add_argument("pytest_args", nargs="*", help="after --: what pytest runs (default: tests)")
+    parser.add_argument("pytest_args", nargs="*",
+                        help="after --: what pytest runs (default: tests; on releases but the newest, those whose "
+                             "outcome can depend on the release: RELEASE_BOUND)")
     args = parser.parse_args(argv)
     chosen = [r for item in (args.releases or RELEASES) for r in item.split(",") if r]
     unknown = [r for r in chosen if r not in RELEASES]

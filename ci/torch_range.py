@@ -38,17 +38,23 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _venvs import DEFAULT_CACHE, build_steps, fingerprint, locked, remove_stale  # noqa: E402
-from matrix import RELEASES, Result, optional, pin_lines, read_junit, requirements, run_logged, say  # noqa: E402
+from matrix import (  # noqa: E402
+    RELEASE_BOUND, RELEASES, Result, optional, pin_lines, read_junit, requirements, run_logged, say,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 
 #: The torch axis: (torch, transformers) pairs, floor first. The floor must be pyproject's ``torch>=``.
-ENDS = (("2.5.1", RELEASES[0]), ("2.14.1", RELEASES[-1]))
+ENDS = (("2.5.1", RELEASES[0]), ("2.15.0", RELEASES[-1]))
 
 #: What only the ceiling end installs: timm (the TimmWrapper towers of Perception LM, PE-Video, PE-Audio-Video)
 #: needs torchvision, and the index's torchvision is a CUDA build: it loads beside this end's CUDA torch, not beside
 #: the matrix's CPU torch ("operator torchvision::nms does not exist"). ``ci/sweep.py`` sweeps the newest release here.
-CEILING_EXTRAS = ("torchvision==0.29.1", "timm==1.0.31")
+CEILING_EXTRAS = ("torchvision==0.29.2", "timm==1.0.31")
+
+#: The environment of these builds' pip: a machine's global pip constraints (this workplace caps torch at 2.14.1) are
+#: lifted, for these environments only; each end's own constraints file pins every package that matters.
+UNCAPPED = {**os.environ, "PIP_CONSTRAINT": "/dev/null"}
 
 #: Bump to rebuild every environment of the torch axis after a change to how they are built.
 RECIPE_VERSION = "1"
@@ -110,7 +116,7 @@ def build_env(cache: Path, torch: str, release: str, log, echo: bool, rebuild: b
         pins = path.with_name(path.name + ".constraints.txt")
         pins.write_text("\n".join(constraints(torch, release)) + "\n")
         for step in build_steps(path, pins, f"torch=={torch}", packages(torch, release)):
-            if run_logged(step, log, echo=echo) != 0:
+            if run_logged(step, log, env=UNCAPPED, echo=echo) != 0:
                 raise RuntimeError(f"environment build failed at: {' '.join(step)}")
         versions = json.loads(subprocess.run(
             [str(path / "bin" / "python"), "-c", "import json, torch, transformers; "
@@ -161,7 +167,7 @@ def run_end(torch: str, release: str, args: argparse.Namespace, echo: bool) -> d
             if args.jobs > 1:
                 env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // args.jobs)))
             command = [str(path / "bin" / "python"), "-m", "pytest", "-p", "no:cacheprovider",
-                       f"--junitxml={junit}", *(args.pytest_args or ["tests"])]
+                       f"--junitxml={junit}", *(args.pytest_args or RELEASE_BOUND)]
             started = time.monotonic()
             result.exit_status = run_logged(command, log, env=env, echo=echo)
             result.test_seconds = time.monotonic() - started
@@ -184,7 +190,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=ROOT / "build" / "torch", help="logs and reports (build/torch)")
     parser.add_argument("--rebuild", action="store_true", help="rebuild the environments even if they exist")
     parser.add_argument("--build-only", action="store_true", help="build the environments, run no test")
-    parser.add_argument("pytest_args", nargs="*", help="after --: what pytest runs (default: tests)")
+    parser.add_argument("pytest_args", nargs="*",
+                        help="after --: what pytest runs (default: the tests whose outcome can depend on the release, "
+                             "matrix.RELEASE_BOUND)")
     args = parser.parse_args(argv)
     known = [torch for torch, _ in ENDS]
     chosen = [t for item in (args.torch or known) for t in item.split(",") if t]

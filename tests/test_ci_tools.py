@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -386,12 +387,16 @@ def test_an_end_is_its_releases_pins_with_torch_replaced(tmp_path: Path) -> None
     assert pins[0] == "torch==2.5.1" and [p for p in pins if p.startswith("torch==")] == ["torch==2.5.1"]
     assert set(pins[1:]) == {p for p in matrix.pin_lines("4.45.2") if not p.startswith("torch==")}
     # the ceiling end also pins and installs timm and torchvision (CUDA builds: they load beside its CUDA torch)
-    ceiling = torch_range.constraints("2.14.1", "5.24.0")
-    assert ceiling[-2:] == ["torchvision==0.29.1", "timm==1.0.31"]
-    assert torch_range.packages("2.14.1", "5.24.0")[-2:] == ["torchvision", "timm"]
+    top, newest_release = torch_range.ENDS[-1]
+    ceiling = torch_range.constraints(top, newest_release)
+    assert ceiling[0] == f"torch=={top}"
+    assert [line.split("==")[0] for line in ceiling[-2:]] == ["torchvision", "timm"]
+    assert torch_range.packages(top, newest_release)[-2:] == ["torchvision", "timm"]
     assert not {"torchvision", "timm"} & set(torch_range.packages("2.5.1", "4.45.2"))
-    floor, newest = torch_range.env_dir(tmp_path, "2.5.1", "4.45.2"), torch_range.env_dir(tmp_path, "2.14.1", "5.24.0")
-    assert floor.name.startswith("torch-2.5.1-") and newest.name.startswith("torch-2.14.1-") and floor != newest
+    floor, newest = torch_range.env_dir(tmp_path, "2.5.1", "4.45.2"), torch_range.env_dir(tmp_path, top, newest_release)
+    assert floor.name.startswith("torch-2.5.1-") and newest.name.startswith(f"torch-{top}-") and floor != newest
+    # the machine's global pip constraints (a torch cap) are lifted for these builds alone
+    assert torch_range.UNCAPPED["PIP_CONSTRAINT"] == "/dev/null" and "PIP_CONSTRAINT" not in os.environ
     assert not torch_range.env_is_built(floor)  # no stamp: an interrupted build is redone
     floor.mkdir()
     (floor / torch_range.STAMP).write_text(json.dumps({"hash": floor.name.rsplit("-", 1)[-1]}))
@@ -405,18 +410,20 @@ def test_a_torch_end_reports_its_skip_reasons_and_fails_the_run_when_red(
     junit.write_text(JUNIT.replace('message="no gpu"', 'message="this torch lacks torch.optim.Muon (torch &gt;= 2.9)"'))
     assert torch_range.skip_reasons(junit) == ["this torch lacks torch.optim.Muon (torch >= 2.9)"]
 
+    top = torch_range.ENDS[-1][0]
+
     def fake_end(torch, release, args, echo):
         (args.out / f"torch-{torch}").mkdir(parents=True, exist_ok=True)
         (args.out / f"torch-{torch}" / "log.txt").write_text("")
-        result = matrix.Result(release, passed=3, failed=int(torch == "2.14.1"), exit_status=int(torch == "2.14.1"),
-                               failures=["t::x"] if torch == "2.14.1" else [])
+        result = matrix.Result(release, passed=3, failed=int(torch == top), exit_status=int(torch == top),
+                               failures=["t::x"] if torch == top else [])
         return {"torch": torch, **matrix.asdict(result), "skip_reasons": [], "ok": result.ok, "line": result.line()}
 
     monkeypatch.setattr(torch_range, "run_end", fake_end)
     assert torch_range.main(["--out", str(tmp_path)]) == 1
-    assert "FAILED [torch 2.14.1] t::x" in capsys.readouterr().out
+    assert f"FAILED [torch {top}] t::x" in capsys.readouterr().out
     report = json.loads((tmp_path / "torch.json").read_text())
-    assert [(e["torch"], e["ok"]) for e in report["ends"]] == [("2.5.1", True), ("2.14.1", False)]
+    assert [(e["torch"], e["ok"]) for e in report["ends"]] == [("2.5.1", True), (top, False)]
     assert report["floor"] == torch_range.declared_floor()
 
 
