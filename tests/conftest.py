@@ -5,6 +5,10 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+#: release_guard: the ``any_release`` mark and its guard; pytester: tests/test_release_guard.py runs the guard on a
+#: suite of its own
+pytest_plugins = ("pytester", "release_guard")
+
 
 @pytest.fixture(autouse=True)
 def _always_unpatched():
