@@ -122,6 +122,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "build" / "sweep", help="logs and sweep.json")
     parser.add_argument("--merge", action="store_true",
                         help="keep the other releases an existing sweep.json holds (CI sweeps in two lanes)")
+    parser.add_argument("--queue", action="store_true",
+                        help="share the releases with other runs given the same --out: each release is swept by "
+                             "the first run to claim it (newest first), and every run merges into one sweep.json")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     chosen = [r for item in (args.releases or matrix.RELEASES) for r in item.split(",") if r]
     unknown = [r for r in chosen if r not in matrix.RELEASES]
@@ -129,17 +132,34 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown release(s) {', '.join(unknown)}; known: {', '.join(matrix.RELEASES)}")
     args.out = args.out.resolve()
     started = time.monotonic()
-    # Newest first: it is the one asserted, and the longest.
-    order = sorted(chosen, key=lambda r: r != NEWEST)
+    # Newest first: the newer releases have more model types (the longest first balances the lanes of a queue).
+    order = list(reversed([r for r in matrix.RELEASES if r in chosen]))
     results: dict[str, dict] = {}
+
+    def sweep(release: str) -> dict | None:
+        return run_release(release, args) if not args.queue or claim(args.out, release) else None
+
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        for result in pool.map(lambda r: run_release(r, args), order):
-            results[result["release"]] = result
-            matrix.say(line(result))
+        for result in pool.map(sweep, order):
+            if result is not None:
+                results[result["release"]] = result
+                matrix.say(line(result))
     ordered = [results[r] for r in matrix.RELEASES if r in results]
-    _write(args.out / "sweep.json", ordered, time.monotonic() - started, args.merge)
+    _write(args.out / "sweep.json", ordered, time.monotonic() - started, args.merge or args.queue)
     matrix.say(f"sweep: {len(ordered)} releases in {time.monotonic() - started:.0f} s")
     return 0 if all(r["ok"] for r in ordered) else 1
+
+
+def claim(out: Path, release: str) -> bool:
+    """Whether this run takes ``release`` from the queue in ``out`` (False: another run already has): the first to
+    create ``out/<release>/claimed`` sweeps it."""
+    (out / release).mkdir(parents=True, exist_ok=True)
+    try:
+        with open(out / release / "claimed", "x") as mark:
+            mark.write(f"{os.getpid()}\n")
+        return True
+    except FileExistsError:
+        return False
 
 
 def _write(path: Path, releases: list[dict], seconds: float, merge: bool) -> None:
