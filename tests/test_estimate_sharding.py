@@ -176,3 +176,19 @@ def test_70b_on_8_devices_zero3_prints_per_device_figures_and_a_plan_that_fits(t
     assert data["plan"] is not None and data["host_bytes"] > 0
     assert math.isclose(data["model_parameters_bytes"] / data["parameters_bytes"], 8, rel_tol=0.01)
     assert cpu_s < 60 and rss < 2 * 2**30, (cpu_s, rss)
+
+
+def test_the_whole_model_optimizer_is_counted_as_the_per_device_one(config):
+    """Under ZeRO the whole model's optimizer is what the ranks hold together (fp32 master weights and fp32 states,
+    12 bytes a parameter for AdamW), not two states in the parameters' dtype; the output says which definition."""
+    bf16 = {shard: estimate(config, batch_size=2, seq_len=16, dtype="bfloat16", device="cuda", strategies=("full",),
+                            world_size=4, shard=shard) for shard in ("none", "zero2", "zero3", "fsdp-full")}
+    trainable = bf16["none"].gradients_bytes // 2  # bf16 gradients: 2 bytes an element
+    for shard in ("zero2", "zero3"):
+        assert bf16[shard].model_optimizer_bytes == 12 * trainable
+        # the ranks' shares add up to it, give or take the partitions' padding
+        assert 4 * bf16[shard].optimizer_bytes == pytest.approx(bf16[shard].model_optimizer_bytes, rel=0.01)
+        assert "optimizer figures count fp32 master weights and fp32 states, as DeepSpeed keeps them" in str(bf16[shard])
+    # FSDP's optimizer states live on the sharded parameters, in their dtype: the single-device definition
+    assert bf16["fsdp-full"].model_optimizer_bytes == bf16["none"].optimizer_bytes == 4 * trainable
+    assert "optimizer figures count states in the parameters' dtype, as torch.optim keeps them" in str(bf16["fsdp-full"])

@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .._units import format_bytes, precision_label
+from ._sharding import optimizer_definition
 
 _FORMAT = "hf_ckpt.MemoryEstimate"
 
@@ -69,7 +70,8 @@ class MemoryEstimate:
         host_bytes: Host memory one device's offloaded states take.
         model_parameters_bytes: The whole model's parameter bytes (as one device would hold them).
         model_gradients_bytes: The whole model's gradient bytes.
-        model_optimizer_bytes: The whole model's optimizer-state bytes.
+        model_optimizer_bytes: The whole model's optimizer bytes, defined as ``optimizer_bytes`` is (under ZeRO: fp32
+            master weights and fp32 states; else the states in the parameters' dtype).
     """
 
     model_type: str | None
@@ -167,7 +169,8 @@ class MemoryEstimate:
                 f"{format_bytes(self.gather_bytes)}, optimizer step {format_bytes(self.step_bytes)}, host "
                 f"{format_bytes(self.host_bytes)}; whole model: parameters {format_bytes(self.model_parameters_bytes)}"
                 f", gradients {format_bytes(self.model_gradients_bytes)}, optimizer "
-                f"{format_bytes(self.model_optimizer_bytes)}\n")
+                f"{format_bytes(self.model_optimizer_bytes)}; optimizer figures count "
+                f"{optimizer_definition(self.shard)}\n")
 
     def __str__(self) -> str:
         lora = f", {self.peft}" if self.peft else ""

@@ -273,6 +273,9 @@ class PerDevice:
     sharding: Sharding
     whole: Any  # hf_ckpt.estimate._states.States: the whole model's states on one device
     sharded: DeviceStates | None
+    #: The whole model's optimizer bytes as the engine keeps them (ZeRO: fp32 master weights and fp32 states, the
+    #: per-device figure's definition); None: as ``whole`` counts them (the states in the parameters' dtype).
+    engine_optimizer_bytes: int | None = None
 
     @property
     def parameters_bytes(self) -> int:
@@ -309,8 +312,14 @@ class PerDevice:
             "step_bytes": sharded.step_bytes, "host_bytes": sharded.host_bytes,
             "model_parameters_bytes": self.whole.parameters_bytes,
             "model_gradients_bytes": self.whole.gradients_bytes,
-            "model_optimizer_bytes": self.whole.optimizer_bytes,
+            "model_optimizer_bytes": self.model_optimizer_bytes,
         }
+
+    @property
+    def model_optimizer_bytes(self) -> int:
+        """The whole model's optimizer bytes, defined as the per-device figure is (summed over the shards, without
+        their padding): ZeRO's fp32 master weights and fp32 states, else the states in the parameters' dtype."""
+        return self.whole.optimizer_bytes if self.engine_optimizer_bytes is None else self.engine_optimizer_bytes
 
 
 def shard_estimate(model: nn.Module, blocks: Sequence[Any], sharding: Sharding, optimizer: str, device: str,
@@ -323,4 +332,14 @@ def shard_estimate(model: nn.Module, blocks: Sequence[Any], sharding: Sharding, 
     params = parameters_of(model, [block.module for block in blocks], receives_gradient)
     states, step_bytes = OPTIMIZERS[optimizer]
     sharded = device_states(params, sharding, states, step_bytes if device == "cpu" else 0, module_sizes(model))
-    return PerDevice(sharding, whole, sharded)
+    engine_optimizer = None
+    if sharding.engine == "zero":  # a master copy and the states, all fp32, of every trained parameter
+        engine_optimizer = (1 + states) * sum(p.numel for p in params if p.trainable) * _FP32
+    return PerDevice(sharding, whole, sharded, engine_optimizer)
+
+
+def optimizer_definition(shard: str) -> str:
+    """What an optimizer figure under ``shard`` counts, as the estimate prints it."""
+    if shard.startswith("zero"):
+        return "fp32 master weights and fp32 states, as DeepSpeed keeps them"
+    return "states in the parameters' dtype, as torch.optim keeps them"
