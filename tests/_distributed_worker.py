@@ -168,6 +168,22 @@ def full_gradients(engine: str, wrapped: nn.Module, model: nn.Module) -> dict[st
     return {clean_name(n): p.grad.detach().clone() for n, p in model.named_parameters()}
 
 
+class _NoModuleTracker:
+    """Stands in for ``CommDebugMode``'s per-module tracker, of which only the collective counts are read here:
+    torch 2.13's tracker pops its module stack once per name a module was entered under, so a module called from
+    several parents (transformers 5.25's kernelized rotary embedding, one module shared by every attention layer)
+    empties the stack ("IndexError: list index out of range")."""
+
+    name, is_bw, activation_checkpointing = "Global", False, False
+    module_parents_dict = {"Global": set()}
+
+    def __enter__(self) -> "_NoModuleTracker":
+        return self
+
+    def __exit__(self, *args: object) -> None:
+        return None
+
+
 def run(scenario: str, rank: int, world_size: int) -> dict:
     from torch.distributed.tensor.debug import CommDebugMode
 
@@ -181,6 +197,7 @@ def run(scenario: str, rank: int, world_size: int) -> dict:
             wrapped = build(scenario, model)
             ids = local_batch(rank, world_size)
             comm = CommDebugMode()
+            comm.advanced_module_tracker = _NoModuleTracker()  # only the counts are read
             with runs, comm, StorageTracker() as tracker:
                 loss = wrapped(input_ids=ids, labels=ids).loss
                 result["retained_bytes"] = tracker.live_bytes().get("cpu", 0)

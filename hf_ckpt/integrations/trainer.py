@@ -56,7 +56,10 @@ def checkpointing_on(model: Any) -> bool:
         target = target_model(model)
     except TypeError:
         return True
-    return get_state(target) is not None or bool(getattr(target, "is_gradient_checkpointing", False))
+    # the newer name where the release has it (5.25 warns on the old one)
+    flag = "is_activation_checkpointing" if hasattr(type(target), "is_activation_checkpointing") else \
+        "is_gradient_checkpointing"
+    return get_state(target) is not None or bool(getattr(target, flag, False))
 
 
 class DeepSpeedConfigCallback(TrainerCallback):
