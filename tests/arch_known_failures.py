@@ -142,8 +142,8 @@ KNOWN_FAILURES: dict[str, tuple[Known, ...]] = {
               "huggingface/transformers#43525, fixed by #43539), so the model cannot be built from any Llama 4 "
               "config: `with torch.device(\"meta\"): Llama4ForConditionalGeneration(Llama4Config())` raises "
               "AttributeError: 'Llama4Config' object has no attribute 'pad_token_id'"),
-        Known(">=5.24",
-              "upstream bug: Llama4ForConditionalGeneration.forward (modeling_llama4.py) builds its output with "
+        Known(">=5.24,<5.25",
+              "upstream bug in 5.24 (fixed in 5.25): Llama4ForConditionalGeneration.forward (modeling_llama4.py) builds its output with "
               "`image_outputs=outputs.image_outputs` from its language model's MoeCausalLMOutputWithPast, which has no "
               "such field: `Llama4ForConditionalGeneration(config)(input_ids=ids)` raises AttributeError for any "
               "input, with return_dict=False too"),
