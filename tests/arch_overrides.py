@@ -224,6 +224,11 @@ OVERRIDES: dict[str, dict[str, Any]] = {
               "vision_config": {"num_image_tokens": (IMAGE_SIZE // PATCH_SIZE) ** 2}},
     # The linear-attention (KDA) heads and the routed experts per token have names of their own.
     "kimi_linear": {"linear_head_dim": 8, "linear_num_heads": 4, "num_experts_per_token": 2},
+    # NVFP4 rounding of keys and values needs a head size that is a multiple of 16 (checked by the config), and the
+    # indexer's heads at most the query heads of one key head (4 // 2); the last layer is an indexed-attention one
+    # (every fifth by default: none of 4), so that the indexed (sparse) attention path runs too.
+    "kolibri1_1": {"head_dim": 16, "index_num_heads": 2,
+                   "layer_types": ["sliding_attention"] * (BLOCKS - 1) + ["indexed_attention"]},
     # The number of latent image queries must fit the tiny sequence.
     "kosmos-2": {"latent_query_num": 4, "text_config": {"layers": BLOCKS}},  # (text layers: a name of their own)
     # The speech model reads the text token plus one token per codebook at each step; its codec is Mimi.
