@@ -168,16 +168,22 @@ def _merged_patches(model: torch.nn.Module, batch: dict, generator: torch.Genera
 
 def _pooled_crops(model: torch.nn.Module, batch: dict, generator: torch.Generator) -> dict:
     """Molmo2: one crop per image, ``(crops, patches, patch * patch * channels)``; each image token pools 4 of its
-    crop's patches (``image_token_pooling``), ``image_grids`` counts those tokens (a 2 x 2 grid per image), and
-    ``mm_token_type_ids`` marks them."""
+    crop's patches (``image_token_pooling``), ``image_grids`` counts those tokens (a 2 x 2 grid per image),
+    ``image_num_crops`` each image's crops and ``mm_token_type_ids`` marks the tokens. Up to 5.24 the pooling indexes
+    the patches of all images together; from 5.25 (``get_image_features`` takes ``image_num_crops``) each image's
+    pooling indexes only its own patches, and the model offsets them by its crops (required for more than one
+    image)."""
     config = model.config
     patch = config.vision_config.patch_size
     patches = config.vision_config.num_position_embeddings
     tokens = patches // 4
     ids = torch.cat([torch.full((BATCH_SIZE, tokens), config.image_patch_id), batch["input_ids"]], dim=1)
+    per_image = "image_num_crops" in inspect.signature(model.get_image_features).parameters
+    pooling = torch.arange(patches).repeat(BATCH_SIZE) if per_image else torch.arange(BATCH_SIZE * patches)
     return {"pixel_values": torch.randn(BATCH_SIZE, patches, patch * patch * 3, generator=generator),
-            "image_token_pooling": torch.arange(BATCH_SIZE * patches).reshape(BATCH_SIZE * tokens, 4),
+            "image_token_pooling": pooling.reshape(BATCH_SIZE * tokens, 4),
             "image_grids": torch.tensor([[2, tokens // 2, 0, 0]] * BATCH_SIZE),
+            "image_num_crops": torch.ones(BATCH_SIZE, dtype=torch.long),
             "input_ids": ids, "attention_mask": torch.ones_like(ids),
             "mm_token_type_ids": (ids == config.image_patch_id).long()}
 
