@@ -289,6 +289,23 @@ def _glm_image(model: torch.nn.Module, batch: dict, generator: torch.Generator) 
         batch["image_grid_thw"] = torch.cat([batch["image_grid_thw"], batch["image_grid_thw"][-1:]])
 
 
+def _bounded_images(model: torch.nn.Module, batch: dict, generator: torch.Generator) -> dict:
+    """Ovis 2.5: each image's tokens between its start and end tokens (the processor's ``<start><image>*<end>``),
+    which the model replaces by learned visual indicators and counts: one pair per image."""
+    config = model.config
+    ids = batch["input_ids"]
+    images = int((ids[0] == config.image_token_id).sum())
+    if not images:  # the first try of the generic batch: no image token yet, the model's count asks for them
+        return {}
+    start, end = (torch.full((BATCH_SIZE, 1), token) for token in (config.image_start_token_id,
+                                                                    config.image_end_token_id))
+    ids = torch.cat([start, ids[:, :images], end, ids[:, images:]], dim=1)
+    found = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    if "mm_token_type_ids" in batch:
+        found["mm_token_type_ids"] = (ids == config.image_token_id).long()
+    return found
+
+
 def _features_mask(model: torch.nn.Module, batch: dict, generator: torch.Generator) -> None:
     # one chunk of 2 * n_window frames (the encoder's attention window), all valid
     frames = 2 * model.config.n_window
@@ -373,6 +390,7 @@ INPUT_RULES: dict[str, Any] = {
     **dict.fromkeys(["musicgen", "musicgen_melody"], _codebook_rows),
     "nemo_speechlm": _speech_prompt,
     "neucodec": _neucodec,
+    "ovis2_5": _bounded_images,
     "paddleocr_vl": _patches_as_images,
     "pe_audio": _paired_audio,
     "pe_audio_encoder": _mono_waveform,  # the DAC encoder convolves (batch, channels, samples)
