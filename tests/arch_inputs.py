@@ -256,7 +256,10 @@ def _audio_features(model: torch.nn.Module, batch: dict, generator: torch.Genera
 
 
 def _robot_step(model: torch.nn.Module, batch: dict, generator: torch.Generator) -> None:
-    """PI0: one camera image per sample behind its image tokens, and the action-expert embeddings (required)."""
+    """PI0 and PI0.5: one camera image per sample behind its image tokens, and the action-expert embeddings
+    (required): one per step of the action chunk (5.25 splits the expert's attention into the prefix block and the
+    last ``chunk_size`` positions); PI0.5's expert also requires the denoising timestep's embedding, ``(batch,
+    width)``, which modulates its norms (the forward passes it on to the expert)."""
     vision = model.config.vlm_config.vision_config
     tokens = (vision.image_size // vision.patch_size) ** 2
     ids = torch.cat([torch.full((BATCH_SIZE, tokens), model.config.vlm_config.image_token_id), token_ids(generator)], dim=1)
@@ -264,7 +267,10 @@ def _robot_step(model: torch.nn.Module, batch: dict, generator: torch.Generator)
                  pixel_values=torch.randn(BATCH_SIZE, 1, vision.num_channels, vision.image_size, vision.image_size,
                                           generator=generator),
                  pixel_attention_mask=torch.ones(BATCH_SIZE, 1, dtype=torch.bool),
-                 action_embeds=torch.randn(BATCH_SIZE, 4, model.config.dit_config.hidden_size, generator=generator))
+                 action_embeds=torch.randn(BATCH_SIZE, model.config.chunk_size, model.config.dit_config.hidden_size,
+                                           generator=generator))
+    if "timestep_embeds" in inspect.signature(model.dit.forward).parameters:
+        batch["timestep_embeds"] = torch.randn(BATCH_SIZE, model.config.dit_config.hidden_size, generator=generator)
 
 
 def _text_line(model: torch.nn.Module, batch: dict, generator: torch.Generator) -> None:
@@ -396,7 +402,7 @@ INPUT_RULES: dict[str, Any] = {
     "pe_audio_encoder": _mono_waveform,  # the DAC encoder convolves (batch, channels, samples)
     **dict.fromkeys(["pe_audio_video", "pe_audio_video_encoder"], _audio_and_video),
     "perception_lm": _one_tile,
-    "pi0": _robot_step,
+    **dict.fromkeys(["pi0", "pi05"], _robot_step),
     "pocket_tts_audio_tokenizer": _mono_waveform,  # a codec: (batch, channels, samples)
     "pocket_tts_audio_tokenizer_decoder": _latents,  # the decoder alone takes the codec's latent frames
     "pocket_tts_audio_tokenizer_encoder": _mono_waveform,

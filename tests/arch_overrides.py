@@ -327,6 +327,8 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     # model_args["embed_dim"]: checkpoints use a PE-core ViT, given its tiny sizes (every token out: no pooling).
     "perception_lm": {"vision_config": {"architecture": "vit_pe_core_large_patch14_336",
                                         "model_args": {**TIMM_VIT_ARGS, "global_pool": ""}}},
+    # The action chunk: steps the action expert predicts at once (the batch holds one action embedding per step).
+    **dict.fromkeys(["pi0", "pi05"], {"chunk_size": 4}),
     # The upsampling convolution is grouped: its groups must divide the (tiny) hidden size.
     "pocket_tts_audio_tokenizer": {"upsample_groups": 32},
     "pocket_tts_audio_tokenizer_decoder": {"upsample_groups": 32},  # as pocket_tts_audio_tokenizer
