@@ -150,12 +150,29 @@ KNOWN_FAILURES: dict[str, tuple[Known, ...]] = {
     ),
     "pi0": (Known("",
         "upstream bug: PI0Model.forward runs the VLM prefix with use_cache=True and reads the returned cache "
-        "(modeling_pi0.py: `vlm_input_length = past_key_values.get_seq_length()`, `cache.get_seq_length()` on 5.24), "
+        "(modeling_pi0.py: `vlm_input_length = past_key_values.get_seq_length()`, `cache.get_seq_length()` on 5.24, "
+        "`vlm_block_length = cache.get_seq_length() + ...` on 5.25), "
         "but with checkpointing on in training the VLM's output-capturing wrapper sets use_cache=False "
         "(utils/generic.py), so the cache is None; upstream's own gradient_checkpointing_enable() fails the same: "
         "`model.train(); model.gradient_checkpointing_enable(); model(input_ids=..., pixel_values=..., "
         "pixel_attention_mask=..., action_embeds=...)` raises AttributeError: 'NoneType' object has no attribute "
         "'get_seq_length'"),),
+    "pi05": (Known("",
+        "upstream bug, as pi0's: PI05Model.forward (modeling_pi05.py) runs the VLM prefix with use_cache=True and reads "
+        "the returned cache (`vlm_block_length = cache.get_seq_length() + ...`), but with checkpointing on in training "
+        "the VLM's output-capturing wrapper sets use_cache=False (utils/generic.py), so the cache is None; upstream's "
+        "own activation_checkpointing_enable() (and gradient_checkpointing_enable()) fails the same, run in 5.25.0: "
+        "`t = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, "
+        "num_key_value_heads=1, head_dim=8, vocab_size=128); m = PI05Model(PI05Config(chunk_size=4, vlm_config={"
+        "\"model_type\": \"paligemma\", \"image_token_id\": 127, \"projection_dim\": 32, \"text_config\": "
+        "{\"model_type\": \"gemma\", **t}, \"vision_config\": {\"model_type\": \"siglip_vision_model\", "
+        "\"hidden_size\": 32, \"intermediate_size\": 64, \"num_hidden_layers\": 2, \"num_attention_heads\": 4, "
+        "\"image_size\": 32, \"patch_size\": 8, \"projection_dim\": 32}}, dit_config={\"model_type\": \"gemma\", "
+        "**t})).train(); m.activation_checkpointing_enable(); m(input_ids=ids, attention_mask=..., "
+        "pixel_values=torch.randn(1, 1, 3, 32, 32), pixel_attention_mask=torch.ones(1, 1, dtype=torch.bool), "
+        "action_embeds=torch.randn(1, 4, 32), timestep_embeds=torch.randn(1, 32))` (ids: 16 image tokens, then "
+        "text) raises AttributeError: 'NoneType' object has no attribute 'get_seq_length' (without checkpointing it "
+        "returns the (1, 4, 32) action states)"),),
     # ---- no training forward
     "qwen2_5_omni": (
         Known("<5.15", _NO_FORWARD.format(cls="Qwen2_5OmniForConditionalGeneration", vocoder="token2wav") + _NO_THINKER),
