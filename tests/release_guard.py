@@ -1,7 +1,7 @@
 """The ``any_release`` mark, and the guard that keeps it honest.
 
 A test marked ``any_release`` claims that its outcome cannot depend on the transformers or the torch release: it
-builds no transformers model or config, runs no autograd, starts no process. The release matrix and the torch range
+builds no transformers model or config and no torch module, runs no autograd, starts no process. The release matrix and the torch range
 (``ci/matrix.py``, ``ci/torch_range.py``) leave such tests out on every environment but the newest one, where the
 default run has them; every other test runs on every release.
 
@@ -11,11 +11,15 @@ what it reached and how to fix it (remove the mark):
 
 * ``transformers.PreTrainedModel.__init__`` and ``transformers.PretrainedConfig.__init__`` (``__post_init__`` where
   configs are dataclasses; every model and config class calls them: building one from a config, on the meta device, through the estimator or a Trainer);
+* ``torch.nn.Module.__init__`` (a transformers layer class, a toy model: what it does can change with the
+  release);
 * ``torch.autograd.backward`` and ``torch.autograd.grad`` (``Tensor.backward`` and checkpointing's recompute go
   through them);
 * ``subprocess.Popen`` (a child process cannot be followed);
-* and, after the test, the values of its fixtures: a transformers object or a ``torch.nn.Module`` built by a
-  fixture of a wider scope before the test began counts too.
+* and the test's fixtures: a marked test may use only function-scoped fixtures (and pytest's own), since a fixture
+  of a wider scope may have done its work (built a model, run a step, started the processes whose results the
+  test reads) before the test began, where nothing watches it; after the test, a fixture value that is a
+  transformers object or a ``torch.nn.Module`` counts too.
 """
 
 from __future__ import annotations
@@ -28,8 +32,8 @@ from typing import Any, Callable, Iterator
 import pytest
 
 MARK = "any_release"
-DESCRIPTION = (f"{MARK}: the outcome cannot depend on the transformers or torch release (no model or config, no "
-               "autograd, no process: checked by tests/release_guard.py); the matrix and the torch range leave it "
+DESCRIPTION = (f"{MARK}: the outcome cannot depend on the transformers or torch release (no model, config or "
+               "module, no autograd, no process: checked by tests/release_guard.py); the matrix and the torch range leave it "
                "out on every release but the newest")
 
 
@@ -44,6 +48,7 @@ def _entry_points() -> list[tuple[Any, str, str]]:
         # 5.x configs are dataclasses: their generated __init__ calls this one instead
         *[(transformers.PretrainedConfig, "__post_init__", "builds a transformers config")
           for _ in ("__post_init__",) if "__post_init__" in vars(transformers.PretrainedConfig)],
+        (torch.nn.Module, "__init__", "builds a torch module"),
         (torch.autograd, "backward", "runs autograd (backward)"),
         (torch.autograd, "grad", "runs autograd (grad)"),
         (subprocess.Popen, "__init__", "starts a process"),
@@ -87,6 +92,18 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", DESCRIPTION)
 
 
+def _wider_fixtures(item: pytest.Item) -> dict[str, str]:
+    """The fixtures ``item`` uses whose scope is wider than the function (pytest's own left out), and their scope."""
+    definitions = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
+    wider = {}
+    for name, chain in definitions.items():
+        definition = chain[-1]
+        module = getattr(definition.func, "__module__", "") or ""
+        if definition.scope != "function" and not module.startswith(("_pytest", "pytest")):
+            wider[name] = definition.scope
+    return wider
+
+
 @pytest.fixture(autouse=True)
 def _any_release_guard(request: pytest.FixtureRequest) -> Iterator[None]:
     """Fail a test marked ``any_release`` that reaches what can differ between releases (see the module)."""
@@ -98,6 +115,8 @@ def _any_release_guard(request: pytest.FixtureRequest) -> Iterator[None]:
         yield
     held = {name: why for name, value in getattr(request.node, "funcargs", {}).items()
             if (why := _release_bound(value)) is not None}
+    held.update({name: f"a fixture of scope {scope!r}, set up before the test is watched"
+                 for name, scope in _wider_fixtures(request.node).items() if name not in held})
     found = sorted(set(reached)) + [f"uses fixture {name!r}, which holds {why}" for name, why in sorted(held.items())]
     if found:
         pytest.fail(f"marked {MARK}, but its outcome can depend on the release: it {'; it '.join(found)}. "

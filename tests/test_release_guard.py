@@ -47,6 +47,16 @@ def test_wider_fixture(model):
     pass
 
 
+@pytest.fixture(scope="module")
+def results():
+    return {"loss": 1.0}
+
+
+@pytest.mark.any_release
+def test_results_fixture(results, tmp_path):
+    assert results["loss"] == 1.0
+
+
 @pytest.mark.any_release
 def test_process():
     subprocess.run(["true"], check=True)
@@ -58,10 +68,12 @@ def test_a_marked_test_that_reaches_the_release_fails_naming_what_it_reached(pyt
                           "pytest_plugins = ('release_guard',)\n")
     pytester.makepyfile(test_suite=SUITE)
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-q")
-    result.assert_outcomes(passed=6, errors=4)  # each of the 4 offending tests: passed, then an error at teardown
+    result.assert_outcomes(passed=7, errors=5)  # each of the 5 offending tests: passed, then an error at teardown
     text = result.stdout.str()
     for test, reached in (("test_config", "builds a transformers config"), ("test_backward", "runs autograd (backward)"),
                           ("test_wider_fixture", "uses fixture 'model', which holds a torch module (Linear)"),
+                          ("test_results_fixture", "uses fixture 'results', which holds a fixture of scope 'module', "
+                                                   "set up before the test is watched"),
                           ("test_process", "starts a process")):
         block = text.split(f"ERROR at teardown of {test} ", 1)[1].split("\n", 2)[1]
         assert block == (f"marked any_release, but its outcome can depend on the release: it {reached}. "
