@@ -59,6 +59,7 @@ def test_use_reentrant_must_be_bool():
         hf_ckpt.enable(tiny_llama(), use_reentrant="no")
 
 
+@pytest.mark.any_release
 def test_conflicting_values_given_both_ways():
     with pytest.raises(ValueError) as raised:
         CheckpointConfig.from_arguments({"every_n_layers": 3}, every_n_layers=2)
@@ -73,6 +74,7 @@ def test_conflicting_values_given_both_ways():
     assert user_dict == {"every_n_layers": 2, "use_reentrant": True}
 
 
+@pytest.mark.any_release
 def test_kwargs_dict_must_be_a_dict():
     with pytest.raises(TypeError, match=r"gradient_checkpointing_kwargs.*dict.*\blist\b"):
         CheckpointConfig.from_arguments([("use_reentrant", False)])

@@ -14,6 +14,9 @@ from pathlib import Path
 
 import pytest
 
+#: Nothing here builds a model or config, runs autograd or starts a process (tests/release_guard.py checks it).
+pytestmark = pytest.mark.any_release
+
 CI = Path(__file__).resolve().parent.parent / "ci"
 
 
@@ -380,6 +383,9 @@ def test_the_torch_range_starts_at_the_declared_floor_and_ends_at_the_newest_rel
     assert torch_range.declared_floor() == ".".join(floor.split(".")[:2])  # pyproject's torch>= is what is tested
     assert (oldest, newest) == (matrix.RELEASES[0], matrix.RELEASES[-1])
     assert tuple(int(p) for p in newest_torch.split(".")) > tuple(int(p) for p in floor.split("."))
+    # pyproject's ceiling excludes the first minor release after the tested one, and no tested release
+    major, minor = (int(p) for p in newest_torch.split(".")[:2])
+    assert torch_range.declared_ceiling() == f"{major}.{minor + 1}"
 
 
 def test_an_end_is_its_releases_pins_with_torch_replaced(tmp_path: Path) -> None:

@@ -69,6 +69,7 @@ def no_model_is_built(monkeypatch):
         (["--repeat", "-1"], ("--repeat", "'-1'")),
     ],
 )
+@pytest.mark.any_release
 def test_bench_bad_arguments_are_rejected_while_parsing_in_one_line(argv, named, capsys, no_model_is_built):
     line = _one_line_error(*run_main(["bench", *argv], capsys))
     for text in named:
@@ -76,6 +77,7 @@ def test_bench_bad_arguments_are_rejected_while_parsing_in_one_line(argv, named,
     assert line.endswith("(see hf-ckpt bench --help)")
 
 
+@pytest.mark.any_release
 def test_unknown_option_names_the_program(capsys):
     code, out, err = run_main(["bench", "--frobnicate"], capsys)
     assert (code, out) == (2, "")
@@ -98,18 +100,21 @@ def test_unknown_option_names_the_program(capsys):
         (["--strategies", "full"], ("--budget",)),  # required
     ],
 )
+@pytest.mark.any_release
 def test_plan_bad_arguments_are_rejected_before_any_model_is_built(argv, named, capsys, no_model_is_built):
     line = _one_line_error(*run_main(["plan", *argv], capsys), command="plan")
     for text in named:
         assert text in line, line
 
 
+@pytest.mark.any_release
 def test_plan_json_pointing_at_a_directory_is_one_line_naming_it(tmp_path, capsys, no_model_is_built):
     line = _one_line_error(*run_main(["plan", "--budget", "0.5", "--json", str(tmp_path)], capsys), command="plan")
     assert f"argument --json: {tmp_path} is a directory" in line
 
 
 @pytest.mark.parametrize("budget, expected", [("1", 1.0), ("0.5", 0.5), ("50%", 0.5), ("2MiB", 2 * 2**20), ("2e9B", 2 * 10**9)])
+@pytest.mark.any_release
 def test_plan_budget_forms(budget, expected):
     from hf_ckpt.cli.plan import budget as parse
 
@@ -117,6 +122,7 @@ def test_plan_budget_forms(budget, expected):
     assert value == expected and type(value) is type(expected)  # a fraction stays a float, bytes an int
 
 
+@pytest.mark.any_release
 def test_plan_strategies_are_those_the_planner_accepts():
     import inspect
 
@@ -127,6 +133,7 @@ def test_plan_strategies_are_those_the_planner_accepts():
     assert tuple(getattr(s, "value", s) for s in default) == PLAN_STRATEGIES
 
 
+@pytest.mark.any_release
 def test_help_text_matches_the_registered_settings_and_workload_defaults():
     from hf_ckpt.measure import available_settings, workload
 
@@ -169,12 +176,14 @@ def test_python_dash_m_reports_errors_in_one_line_without_traceback():
     assert line.startswith("hf-ckpt bench: error: argument --settings: ") and "'nonsense'" in line
 
 
+@pytest.mark.any_release
 def test_no_command_prints_help_and_exits_2(capsys):
     code, out, err = run_main([], capsys)
     assert code == 2
     assert "bench" in err and "plan" in err and "verify" in err and "usage: hf-ckpt" in err
 
 
+@pytest.mark.any_release
 def test_a_command_module_in_the_list_is_a_subcommand(monkeypatch, capsys):
     module = types.ModuleType("hf_ckpt_test_echo")
     module.NAME, module.HELP = "echo-test", "test"
@@ -186,6 +195,7 @@ def test_a_command_module_in_the_list_is_a_subcommand(monkeypatch, capsys):
     assert "echo-test" not in [action.dest for action in cli.build_parser()._actions]
 
 
+@pytest.mark.any_release
 def test_no_import_registers_a_command():
     import hf_ckpt.verification  # noqa: F401  (registered a command on import before 0.2)
 
@@ -203,12 +213,14 @@ def _tiny_llama_dir(path: Path) -> Path:
     return path
 
 
+@pytest.mark.any_release
 def test_model_directory_with_invalid_config_json(tmp_path, capsys, no_model_is_built):
     (tmp_path / "config.json").write_text('{"model_type": "llama",')
     line = _one_line_error(*run_main(["bench", "--model", str(tmp_path)], capsys))
     assert str(tmp_path / "config.json") in line and "not valid JSON" in line
 
 
+@pytest.mark.any_release
 def test_model_directory_with_unknown_model_type(tmp_path, capsys, no_model_is_built):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "no_such_architecture"}))
     line = _one_line_error(*run_main(["bench", "--model", str(tmp_path)], capsys))
@@ -309,6 +321,7 @@ def test_bench_plot_writes_a_png(tmp_path, capsys):
     assert png_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.any_release
 def test_bench_plot_without_matplotlib_is_refused_while_parsing(tmp_path, capsys, monkeypatch, no_model_is_built):
     import importlib.util
 
@@ -319,6 +332,7 @@ def test_bench_plot_without_matplotlib_is_refused_while_parsing(tmp_path, capsys
     assert not (tmp_path / "b.png").exists()
 
 
+@pytest.mark.any_release
 def test_old_command_module_paths_still_import_for_one_release():
     import hf_ckpt.measure.arguments
     import hf_ckpt.measure.command
@@ -332,6 +346,7 @@ def test_old_command_module_paths_still_import_for_one_release():
     assert hf_ckpt.measure.arguments.add_workload_arguments is arguments.add_workload_arguments
 
 
+@pytest.mark.any_release
 def test_progress_is_on_by_default_on_a_terminal_and_off_otherwise(monkeypatch):
     import io
 

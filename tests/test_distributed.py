@@ -420,6 +420,7 @@ def test_fsdp_train_example_runs_under_torchrun_on_two_processes():
     assert len(steps) == 2 and all(line.endswith("recomputed blocks (measured) [0, 2, 4]") for line in steps)
 
 
+@pytest.mark.any_release
 def test_accelerate_example_config_is_fsdp2_without_accelerates_own_checkpointing():
     from accelerate.commands.config.config_args import load_config_from_file
     from accelerate.utils import DistributedType

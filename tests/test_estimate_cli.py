@@ -104,6 +104,7 @@ def test_argument_errors_are_one_line_with_exit_status_2(config_path, argv, mess
     assert err.startswith("hf-ckpt estimate: error: ") and message in err and err.count("\n") == 1
 
 
+@pytest.mark.any_release
 def test_missing_config_is_named(capsys):
     code = cli.main(["estimate", "/no/such/config.json", "--batch", "1", "--seq", "8"])
     assert code == 2

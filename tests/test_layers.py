@@ -123,6 +123,7 @@ def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+@pytest.mark.any_release
 def test_the_package_has_no_import_cycle():
     edges, _ = _graph()
     assert _cycles(edges) == []
@@ -134,6 +135,7 @@ def _deferred_imports() -> set[tuple[str, str]]:
             for target, _, lazy in _imports(name, path, modules) if lazy and target in modules}
 
 
+@pytest.mark.any_release
 def test_every_import_inside_a_function_is_listed_with_its_reason():
     assert _deferred_imports() == set(DEFERRED)
     assert len(DEFERRED) <= 10 and all(reason for reason in DEFERRED.values())
@@ -143,6 +145,7 @@ def _lab(module: str) -> bool:
     return any(module == lab or module.startswith(lab + ".") for lab in LAB)
 
 
+@pytest.mark.any_release
 def test_no_runtime_module_imports_the_lab():
     edges, _ = _graph()
     runtime = [name for name in edges if not _lab(name) and name not in ("hf_ckpt", "hf_ckpt.core", "hf_ckpt.__main__")]
@@ -200,11 +203,13 @@ def test_a_training_step_with_a_runtime_setting_loads_no_lab_module(setting, loa
     assert lines <= RUNTIME_LINES, f"{lines} lines of hf_ckpt loaded"
 
 
+@pytest.mark.any_release
 def test_no_module_imports_another_modules_private_names():
     _, private = _graph()
     assert private == []
 
 
+@pytest.mark.any_release
 def test_the_graph_check_itself_finds_a_cycle_and_a_private_import():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == [["a", "b", "c", "a"]]
     tree = ast.parse("from .core import _target_model")
@@ -214,6 +219,7 @@ def test_the_graph_check_itself_finds_a_cycle_and_a_private_import():
 
 
 @pytest.mark.parametrize("path", sorted(PACKAGE.rglob("*.py")), ids=lambda p: str(p.relative_to(PACKAGE)))
+@pytest.mark.any_release
 def test_no_function_is_longer_than_60_lines(path):
     """The largest function (docstring excluded) stays readable."""
     tree = ast.parse(path.read_text())

@@ -41,6 +41,7 @@ def tiny_llama(layers: int = 4):
 # -- StorageTracker ---------------------------------------------------------------------------------------------
 
 
+@pytest.mark.any_release
 def test_tracker_counts_exact_bytes_of_new_storages_and_ignores_parameters_and_preexisting():
     parameter = nn.Parameter(torch.randn(100))
     before = torch.randn(50)
@@ -63,6 +64,7 @@ def test_tracker_counts_exact_bytes_of_new_storages_and_ignores_parameters_and_p
     assert tracker.live_bytes() == {}
 
 
+@pytest.mark.any_release
 def test_tracker_reset_peak_starts_from_live_bytes():
     with StorageTracker() as tracker:
         big = torch.empty(1000)
@@ -109,6 +111,7 @@ def test_tracker_counts_copies_made_by_saved_tensor_hooks():
 # -- FLOPs and timing ---------------------------------------------------------------------------------------------
 
 
+@pytest.mark.any_release
 def test_count_flops_of_a_matmul():
     a, b = torch.randn(8, 16), torch.randn(16, 4)
     with count_flops() as flops:
@@ -129,6 +132,7 @@ def test_count_flops_counts_attention_forward_and_backward_on_cpu():
     assert backward.total == 5 * one_matmul
 
 
+@pytest.mark.any_release
 def test_interleaved_step_times_rotates_rounds_and_drops_warmup():
     calls: list[str] = []
     ticks = itertools.count()
@@ -143,11 +147,13 @@ def test_interleaved_step_times_rotates_rounds_and_drops_warmup():
     ("repeat", "warmup", "message"),
     [(0, 1, "repeat must be a positive int; got 0"), (1, -1, "warmup must be an int >= 0; got -1")],
 )
+@pytest.mark.any_release
 def test_interleaved_step_times_rejects_bad_counts(repeat, warmup, message):
     with pytest.raises(ValueError, match=f"^{message}$"):
         interleaved_step_times(["a"], lambda name: None, repeat=repeat, warmup=warmup)
 
 
+@pytest.mark.any_release
 def test_pareto_front_keeps_the_points_nothing_beats_on_both_axes():
     points = [(1.0, 100.0), (1.3, 10.0), (1.1, 50.0), (1.2, 60.0), (1.4, 10.0)]
     assert pareto_front(points) == [(1.0, 100.0), (1.1, 50.0), (1.3, 10.0)]
@@ -156,6 +162,7 @@ def test_pareto_front_keeps_the_points_nothing_beats_on_both_axes():
 # -- settings ----------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.any_release
 def test_an_unknown_setting_is_quoted_and_every_registered_syntax_listed():
     with pytest.raises(ValueError) as error:
         parse_setting("bogus")
@@ -174,6 +181,7 @@ def test_an_unknown_setting_is_quoted_and_every_registered_syntax_listed():
         ("upstream:offload", ("upstream:full", "upstream:every_n:N")),
     ],
 )
+@pytest.mark.any_release
 def test_a_bad_setting_argument_quotes_the_setting_and_names_what_is_accepted(spec, accepted):
     with pytest.raises(ValueError) as error:
         parse_setting(spec)
@@ -182,12 +190,14 @@ def test_a_bad_setting_argument_quotes_the_setting_and_names_what_is_accepted(sp
     assert all(value in message for value in accepted)
 
 
+@pytest.mark.any_release
 def test_parse_setting_canonical_names():
     assert [parse_setting(s).name for s in ("none", "full", "every_n:2", "upstream:full")] == [
         "none", "full", "every_n:2", "upstream:full"
     ]
 
 
+@pytest.mark.any_release
 def test_upstream_every_n_follows_the_installed_signature():
     import inspect
 
@@ -204,6 +214,7 @@ def test_upstream_every_n_follows_the_installed_signature():
             assert part in message
 
 
+@pytest.mark.any_release
 def test_register_setting_extends_the_parser():
     def factory(argument):
         return Setting(f"custom:{argument}", "test", apply=hf_ckpt.disable, remove=hf_ckpt.disable)

@@ -79,6 +79,7 @@ def test_offload_code_path_on_cpu_with_pinning_off(monkeypatch):
 
 
 @requires("cpu.Stream.wait_event")
+@pytest.mark.any_release
 def test_overlapped_offload_keeps_small_and_foreign_tensors_in_place():
     from hf_ckpt.offload import OverlappedOffload
 
@@ -93,6 +94,7 @@ def test_overlapped_offload_keeps_small_and_foreign_tensors_in_place():
 
 
 @requires("cpu.Stream.wait_event")
+@pytest.mark.any_release
 def test_a_tensor_saved_by_several_checkpoints_is_copied_once():
     """Position embeddings reach every block: one host copy serves all, while the device tensor lives."""
     from hf_ckpt.offload import OverlappedOffload

@@ -265,6 +265,7 @@ def test_a_policy_keeping_nothing_is_plain_checkpointing():
     assert max_grad_diff(measured["full"][3], measured["empty"][3]) == 0.0
 
 
+@pytest.mark.any_release
 def test_the_plan_solver_finds_the_cheapest_plan_whose_exact_bytes_fit():
     """Savings rounded to a byte unit lost plans that fit to the byte (BERT at the correct compile's bytes + 65,632:
     two blocks at `partition:0.9:norms` and two at `partition:0.5` fit exactly, and were not seen). Against brute

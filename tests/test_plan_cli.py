@@ -51,6 +51,7 @@ def test_plan_command_runs_as_a_module(tmp_path):
     ("plan:2", ("got plan:2", "(0, 1]")),
     ("selective:fast", ("got selective:fast", "attention", "matmuls", "matmuls_and_attention")),  # the policy names
 ])
+@pytest.mark.any_release
 def test_bad_setting_specs_quote_the_spec_and_name_what_is_accepted(spec, named):
     with pytest.raises(ValueError) as error:
         parse_setting(spec)
@@ -157,6 +158,7 @@ def test_a_plan_with_the_finer_strategies_is_made_and_verified_from_the_command_
      "hf-ckpt plan: error: --strategies cannot be combined with --config: a plan from shapes chooses among none, "
      "selective, full; leave --strategies out, or profile a real step with --model"),
 ])
+@pytest.mark.any_release
 def test_plan_and_verify_arguments_that_cannot_work_are_named_at_the_call(tmp_path, capsys, argv, message):
     plan_path = tmp_path / "plan.json"
     CheckpointPlan(("full",) * 8).save(plan_path)

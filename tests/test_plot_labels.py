@@ -6,6 +6,9 @@ import pytest
 
 from hf_ckpt.measure.labels import place_labels
 
+#: Nothing here builds a model or config, runs autograd or starts a process (tests/release_guard.py checks it).
+pytestmark = pytest.mark.any_release
+
 
 def _boxes(points, sizes, offsets):
     return [(x + dx, y + dy, x + dx + w, y + dy + h) for (x, y), (w, h), (dx, dy) in zip(points, sizes, offsets)]

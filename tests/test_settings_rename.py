@@ -28,6 +28,7 @@ def _one_future_warning(record: list[warnings.WarningMessage], new: str) -> warn
 
 
 @pytest.mark.parametrize("old", sorted(RENAMED))
+@pytest.mark.any_release
 def test_an_old_package_name_is_the_new_object_and_warns_once_at_the_callers_line(old):
     new = RENAMED[old]
     with warnings.catch_warnings(record=True) as record:
@@ -38,6 +39,7 @@ def test_an_old_package_name_is_the_new_object_and_warns_once_at_the_callers_lin
     assert warning.filename == __file__
 
 
+@pytest.mark.any_release
 def test_from_import_of_an_old_name_warns_once_not_twice():
     # ``from package import name`` looks the name up twice (importlib's check, then the statement itself)
     with warnings.catch_warnings(record=True) as record:
@@ -48,6 +50,7 @@ def test_from_import_of_an_old_name_warns_once_not_twice():
 
 
 @pytest.mark.parametrize("old", ["Strategy", "parse_strategy", "parse_strategies", "register_strategy", "available_strategies"])
+@pytest.mark.any_release
 def test_the_old_module_gives_the_new_objects_with_one_warning(old):
     module = importlib.import_module("hf_ckpt.measure.strategies")
     with warnings.catch_warnings(record=True) as record:
@@ -57,6 +60,7 @@ def test_the_old_module_gives_the_new_objects_with_one_warning(old):
     assert _one_future_warning(record, RENAMED[old]).filename == __file__
 
 
+@pytest.mark.any_release
 def test_the_new_names_warn_nothing():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -67,6 +71,7 @@ def test_the_new_names_warn_nothing():
     assert [setting.name for setting in args.settings] == ["full"]
 
 
+@pytest.mark.any_release
 def test_bench_strategies_option_still_parses_into_settings_with_one_warning():
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")

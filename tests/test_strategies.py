@@ -20,12 +20,14 @@ from helpers import batch_for, max_grad_diff, recomputed_in_step, tiny_llama, tr
     ("none", "none"), ("full", "full"), ("selective", "selective"), ("oplevel:a", "oplevel"),
     ("partition:0.5", "partition"), ("partition:1:norms", "partition"),
 ])
+@pytest.mark.any_release
 def test_each_spelling_parses_to_its_kind_and_back(spelling, kind):
     strategy = parse(spelling, {"a": ("aten.mm.default#0",)})
     assert strategy.kind == kind and strategy.spelling == spelling
     assert strategy.recomputes == (kind != "none")
 
 
+@pytest.mark.any_release
 def test_spellings_are_normalised_as_plans_store_them():
     assert parse("partition:.50").spelling == "partition:0.5"
     assert parse(hf_ckpt.BlockStrategy.SELECTIVE).spelling == "selective"
@@ -39,6 +41,7 @@ def test_spellings_are_normalised_as_plans_store_them():
     ("partition:2", "the budget of plan strategy 'partition:2' ('partition:<F>' or 'partition:<F>:norms') must be a "
                     "number in [0, 1]"),
 ])
+@pytest.mark.any_release
 def test_a_bad_spelling_names_what_is_accepted(value, message):
     with pytest.raises(ValueError) as raised:
         parse(value, {"a": ("aten.mm.default#0",)})
