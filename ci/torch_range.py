@@ -62,12 +62,21 @@ STAMP = ".hf_ckpt-torch-stamp.json"
 
 
 def declared_floor() -> str:
-    """The torch floor ``pyproject.toml`` declares (``torch>=X``)."""
+    """The torch floor ``pyproject.toml`` declares (``torch>=X``, a ceiling after it or not)."""
     for requirement in requirements():
-        found = re.fullmatch(r"torch\s*>=\s*([0-9.]+)", requirement.strip())
+        found = re.fullmatch(r"torch\s*>=\s*([0-9.]+)\s*(,\s*<\s*[0-9.]+)?", requirement.strip())
         if found:
             return found.group(1)
     raise RuntimeError("pyproject.toml declares no torch>= floor")
+
+
+def declared_ceiling() -> str | None:
+    """The first torch release ``pyproject.toml`` excludes (``torch>=X,<Y``: Y), if it declares one."""
+    for requirement in requirements():
+        found = re.fullmatch(r"torch\s*>=\s*[0-9.]+\s*,\s*<\s*([0-9.]+)", requirement.strip())
+        if found:
+            return found.group(1)
+    return None
 
 
 def extras(torch: str) -> list[str]:

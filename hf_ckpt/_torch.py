@@ -25,17 +25,17 @@ from torch.utils import _pytree
 from torch.utils._python_dispatch import TorchDispatchMode as _TorchDispatchMode
 
 #: The releases every entry below was run on (tests/test_torch_internals.py), unless an entry says otherwise.
-VERIFIED_ON = ("2.5.1", "2.13.0", "2.14.1")
+VERIFIED_ON = ("2.5.1", "2.13.0", "2.14.1", "2.15.0")
 
 # ---------------------------------------------------------------------------------------------- dispatch, pytree
 
 #: ``torch.utils._python_dispatch.TorchDispatchMode``: the base class of hf_ckpt's recording and policy modes
 #: (selective recompute, storage tracking, FLOP and op profiling, fake-tensor tracing).
-#: Verified on torch 2.5.1, 2.13.0, 2.14.1.
+#: Verified on torch 2.5.1, 2.13.0, 2.14.1, 2.15.0.
 TorchDispatchMode = _TorchDispatchMode
 
 #: ``torch.utils._pytree`` leaves/map/flatten/unflatten: walking the (nested) arguments and outputs of aten ops and
-#: of block calls. Verified on torch 2.5.1, 2.13.0, 2.14.1.
+#: of block calls. Verified on torch 2.5.1, 2.13.0, 2.14.1, 2.15.0.
 tree_leaves = _pytree.tree_leaves
 tree_map = _pytree.tree_map
 tree_flatten = _pytree.tree_flatten
@@ -45,7 +45,7 @@ tree_unflatten = _pytree.tree_unflatten
 @contextlib.contextmanager
 def disable_current_modes() -> Iterator[None]:
     """``torch.utils._python_dispatch._disable_current_modes``: trace a block with no outer dispatch mode (the
-    storage tracker, a FLOP counter) seeing the tracer's fake ops. Verified on torch 2.5.1, 2.13.0, 2.14.1."""
+    storage tracker, a FLOP counter) seeing the tracer's fake ops. Verified on torch 2.5.1, 2.13.0, 2.14.1, 2.15.0."""
     from torch.utils._python_dispatch import _disable_current_modes
 
     with _disable_current_modes():
@@ -54,25 +54,25 @@ def disable_current_modes() -> Iterator[None]:
 
 def is_op_overload(value: Any) -> bool:
     """Whether ``value`` is an aten op overload (``torch._ops.OpOverload``, e.g. ``aten.mm.default``): the nodes of
-    an FX graph that are ops. Verified on torch 2.5.1, 2.13.0, 2.14.1."""
+    an FX graph that are ops. Verified on torch 2.5.1, 2.13.0, 2.14.1, 2.15.0."""
     return isinstance(value, torch._ops.OpOverload)
 
 
 def is_op(value: Any) -> bool:
     """Whether ``value`` is an aten op overload or an overload packet (``torch._ops.OpOverloadPacket``, e.g.
-    ``aten.mm``): the forms a selective policy lists. Verified on torch 2.5.1, 2.13.0, 2.14.1."""
+    ``aten.mm``): the forms a selective policy lists. Verified on torch 2.5.1, 2.13.0, 2.14.1, 2.15.0."""
     return isinstance(value, (torch._ops.OpOverload, torch._ops.OpOverloadPacket))
 
 
 def local_scalar_dense() -> Any:
     """``aten._local_scalar_dense.default``: the op a tensor's value is read through (``bool(t)``, ``t.item()``),
-    which fake-tensor tracing answers. Verified on torch 2.5.1, 2.13.0, 2.14.1."""
+    which fake-tensor tracing answers. Verified on torch 2.5.1, 2.13.0, 2.14.1, 2.15.0."""
     return torch.ops.aten._local_scalar_dense.default
 
 
 def aten_op(name: str) -> Any | None:
     """The private aten op packet ``name`` (``_grouped_mm``, ``_scaled_dot_product_flash_attention_for_cpu``,
-    ``_fused_rms_norm``, ...), or None where this torch has no such op. Verified on torch 2.5.1, 2.13.0, 2.14.1
+    ``_fused_rms_norm``, ...), or None where this torch has no such op. Verified on torch 2.5.1, 2.13.0, 2.14.1, 2.15.0
     (which ops exist differs between them: hence None)."""
     return getattr(torch.ops.aten, name, None)
 
@@ -80,14 +80,14 @@ def aten_op(name: str) -> Any | None:
 @contextlib.contextmanager
 def disable_torch_function() -> Iterator[None]:
     """``torch._C.DisableTorchFunction``: call the real ``scaled_dot_product_attention`` from inside a
-    ``__torch_function__`` override without re-entering it. Verified on torch 2.5.1, 2.13.0, 2.14.1."""
+    ``__torch_function__`` override without re-entering it. Verified on torch 2.5.1, 2.13.0, 2.14.1, 2.15.0."""
     with torch._C.DisableTorchFunction():
         yield
 
 
 def fake_tensor_mode() -> Any:
     """A new ``torch._subclasses.fake_tensor.FakeTensorMode``: the estimator traces a step on fake tensors (shapes
-    and dtypes, no memory). Verified on torch 2.5.1, 2.13.0, 2.14.1."""
+    and dtypes, no memory). Verified on torch 2.5.1, 2.13.0, 2.14.1, 2.15.0."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     return FakeTensorMode()
@@ -98,28 +98,28 @@ def fake_tensor_mode() -> Any:
 
 def in_backward() -> bool:
     """Whether the autograd engine runs a backward pass on this thread now (``torch._C._current_graph_task_id``
-    is not -1): a block run then is a recompute. Verified on torch 2.5.1, 2.13.0, 2.14.1."""
+    is not -1): a block run then is a recompute. Verified on torch 2.5.1, 2.13.0, 2.14.1, 2.15.0."""
     return torch._C._current_graph_task_id() != -1
 
 
 def queue_backward_callback(callback: Callable[[], None]) -> None:
     """Run ``callback`` when the running backward pass ends (``Variable._execution_engine.queue_callback``): the
-    probe reports what a backward recomputed once it finished. Verified on torch 2.5.1, 2.13.0, 2.14.1."""
+    probe reports what a backward recomputed once it finished. Verified on torch 2.5.1, 2.13.0, 2.14.1, 2.15.0."""
     torch.autograd.Variable._execution_engine.queue_callback(callback)
 
 
 def can_see_saved_tensors_hooks() -> bool:
     """Whether this torch can tell if a saved-tensor hook is active (``torch._C._autograd.
-    _top_saved_tensors_default_hooks``; 2.5.1 lacks it, 2.13.0 and 2.14.1 have it): without it, a plan's outside
-    blocks and partitioned blocks cannot notice ``save_on_cpu`` around the forward. Verified on torch 2.5.1, 2.13.0,
-    2.14.1."""
+    _top_saved_tensors_default_hooks``; 2.5.1 lacks it, 2.13.0 to 2.15.0 have it): without it, a plan's outside blocks
+    and partitioned blocks cannot notice ``save_on_cpu`` around the forward. Verified on torch 2.5.1, 2.13.0,
+    2.14.1, 2.15.0."""
     return hasattr(torch._C._autograd, "_top_saved_tensors_default_hooks")
 
 
 def saved_tensors_hook_active() -> bool:
     """Whether a saved-tensor hook (``save_on_cpu``, a user's ``saved_tensors_hooks``) is active on this thread
     (``torch._C._autograd._top_saved_tensors_default_hooks``); False where this torch cannot tell. Verified on
-    torch 2.5.1, 2.13.0, 2.14.1."""
+    torch 2.5.1, 2.13.0, 2.14.1, 2.15.0."""
     top = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
     return top is not None and top(False) is not None
 
@@ -127,7 +127,7 @@ def saved_tensors_hook_active() -> bool:
 def determinism_checks() -> tuple[str, ...]:
     """The values ``torch.utils.checkpoint.checkpoint`` accepts for ``determinism_check``
     (``torch.utils.checkpoint._allowed_determinism_checks_to_fns``; ``("default", "none")`` where it is missing).
-    Verified on torch 2.5.1, 2.13.0, 2.14.1."""
+    Verified on torch 2.5.1, 2.13.0, 2.14.1, 2.15.0."""
     import torch.utils.checkpoint
 
     return tuple(getattr(torch.utils.checkpoint, "_allowed_determinism_checks_to_fns", {"default": 0, "none": 0}))
@@ -135,7 +135,7 @@ def determinism_checks() -> tuple[str, ...]:
 
 def forward_pre_hooks(module: torch.nn.Module) -> dict:
     """``module._forward_pre_hooks``, the dict of its forward pre-hooks (id -> hook), to find or remove one of
-    hf_ckpt's own by what it is. Verified on torch 2.5.1, 2.13.0, 2.14.1."""
+    hf_ckpt's own by what it is. Verified on torch 2.5.1, 2.13.0, 2.14.1, 2.15.0."""
     return module._forward_pre_hooks
 
 
@@ -146,7 +146,7 @@ def forward_pre_hooks(module: torch.nn.Module) -> dict:
 def checkpoint_wrapper_module() -> Any | None:
     """``torch.distributed.algorithms._checkpoint.checkpoint_wrapper`` (``checkpoint_wrapper``,
     ``CheckpointWrapper``, ``apply_activation_checkpointing``), or None where it cannot be imported. Verified on
-    torch 2.5.1, 2.13.0, 2.14.1."""
+    torch 2.5.1, 2.13.0, 2.14.1, 2.15.0."""
     if not torch.distributed.is_available():
         return None
     try:
@@ -159,7 +159,7 @@ def checkpoint_wrapper_module() -> Any | None:
 def composable_checkpoint_applied(module: torch.nn.Module) -> bool:
     """Whether ``torch.distributed._composable.checkpoint(module)`` was applied to ``module`` (its
     ``_composable.contract`` registry names "checkpoint"); False where this torch has no such registry. Verified on
-    torch 2.5.1, 2.13.0, 2.14.1."""
+    torch 2.5.1, 2.13.0, 2.14.1, 2.15.0."""
     if not torch.distributed.is_available():
         return False
     try:
@@ -172,7 +172,7 @@ def composable_checkpoint_applied(module: torch.nn.Module) -> bool:
 
 def active_ddp_module() -> torch.nn.Module | None:
     """The ``DistributedDataParallel`` whose forward runs now (``DistributedDataParallel._get_active_ddp_module``,
-    which TorchDynamo reads too), or None. Verified on torch 2.5.1, 2.13.0, 2.14.1."""
+    which TorchDynamo reads too), or None. Verified on torch 2.5.1, 2.13.0, 2.14.1, 2.15.0."""
     if not torch.distributed.is_available():
         return None
     getter = getattr(torch.nn.parallel.DistributedDataParallel, "_get_active_ddp_module", None)
@@ -187,7 +187,7 @@ ACTIVATION_MEMORY_BUDGET = "torch._functorch.config.activation_memory_budget"
 
 def functorch_config() -> Any | None:
     """``torch._functorch.config`` (``activation_memory_budget``, ``enable_autograd_cache``; ``.patch``), or None
-    where it cannot be imported. Verified on torch 2.5.1, 2.13.0, 2.14.1."""
+    where it cannot be imported. Verified on torch 2.5.1, 2.13.0, 2.14.1, 2.15.0."""
     try:
         import torch._functorch.config as config
     except ImportError:
@@ -197,7 +197,7 @@ def functorch_config() -> Any | None:
 
 def partitioners() -> Any | None:
     """``torch._functorch.partitioners`` (``get_default_op_list``: the ops the min-cut partitioner may recompute),
-    or None where it cannot be imported. Verified on torch 2.5.1, 2.13.0, 2.14.1."""
+    or None where it cannot be imported. Verified on torch 2.5.1, 2.13.0, 2.14.1, 2.15.0."""
     try:
         from torch._functorch import partitioners as module
     except ImportError:
@@ -207,7 +207,8 @@ def partitioners() -> Any | None:
 
 def rng_prims() -> tuple[Any, Any] | None:
     """``torch._prims.rng_prims``' ``(run_and_save_rng_state, run_with_rng_state)``: the ops AOT autograd puts
-    around random ops it replays; None where they cannot be imported. Verified on torch 2.5.1, 2.13.0, 2.14.1."""
+    around random ops it replays; None where they cannot be imported.
+    Verified on torch 2.5.1, 2.13.0, 2.14.1, 2.15.0."""
     try:
         from torch._prims.rng_prims import run_and_save_rng_state, run_with_rng_state
     except ImportError:
@@ -217,7 +218,7 @@ def rng_prims() -> tuple[Any, Any] | None:
 
 def reparametrize_module() -> Callable[..., Any] | None:
     """``torch.nn.utils.stateless._reparametrize_module``: a block's parameters swapped for traced inputs for the
-    duration of a call, or None where it is missing. Verified on torch 2.5.1, 2.13.0, 2.14.1."""
+    duration of a call, or None where it is missing. Verified on torch 2.5.1, 2.13.0, 2.14.1, 2.15.0."""
     try:
         from torch.nn.utils.stateless import _reparametrize_module
     except ImportError:
@@ -227,7 +228,8 @@ def reparametrize_module() -> Callable[..., Any] | None:
 
 def inductor_config() -> Any | None:
     """``torch._inductor.config`` (``fx_graph_cache``, ``custom_partitioner_fn``; ``.patch``), or None where it
-    cannot be imported. Used by the benchmark's compile reference only. Verified on torch 2.5.1, 2.13.0, 2.14.1."""
+    cannot be imported. Used by the benchmark's compile reference only.
+    Verified on torch 2.5.1, 2.13.0, 2.14.1, 2.15.0."""
     try:
         import torch._inductor.config as config
     except ImportError:
@@ -238,7 +240,7 @@ def inductor_config() -> Any | None:
 def custom_partitioner_class() -> type | None:
     """``torch._inductor.custom_graph_pass.CustomPartitionerFn`` (the base of an inductor
     ``custom_partitioner_fn``), or None where this torch has none (2.5.1 has none). Verified on torch 2.5.1, 2.13.0,
-    2.14.1."""
+    2.14.1, 2.15.0."""
     try:
         from torch._inductor.custom_graph_pass import CustomPartitionerFn
     except ImportError:
@@ -248,7 +250,8 @@ def custom_partitioner_class() -> type | None:
 
 def compile_fx(graph: Any, example_inputs: Any, inner_compile: Callable[..., Any]) -> Any:
     """``torch._inductor.compile_fx.compile_fx`` with an ``inner_compile`` that records each partitioned graph
-    (the compile reference's backend). Verified on torch 2.5.1, 2.13.0, 2.14.1 (imported; compiled on 2.13.0)."""
+    (the compile reference's backend).
+    Verified on torch 2.5.1, 2.13.0, 2.14.1, 2.15.0 (imported; compiled on 2.13.0)."""
     from torch._inductor.compile_fx import compile_fx as inductor_compile_fx
 
     return inductor_compile_fx(graph, example_inputs, inner_compile=inner_compile)
@@ -256,7 +259,7 @@ def compile_fx(graph: Any, example_inputs: Any, inner_compile: Callable[..., Any
 
 def compile_fx_inner(graph: Any, example_inputs: Any, **kwargs: Any) -> Any:
     """``torch._inductor.compile_fx.compile_fx_inner``: inductor's compile of one partitioned graph. Verified on
-    torch 2.5.1, 2.13.0, 2.14.1 (imported; compiled on 2.13.0)."""
+    torch 2.5.1, 2.13.0, 2.14.1, 2.15.0 (imported; compiled on 2.13.0)."""
     from torch._inductor.compile_fx import compile_fx_inner as inner
 
     return inner(graph, example_inputs, **kwargs)
@@ -264,7 +267,7 @@ def compile_fx_inner(graph: Any, example_inputs: Any, **kwargs: Any) -> Any:
 
 def dynamo_reset() -> None:
     """``torch._dynamo.reset()``: forget compiled frames (another budget's graphs must not be reused). Verified on
-    torch 2.5.1, 2.13.0, 2.14.1."""
+    torch 2.5.1, 2.13.0, 2.14.1, 2.15.0."""
     import torch._dynamo
 
     torch._dynamo.reset()
@@ -279,7 +282,7 @@ def set_sac_respects_saved_tensors_hooks(forward_context: Any, respect: bool | N
     offload and outside-block hooks): its ``respect_saved_tensors_hooks`` attribute, which ``checkpoint`` sets only
     on a context it returned unwrapped (hf_ckpt wraps it with its in-place guard). False where the context has no
     such attribute (torch <= 2.13, which always bypasses the hooks); True when it was set. Verified on torch 2.5.1,
-    2.13.0 (no attribute), 2.14.1 (set)."""
+    2.13.0 (no attribute), 2.14.1 and 2.15.0 (set)."""
     if not hasattr(forward_context, "respect_saved_tensors_hooks"):
         return False
     forward_context.respect_saved_tensors_hooks = respect
