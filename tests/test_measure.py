@@ -273,3 +273,26 @@ def test_run_benchmark_adds_the_baseline_and_checks_the_recompute():
     recompute_checks = [check for check in checks(report) if "recomputed blocks" in check.name]
     assert len(recompute_checks) == 3 and all(check.passed for check in recompute_checks)
     assert hf_ckpt.checkpointed_layers(model) == []  # left with checkpointing off
+
+
+def test_run_benchmark_times_steps_after_the_first_one_probe_per_setting(monkeypatch):
+    """A training run measures its first step only: the timed rounds must not re-arm the probe each round."""
+    from hf_ckpt._probe import RecomputeProbe
+
+    finished = []
+    real = RecomputeProbe._finish
+
+    def counting(probe):
+        finished.append(probe.setting)
+        real(probe)
+
+    monkeypatch.setattr(RecomputeProbe, "_finish", counting)
+    model, batch = tiny_llama(layers=2)
+    report = run_benchmark(model, batch, ["full", "every_n:2", "upstream:full"], repeat=3, warmup=1)
+    assert len(finished) == 2  # full's and every_n:2's measured step; none of the 2 x 4 timed steps
+    assert report["every_n:2"].measurement.recomputed_blocks == [0]
+    assert all(len(result.step_times_s) == 3 for result in report.results)
+    assert hf_ckpt.checkpointed_layers(model) == []  # left with checkpointing off, no record, no hooks
+    assert "_hf_ckpt_state" not in model.__dict__
+    assert not any(m._forward_pre_hooks or m._forward_hooks for m in model.modules())
+
