@@ -303,7 +303,8 @@ def test_bench_check_exits_1_on_a_failed_check_and_a_plain_run_exits_0(failing, 
     ],
 )
 def test_bench_check_fails_on_a_real_overhead_only(overhead, noise, label, code, monkeypatch, capsys):
-    """The timed rounds are replaced by synthetic ones (no timing in tests): ours = upstream x (1 + overhead) x noise."""
+    """The timed rounds are replaced by synthetic ones (no timing in tests): ours = upstream x (1 + overhead) x
+    noise."""
     import hf_ckpt.measure.bench
 
     def rounds(names, run, *, repeat, **options):
