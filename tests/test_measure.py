@@ -378,3 +378,22 @@ def test_a_check_verdict_and_passed_agree_and_old_checks_read_as_before():
         reporting.Check("t", "+9%", "<= +2%", True, reporting.FAIL)
     with pytest.raises(ValueError, match="verdict"):
         reporting.Check("t", "+9%", "<= +2%", True, "maybe")
+
+
+def test_run_benchmark_switches_a_setting_with_its_own_remove_each_round():
+    """Only hf_ckpt's own settings are parked; one with side effects of its own is applied and removed each round."""
+    calls = []
+
+    def apply(model):
+        calls.append("apply")
+        hf_ckpt.enable(model)
+
+    def remove(model):
+        calls.append("remove")
+        hf_ckpt.disable(model)
+
+    model, batch = tiny_llama(layers=2)
+    own = Setting("own", "hf_ckpt.enable with side effects of its own", apply=apply, remove=remove)
+    run_benchmark(model, batch, [own, "full"], repeat=2, warmup=0)
+    assert calls == ["apply", "remove"] * 3  # measured once, then each of the 2 rounds
+    assert "_hf_ckpt_state" not in model.__dict__

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from .. import __version__
-from .._apply import checkpointed_layers
+from .._apply import checkpointed_layers, remove
 from .._state import AttributeSnapshot, CheckpointState, clear_state, get_state, set_state
 from .._target import target_model
 from .settings import Setting, parse_setting
@@ -224,8 +224,9 @@ class _Parked:
 
 
 class _Switch:
-    """Switches the bench's settings on and off between rounds: an hf_ckpt setting is parked and put back
-    (:func:`_park`), the others applied and removed."""
+    """Switches the bench's settings on and off between rounds: a setting whose ``remove`` is ``hf_ckpt.disable``'s
+    (every hf_ckpt setting) is parked and put back (:func:`_park`), the others applied and removed (upstream's, the
+    compile reference, one registered with side effects of its own)."""
 
     def __init__(self, model: nn.Module, settings: Mapping[str, Setting]) -> None:
         self.model = model
@@ -241,7 +242,7 @@ class _Switch:
             _unpark(self.model, parked)
 
     def off(self, name: str) -> None:
-        parked = _park(self.model)
+        parked = _park(self.model) if self.settings[name].remove is remove else None
         if parked is None:
             self.settings[name].remove(self.model)
         else:
