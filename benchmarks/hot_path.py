@@ -18,9 +18,10 @@ setting runs no hf_ckpt code per step but the few hooks it needs (``use_cache`` 
 checkpointing off under ``no_grad``, the distributed guard's check that the record and the number of modules are
 unchanged: one walk over the modules), independent of the batch.
 
-``--slowdown F`` adds a deliberate busy-wait of F times the upstream step to every hf_ckpt step (a forward pre-hook
-on the model), the demonstration that ``hf-ckpt bench --check`` reports such a cost as FAIL: with it, the script
-also runs the bench's timing and verdict (:func:`hf_ckpt.measure.report.overhead_interval`) and prints the verdict.
+``--slowdown F`` adds a deliberate busy-wait of F times upstream's step to every hf_ckpt step (a forward pre-hook
+on the model that waits while an hf_ckpt setting is on), the demonstration that ``hf-ckpt bench --check`` reports
+such a cost as FAIL: with it, the script then runs the bench itself (:func:`hf_ckpt.measure.run_benchmark`, the
+pairs interleaved, process CPU time) and prints its timing checks.
 """
 
 from __future__ import annotations
@@ -112,39 +113,40 @@ def _print(name: str, figures: dict[str, object], top: int) -> None:
 
 
 def _verdict(model, batch, loss_fn, pairs, slowdown: float, repeat: int) -> None:
-    """Time the pairs as the bench does (interleaved rounds) with the slowdown on hf_ckpt's steps; print the verdict."""
+    """Run the bench's own timing and checks (:func:`~hf_ckpt.measure.run_benchmark`, process CPU time) with every
+    hf_ckpt step slowed down; print the timing checks as ``hf-ckpt bench`` does."""
+    from hf_ckpt._state import get_state
     from hf_ckpt.measure import report as reporting
+    from hf_ckpt.measure import run_benchmark
     from hf_ckpt.measure.step import training_step
-    from hf_ckpt.measure.timing import CLOCKS, interleaved_step_times
 
-    settings = {setting.name: setting for pair in pairs for setting in pair}
-    reference = {}
+    reference = {}  # upstream's step by every_n_layers: the busy-wait is slowdown x the step it is added to
     for ours, theirs in pairs:
         theirs.apply(model)
-        start = time.process_time()
-        training_step(model, batch, loss_fn)
-        reference[ours.name] = time.process_time() - start
+        times = []
+        for _ in range(3):
+            model.zero_grad(set_to_none=True)
+            start = time.process_time()
+            training_step(model, batch, loss_fn)
+            times.append(time.process_time() - start)
         theirs.remove(model)
-    handles = {}
+        reference[1 if ours.name == "full" else int(ours.name.split(":")[1])] = statistics.median(times)
 
-    def before(name: str) -> None:
-        model.zero_grad(set_to_none=True)
-        settings[name].apply(model)
-        if name in reference:
-            handles[name] = model.register_forward_pre_hook(_slowdown_hook(slowdown * reference[name]))
+    def slow(module: torch.nn.Module, args: object) -> None:
+        state = get_state(module)
+        if state is not None and module.training and torch.is_grad_enabled():  # an hf_ckpt setting is on
+            _slowdown_hook(slowdown * reference[state.config.every_n_layers])(module, args)
 
-    def after(name: str) -> None:
-        if name in handles:
-            handles.pop(name).remove()
-        settings[name].remove(model)
-
-    times = interleaved_step_times(list(settings), lambda name: training_step(model, batch, loss_fn), repeat=repeat,
-                                   warmup=1, before=before, after=after, clock=CLOCKS["cpu"])
-    for ours, theirs in pairs:
-        interval = reporting.overhead_interval(times[ours.name], times[theirs.name])
-        verdict = reporting.overhead_verdict(interval, reporting.MAX_OVERHEAD_VS_UPSTREAM)
-        print(f"{ours.name} with a {slowdown:.0%} slowdown vs {theirs.name}: {interval.describe()} "
-              f"-> {verdict.upper()}")
+    handle = model.register_forward_pre_hook(slow)
+    try:
+        report = run_benchmark(model, batch, [name for pair in pairs for name in (pair[0].name, pair[1].name)],
+                               repeat=repeat, loss_fn=loss_fn, clock="cpu")
+    finally:
+        handle.remove()
+    print(f"hf_ckpt's steps slowed down by {slowdown:.0%}, {repeat} interleaved rounds, as hf-ckpt bench times them:")
+    for check in reporting.checks(report):
+        if check.interval is not None:
+            print(f"{check.label}  {check.name}: {check.measured} (limit {check.limit})")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -158,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--slowdown", type=float, default=0.0,
                         help="busy-wait this fraction of upstream's step in every hf_ckpt step, then time and judge "
                         "the pairs as the bench does (default: 0, no verdict)")
-    parser.add_argument("--repeat", type=int, default=15, help="timed rounds of the verdict (default %(default)s)")
+    parser.add_argument("--repeat", type=int, default=25, help="timed rounds of the verdict (default %(default)s)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
 
