@@ -264,6 +264,14 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/test_measure.py",),
     ),
     Mutant(
+        "rounds_rotated_only",
+        "the bench's rounds balance what ran before each step (a Williams design), not only the positions",
+        "hf_ckpt/measure/timing.py",
+        "        for name in [names[i] for i in orders[round_index % len(orders)]]:\n",
+        "        for name in names[round_index % len(names):] + names[:round_index % len(names)]:  # mutant: rotated\n",
+        ("tests/test_measure.py",),
+    ),
+    Mutant(
         "probe_stays_in_record",
         "once the first step is measured, nothing of the probe stays on the model or in its record",
         "hf_ckpt/_hooks.py",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import itertools
 
 import pytest
@@ -130,14 +131,22 @@ def test_count_flops_counts_attention_forward_and_backward_on_cpu():
     assert backward.total == 5 * one_matmul
 
 
-def test_interleaved_step_times_rotates_rounds_and_drops_warmup():
+@pytest.mark.parametrize("count", [2, 3, 4, 5])
+def test_interleaved_rounds_balance_positions_and_what_ran_before(count):
+    """Every setting runs in every position, and right after every other setting, equally often over a cycle: what
+    ran before a step (its memory footprint) must not land on one setting."""
+    names = "abcde"[:count]
+    cycle = count if count % 2 == 0 else 2 * count
     calls: list[str] = []
     ticks = itertools.count()
-    times = interleaved_step_times(
-        ["a", "b", "c"], calls.append, repeat=2, warmup=1, clock=lambda: float(next(ticks))
-    )
-    assert calls == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]
-    assert times == {"a": [1.0, 1.0], "b": [1.0, 1.0], "c": [1.0, 1.0]}
+    times = interleaved_step_times(names, calls.append, repeat=cycle, warmup=1, clock=lambda: float(next(ticks)))
+    assert times == {name: [1.0] * cycle for name in names}  # the warm-up round is not timed
+    rounds = [calls[i:i + count] for i in range(count, len(calls), count)]  # the timed rounds
+    assert all(sorted(round_) == list(names) for round_ in rounds)
+    positions = collections.Counter((round_.index(name), name) for round_ in rounds for name in names)
+    assert set(positions.values()) == {cycle // count}
+    followers = collections.Counter(pair for round_ in rounds for pair in zip(round_, round_[1:]))
+    assert len(followers) == count * (count - 1) and len(set(followers.values())) == 1
 
 
 @pytest.mark.parametrize(
