@@ -239,6 +239,46 @@ MUTANTS: tuple[Mutant, ...] = (
         "    if False:  # mutant: the arguments are never read\n        choice = next(",
         ("tests/test_measured_recompute.py",),
     ),
+    Mutant(
+        "timing_check_fails_on_noise",
+        "hf-ckpt bench --check fails a timing check only when the whole 95% interval is over the limit",
+        "hf_ckpt/measure/report.py",
+        "    if interval.low > limit:\n        return FAIL\n",
+        "    if interval.median > limit:  # mutant: the median alone decides, as before\n        return FAIL\n",
+        ("tests/test_measure.py", "tests/test_cli.py"),
+    ),
+    Mutant(
+        "inconclusive_fails_check",
+        "an inconclusive timing check (noisy machine) does not make hf-ckpt bench --check exit 1",
+        "hf_ckpt/measure/report.py",
+        "                    verdict != FAIL,\n",
+        "                    verdict == PASS,  # mutant: inconclusive counts as a failure\n",
+        ("tests/test_cli.py",),
+    ),
+    Mutant(
+        "bench_times_first_steps",
+        "the bench times steps after the first, as a training run has them (the probe is not re-armed each round)",
+        "hf_ckpt/measure/bench.py",
+        "    if state is None or state.measured is None or state.undo:\n",
+        "    if True:  # mutant: every round enables the setting afresh and times its first step\n",
+        ("tests/test_measure.py",),
+    ),
+    Mutant(
+        "rounds_rotated_only",
+        "the bench's rounds balance what ran before each step (a Williams design), not only the positions",
+        "hf_ckpt/measure/timing.py",
+        "        for name in [names[i] for i in orders[round_index % len(orders)]]:\n",
+        "        for name in names[round_index % len(names):] + names[:round_index % len(names)]:  # mutant: rotated\n",
+        ("tests/test_measure.py",),
+    ),
+    Mutant(
+        "probe_stays_in_record",
+        "once the first step is measured, nothing of the probe stays on the model or in its record",
+        "hf_ckpt/_hooks.py",
+        "    state.undo[:] = [action for action in state.undo if not _finished_probe(action)]\n",
+        "",
+        ("tests/test_measured_recompute.py",),
+    ),
 )
 
 

@@ -23,7 +23,7 @@ from ._warnings import warn_once
 from .blocks import find_blocks
 from .config import CheckpointConfig
 from .distributed._engines import wrapped_blocks
-from .distributed.checks import install as install_guard
+from .distributed.checks import new_hook as new_guard_hook
 from .integrations.deepspeed import warn_ignored_config
 
 
@@ -69,9 +69,9 @@ def apply_config(model: nn.Module, config: CheckpointConfig) -> nn.Module:
         _direct.install(state, binding.blocks)  # blocks a stack calls directly: checkpointed by wrapping them
     if hooked:  # one saved-tensor hook for both: recomputed modules, remade block outputs
         _outside.install(state, [model, target], outside)
-    guard = install_guard(target)  # one checkpoint per block under any engine; the DDP trap
-    if guard is not None:
-        state.undo.append(guard.remove)
+    guard = new_guard_hook(target)  # one checkpoint per block under any engine; the DDP trap
+    if guard is not None:  # one of the record's hooks: removed and put back with them
+        state.hooks.add(target, "register_forward_pre_hook", guard, group="guard")
     set_state(target, state)
     return model
 

@@ -165,10 +165,20 @@ def _block_list_parents(model: nn.Module, blocks: tuple[Block, ...]) -> list[nn.
 def _record_measurement(state: CheckpointState, blocks: tuple[int, ...]) -> None:
     state.measured = blocks
     state.hooks.discard("probe")
+    # A finished probe's cancel does nothing: it leaves the record too, so nothing of the probe outlives its step.
+    state.undo[:] = [action for action in state.undo if not _finished_probe(action)]
+
+
+def _finished_probe(action: Any) -> bool:
+    probe = getattr(action, "__self__", None)
+    return isinstance(probe, RecomputeProbe) and probe.done
 
 
 def add_probe(state: CheckpointState, target: nn.Module, binding: Binding) -> None:
-    """Measure the blocks the first training step recomputes (:mod:`hf_ckpt._probe`), into ``state.measured``."""
+    """Measure the blocks the first training step recomputes (:mod:`hf_ckpt._probe`), into ``state.measured``.
+
+    Once it has measured, its hooks are removed and its ``cancel`` leaves ``state.undo``: a later step runs none of
+    it."""
     probe = RecomputeProbe(
         target, binding.blocks, binding.selected, binding.config.describe(), functools.partial(_record_measurement, state)
     )

@@ -306,6 +306,38 @@ def test_bench_check_exits_1_on_a_failed_check_and_a_plain_run_exits_0(failing, 
     assert ("1 check(s) failed: a criterion that did not hold" in err) == failing
 
 
+@pytest.mark.parametrize(
+    ("overhead", "noise", "label", "code"),
+    [
+        (0.0, 0.005, "PASS", 0),  # no overhead
+        (0.05, 0.005, "FAIL", 1),  # a 5% slowdown in every hf_ckpt step
+        (0.02, 0.06, "INCONCLUSIVE (noisy machine)", 0),  # a noisy machine: no failure
+    ],
+)
+def test_bench_check_fails_on_a_real_overhead_only(overhead, noise, label, code, monkeypatch, capsys):
+    """The timed rounds are replaced by synthetic ones (no timing in tests): ours = upstream x (1 + overhead) x
+    noise."""
+    import hf_ckpt.measure.bench
+
+    def rounds(names, run, *, repeat, **options):
+        reference = [0.2 * (1 + 0.3 * (i % 4)) for i in range(repeat)]  # drift both see
+        wobble = [noise * (2 * i / (repeat - 1) - 1) for i in range(repeat)]
+        wobble = wobble[::2] + wobble[1::2]
+        return {name: [t * (1 + overhead) * (1 + w) if not name.startswith(("upstream:", "none")) else t
+                       for t, w in zip(reference, wobble)] for name in names}
+
+    monkeypatch.setattr(hf_ckpt.measure.bench, "interleaved_step_times", rounds)
+    argv = ["bench", *TINY[:-4], "--repeat", "25", "--settings", "every_n:2,upstream:every_n:2", "--no-progress",
+            "--check"]
+    status, out, err = run_main(argv, capsys)
+    line = next(line for line in out.splitlines() if "hf_ckpt step time vs upstream:every_n:2" in line)
+    assert line.startswith(f"{label}  every_n:2: "), line
+    assert "95% CI" in line and "25 rounds" in line
+    assert status == code, err
+    assert ("INCONCLUSIVE (noisy machine): the 95% interval straddles the limit" in out) == label.startswith("INC")
+    assert ("1 check(s) failed: every_n:2: hf_ckpt step time" in err) == (code == 1)
+
+
 def test_bench_progress_is_shown_when_forced_with_stderr_redirected(capsys):
     code, out, err = run_main(["bench", *TINY, "--settings", "full", "--progress"], capsys)
     assert code == 0, err

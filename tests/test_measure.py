@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import itertools
 
 import pytest
@@ -21,6 +22,7 @@ from hf_ckpt.measure import (
     register_setting,
     run_benchmark,
 )
+from hf_ckpt.measure import report as reporting
 from hf_ckpt.measure.report import checks, pareto_front
 from hf_ckpt.measure.settings import _REGISTRY, _upstream_functions
 
@@ -133,14 +135,22 @@ def test_count_flops_counts_attention_forward_and_backward_on_cpu():
 
 
 @pytest.mark.any_release
-def test_interleaved_step_times_rotates_rounds_and_drops_warmup():
+@pytest.mark.parametrize("count", [2, 3, 4, 5])
+def test_interleaved_rounds_balance_positions_and_what_ran_before(count):
+    """Every setting runs in every position, and right after every other setting, equally often over a cycle: what
+    ran before a step (its memory footprint) must not land on one setting."""
+    names = "abcde"[:count]
+    cycle = count if count % 2 == 0 else 2 * count
     calls: list[str] = []
     ticks = itertools.count()
-    times = interleaved_step_times(
-        ["a", "b", "c"], calls.append, repeat=2, warmup=1, clock=lambda: float(next(ticks))
-    )
-    assert calls == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]
-    assert times == {"a": [1.0, 1.0], "b": [1.0, 1.0], "c": [1.0, 1.0]}
+    times = interleaved_step_times(names, calls.append, repeat=cycle, warmup=1, clock=lambda: float(next(ticks)))
+    assert times == {name: [1.0] * cycle for name in names}  # the warm-up round is not timed
+    rounds = [calls[i:i + count] for i in range(count, len(calls), count)]  # the timed rounds
+    assert all(sorted(round_) == list(names) for round_ in rounds)
+    positions = collections.Counter((round_.index(name), name) for round_ in rounds for name in names)
+    assert set(positions.values()) == {cycle // count}
+    followers = collections.Counter(pair for round_ in rounds for pair in zip(round_, round_[1:]))
+    assert len(followers) == count * (count - 1) and len(set(followers.values())) == 1
 
 
 @pytest.mark.parametrize(
@@ -284,3 +294,126 @@ def test_run_benchmark_adds_the_baseline_and_checks_the_recompute():
     recompute_checks = [check for check in checks(report) if "recomputed blocks" in check.name]
     assert len(recompute_checks) == 3 and all(check.passed for check in recompute_checks)
     assert hf_ckpt.checkpointed_layers(model) == []  # left with checkpointing off
+
+
+def test_run_benchmark_times_steps_after_the_first_one_probe_per_setting(monkeypatch):
+    """A training run measures its first step only: the timed rounds must not re-arm the probe each round."""
+    from hf_ckpt._probe import RecomputeProbe
+
+    finished = []
+    real = RecomputeProbe._finish
+
+    def counting(probe):
+        finished.append(probe.setting)
+        real(probe)
+
+    monkeypatch.setattr(RecomputeProbe, "_finish", counting)
+    model, batch = tiny_llama(layers=2)
+    report = run_benchmark(model, batch, ["full", "every_n:2", "upstream:full"], repeat=3, warmup=1)
+    assert len(finished) == 2  # full's and every_n:2's measured step; none of the 2 x 4 timed steps
+    assert report["every_n:2"].measurement.recomputed_blocks == [0]
+    assert all(len(result.step_times_s) == 3 for result in report.results)
+    assert hf_ckpt.checkpointed_layers(model) == []  # left with checkpointing off, no record, no hooks
+    assert "_hf_ckpt_state" not in model.__dict__
+    assert not any(m._forward_pre_hooks or m._forward_hooks for m in model.modules())
+
+
+# -- the timing verdict: a 95% interval of the median paired ratio ---------------------------------------------
+
+
+def _paired(ratios, base=0.3):
+    """Reference step times drifting round to round (a neighbour's load), and ours at ``ratio`` x each."""
+    reference = [base * (1 + 0.2 * (i % 5)) for i in range(len(ratios))]
+    return [time * ratio for time, ratio in zip(reference, ratios)], reference
+
+
+def _spread(centre, half_width, n=25):
+    """n ratios evenly spread over centre +- half_width, shuffled (the order of rounds carries no information)."""
+    values = [centre - half_width + 2 * half_width * i / (n - 1) for i in range(n)]
+    return values[::2] + values[1::2]
+
+
+@pytest.mark.parametrize(
+    ("ratios", "verdict"),
+    [
+        (_spread(1.000, 0.01), reporting.PASS),  # no overhead, quiet machine
+        (_spread(1.050, 0.01), reporting.FAIL),  # a 5% slowdown in every step
+        (_spread(1.020, 0.06), reporting.INCONCLUSIVE),  # +2% median, a noisy machine: cannot tell
+        (_spread(1.028, 0.05), reporting.INCONCLUSIVE),  # the old check's FAIL on noise (median +2.8%)
+        (_spread(1.050, 0.01)[:-2] + [0.4, 3.0], reporting.FAIL),  # two rounds a neighbour wrecked: still over
+        (_spread(1.000, 0.01)[:-2] + [0.4, 3.0], reporting.PASS),  # ... and still within
+    ],
+)
+def test_the_timing_verdict_fails_only_when_the_whole_interval_is_over_the_limit(ratios, verdict):
+    ours, reference = _paired(ratios)
+    interval = reporting.overhead_interval(ours, reference)
+    assert interval.rounds == 25 and interval.confidence >= 0.95
+    assert interval.low <= interval.median <= interval.high
+    assert interval.median == pytest.approx(sorted(ratios)[12] - 1)
+    assert reporting.overhead_verdict(interval, 0.02) == verdict
+    if verdict == reporting.PASS:
+        assert interval.high <= 0.02
+    elif verdict == reporting.FAIL:
+        assert interval.low > 0.02
+    else:
+        assert interval.low <= 0.02 < interval.high
+
+
+def test_the_interval_is_the_sign_test_one_and_narrows_with_more_rounds():
+    ratios = _spread(1.0, 0.05, n=25)
+    interval = reporting.overhead_interval(*_paired(ratios))
+    ranked = sorted(ratios)
+    assert (interval.low, interval.high) == pytest.approx((ranked[7] - 1, ranked[17] - 1))  # r(8), r(18) of 25
+    wider = reporting.overhead_interval(*_paired(_spread(1.0, 0.05, n=9)))
+    assert wider.high - wider.low > interval.high - interval.low
+
+
+def test_too_few_rounds_for_95_percent_are_inconclusive_whatever_the_figures():
+    interval = reporting.overhead_interval(*_paired([1.5] * 5))  # five rounds, each 50% over
+    assert interval.confidence < 0.95 and "too few rounds" in interval.describe()
+    assert reporting.overhead_verdict(interval, 0.02) == reporting.INCONCLUSIVE
+    assert reporting.overhead_verdict(reporting.overhead_interval(*_paired([1.5] * 6)), 0.02) == reporting.FAIL
+
+
+@pytest.mark.parametrize(
+    ("ours", "reference", "confidence", "named"),
+    [
+        ([0.1, 0.1], [0.1], 0.95, "same rounds"),
+        ([], [], 0.95, "same rounds"),
+        ([0.1, 0.0], [0.1, 0.1], 0.95, "positive"),
+        ([0.1], [0.1], 1.5, "confidence"),
+    ],
+)
+def test_the_interval_refuses_bad_input_naming_it(ours, reference, confidence, named):
+    with pytest.raises(ValueError, match=named):
+        reporting.overhead_interval(ours, reference, confidence=confidence)
+
+
+def test_a_check_verdict_and_passed_agree_and_old_checks_read_as_before():
+    assert reporting.Check("c", "1", "<= 2", True).verdict == reporting.PASS
+    assert reporting.Check("c", "3", "<= 2", False).label == "FAIL"
+    unsure = reporting.Check("t", "+2%", "<= +2%", True, reporting.INCONCLUSIVE, (-0.01, 0.05))
+    assert unsure.label == "INCONCLUSIVE (noisy machine)"
+    with pytest.raises(ValueError, match="contradicts"):
+        reporting.Check("t", "+9%", "<= +2%", True, reporting.FAIL)
+    with pytest.raises(ValueError, match="verdict"):
+        reporting.Check("t", "+9%", "<= +2%", True, "maybe")
+
+
+def test_run_benchmark_switches_a_setting_with_its_own_remove_each_round():
+    """Only hf_ckpt's own settings are parked; one with side effects of its own is applied and removed each round."""
+    calls = []
+
+    def apply(model):
+        calls.append("apply")
+        hf_ckpt.enable(model)
+
+    def remove(model):
+        calls.append("remove")
+        hf_ckpt.disable(model)
+
+    model, batch = tiny_llama(layers=2)
+    own = Setting("own", "hf_ckpt.enable with side effects of its own", apply=apply, remove=remove)
+    run_benchmark(model, batch, [own, "full"], repeat=2, warmup=0)
+    assert calls == ["apply", "remove"] * 3  # measured once, then each of the 2 rounds
+    assert "_hf_ckpt_state" not in model.__dict__

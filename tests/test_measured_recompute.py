@@ -260,3 +260,32 @@ def test_a_setting_taken_back_between_forward_and_backward_reports_nothing():
     assert state.measured is None
     train_step(model, batch)
     assert state.measured == (0, 2)
+
+
+def _module_hooks(model: nn.Module) -> list:
+    return [hook for m in model.modules() for hooks in (m._forward_pre_hooks, m._forward_hooks)
+            for hook in hooks.values()]
+
+
+def test_once_measured_nothing_of_the_probe_runs_or_stays_in_the_record():
+    from hf_ckpt._probe import RecomputeProbe
+
+    def probe_hook(hook) -> bool:
+        bound = getattr(hook, "func", hook)
+        return isinstance(getattr(bound, "__self__", None), RecomputeProbe)
+
+    model = tiny_llama()
+    batch = batch_for(model)
+    hf_ckpt.enable(model, every_n_layers=2)
+    state = model.__dict__["_hf_ckpt_state"]
+    armed = _module_hooks(model)
+    assert any(probe_hook(hook) for hook in armed) and state.undo  # armed: hooks on the blocks, a cancel to run
+    train_step(model, batch)
+    lasting = _module_hooks(model)
+    assert state.measured == (0, 2)
+    assert not any(probe_hook(hook) for hook in lasting) and len(lasting) < len(armed)
+    assert state.undo == []  # the finished probe's cancel left the record too
+    train_step(model, batch)
+    assert _module_hooks(model) == lasting and state.undo == []
+    hf_ckpt.disable(model)
+    assert _module_hooks(model) == []

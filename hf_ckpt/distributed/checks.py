@@ -230,11 +230,18 @@ def _installed(target: nn.Module) -> bool:
     )
 
 
-def install(target: nn.Module) -> RemovableHandle | None:
-    """Put the guard's hook on ``target`` (a ``PreTrainedModel``); None when it is there already."""
+def new_hook(target: nn.Module) -> functools.partial | None:
+    """The guard's forward pre-hook for ``target`` (a ``PreTrainedModel``), to register; None when it is there
+    already."""
     if _installed(target):
         return None
-    return target.register_forward_pre_hook(functools.partial(_pre_forward, _GuardCache()))
+    return functools.partial(_pre_forward, _GuardCache())
+
+
+def install(target: nn.Module) -> RemovableHandle | None:
+    """Put the guard's hook on ``target`` (a ``PreTrainedModel``); None when it is there already."""
+    hook = new_hook(target)
+    return None if hook is None else target.register_forward_pre_hook(hook)
 
 
 def guard(model: nn.Module) -> nn.Module:

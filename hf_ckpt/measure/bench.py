@@ -3,6 +3,13 @@
 For each setting (:class:`~hf_ckpt.measure.settings.Setting`) :func:`run_benchmark` switches it on, runs :func:`~hf_ckpt.measure.step.measure_step`
 (memory, recompute, FLOPs) and switches it off again; then it times plain training steps of all settings,
 interleaved round-robin, and keeps the median. ``none`` is always measured: every ratio is relative to it.
+
+The timed steps are steps of a training run after its first: an hf_ckpt setting measures what its first training
+step recomputed (a probe that then removes itself). So a setting is switched on once, and between its rounds it is
+*parked* (:func:`_park`: its record and hooks taken off, the model's attributes as before it) and put back exactly,
+the same record, hooks and caches, rather than enabled afresh each round, which would time a first step every
+round. A setting whose record holds more than attributes and hooks (blocks whose ``forward`` hf_ckpt wraps, a
+plan's recomputed modules between the blocks) is enabled afresh each round instead.
 """
 
 from __future__ import annotations
@@ -15,7 +22,9 @@ import torch
 from torch import nn
 
 from .. import __version__
-from .._apply import checkpointed_layers
+from .._apply import checkpointed_layers, remove
+from .._state import AttributeSnapshot, CheckpointState, clear_state, get_state, set_state
+from .._target import target_model
 from .settings import Setting, parse_setting
 from .step import LossFn, StepMeasurement, measure_step, model_device, training_step
 from .timing import CLOCKS, interleaved_step_times, median, synchronizer
@@ -168,6 +177,7 @@ def run_benchmark(
         if setting.prepare is not None:
             setting.prepare(model, batch)
 
+    switch = _Switch(model, by_name)
     measured: dict[str, tuple[list[int], StepMeasurement]] = {}
     for setting in chosen:
         setting.apply(model)
@@ -175,24 +185,17 @@ def run_benchmark(
             selected = checkpointed_layers(model)
             measured[setting.name] = (selected, _own_figures(measure_step(model, batch, loss_fn=loss_fn), setting.details))
         finally:
-            setting.remove(model)
+            switch.off(setting.name)
         model.zero_grad(set_to_none=True)
         notify(f"measured {setting.name}")
-
-    def before(name: str) -> None:
-        model.zero_grad(set_to_none=True)
-        by_name[name].apply(model)
-
-    def after(name: str) -> None:
-        by_name[name].remove(model)
 
     times = interleaved_step_times(
         list(by_name),
         lambda name: training_step(model, batch, loss_fn),
         repeat=repeat,
         warmup=warmup,
-        before=before,
-        after=after,
+        before=switch.on,
+        after=switch.off,
         synchronize=synchronizer(model_device(model)),
         on_step=lambda: notify("timing"),
         clock=CLOCKS[clock],
@@ -210,6 +213,64 @@ def run_benchmark(
         for setting in chosen
     ]
     return BenchmarkReport(results=results, info=dict(info or {}), repeat=repeat, warmup=warmup, clock=clock)
+
+
+@dataclass(frozen=True)
+class _Parked:
+    """An hf_ckpt setting taken off a model by :func:`_park`: its record, and the attributes it had set."""
+
+    state: CheckpointState
+    attributes: AttributeSnapshot
+
+
+class _Switch:
+    """Switches the bench's settings on and off between rounds: a setting whose ``remove`` is ``hf_ckpt.disable``'s
+    (every hf_ckpt setting) is parked and put back (:func:`_park`), the others applied and removed (upstream's, the
+    compile reference, one registered with side effects of its own)."""
+
+    def __init__(self, model: nn.Module, settings: Mapping[str, Setting]) -> None:
+        self.model = model
+        self.settings = settings
+        self.parked: dict[str, _Parked] = {}
+
+    def on(self, name: str) -> None:
+        self.model.zero_grad(set_to_none=True)
+        parked = self.parked.pop(name, None)
+        if parked is None:
+            self.settings[name].apply(self.model)
+        else:
+            _unpark(self.model, parked)
+
+    def off(self, name: str) -> None:
+        parked = _park(self.model) if self.settings[name].remove is remove else None
+        if parked is None:
+            self.settings[name].remove(self.model)
+        else:
+            self.parked[name] = parked
+
+
+def _park(model: nn.Module) -> _Parked | None:
+    """Take the hf_ckpt setting on ``model`` off, so that :func:`_unpark` puts that very setting back: the model is
+    left as before the setting (attributes restored, hooks removed, no record), as ``hf_ckpt.disable`` leaves it.
+
+    None, and nothing changed, when there is nothing to put back exactly: no hf_ckpt setting, one whose first
+    step has not been measured yet, or one whose record holds actions that cannot be redone (``state.undo``)."""
+    target = target_model(model)
+    state = get_state(target)
+    if state is None or state.measured is None or state.undo:
+        return None
+    attributes = AttributeSnapshot.take(target)
+    clear_state(target)  # its hooks removed; nothing else to undo
+    state.before.restore()
+    return _Parked(state, attributes)
+
+
+def _unpark(model: nn.Module, parked: _Parked) -> None:
+    """Put back a setting :func:`_park` took off, as it was: its attributes, its hooks (caches and all), its record."""
+    target = target_model(model)
+    parked.attributes.restore()
+    parked.state.hooks.install()
+    set_state(target, parked.state)
 
 
 def _own_figures(measurement: StepMeasurement, details: Mapping[str, Any]) -> StepMeasurement:

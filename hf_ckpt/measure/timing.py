@@ -2,8 +2,12 @@
 
 Timing one strategy after another lets drift (a neighbour's job, thermal throttling, a warming cache) land on
 one of them. :func:`interleaved_step_times` runs the strategies round-robin instead, one step of each per round,
-starting each round one strategy further on, so every strategy sees the same conditions in the same positions;
-the median of each strategy's rounds is robust to the odd slow step. The garbage collector is off during each
+and the median of each strategy's rounds is robust to the odd slow step. What ran just before a step also changes
+its time (a larger memory footprint leaves the allocator and the caches in another state), so a fixed order, or
+one only rotated, would let that land on one strategy: hf_ckpt's ``full`` always ran right after ``none`` and
+``upstream:full`` right after ``full``. The rounds follow a Williams design instead (:func:`round_orders`): over
+a cycle of rounds every strategy runs in every position equally often and right after every other strategy
+equally often. The garbage collector is off during each
 timed step (as ``timeit`` does) and catches up between steps, so no collection lands inside one step and not
 another.
 """
@@ -69,9 +73,9 @@ def interleaved_step_times(
         raise ValueError(f"warmup must be an int >= 0; got {warmup!r}")
     times: dict[str, list[float]] = {name: [] for name in names}
     names = list(names)
+    orders = round_orders(len(names))
     for round_index in range(warmup + repeat):
-        shift = round_index % len(names) if names else 0
-        for name in names[shift:] + names[:shift]:
+        for name in [names[i] for i in orders[round_index % len(orders)]]:
             if before is not None:
                 before(name)
             gc.disable()  # as timeit does: no garbage collection lands inside a timed step
@@ -90,6 +94,20 @@ def interleaved_step_times(
             if on_step is not None:
                 on_step()
     return times
+
+
+def round_orders(n: int) -> list[list[int]]:
+    """The orders of ``range(n)`` the rounds take in turn: a Williams design, ``n`` orders (``2n`` for odd ``n``) in
+    which every index holds every position equally often and directly follows every other index equally often."""
+    first, low, high = [0] if n else [], 1, n - 1
+    while low <= high:
+        first.append(low)
+        low += 1
+        if low <= high:
+            first.append(high)
+            high -= 1
+    rows = [[(index + shift) % n for index in first] for shift in range(n)] or [[]]
+    return rows + [row[::-1] for row in rows] if n % 2 else rows
 
 
 def median(values: Sequence[float]) -> float:
