@@ -73,7 +73,7 @@ def apply_config(model: nn.Module, config: CheckpointConfig) -> nn.Module:
         from . import _direct  # deferred: only a stack that never calls its bound function has blocks to wrap
         _direct.install(state, binding.blocks)  # blocks a stack calls directly: checkpointed by wrapping them
     if config.head_chunk_size is not None:
-        _head.install(state, target, config.head_chunk_size)
+        _head.install(state, target)
     if hooked:  # one saved-tensor hook for both: recomputed modules, remade block outputs
         _outside.install(state, [model, target], outside)
     guard = install_guard(target)  # one checkpoint per block under any engine; the DDP trap

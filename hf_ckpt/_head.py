@@ -18,6 +18,8 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from ._state import CheckpointState, get_state
+
 _AUX = "router_aux_loss_coef"
 
 
@@ -90,9 +92,10 @@ def _loss(target: nn.Module, head: nn.Module, hidden: torch.Tensor, labels: torc
                for i in range(0, shifted.numel(), size))
 
 
-def _forward(target: nn.Module, forward: Any, size: int, *args: Any, **kwargs: Any) -> Any:
-    labels = kwargs.get("labels")
-    if labels is None or not target.training or not torch.is_grad_enabled():
+def _forward(target: nn.Module, forward: Any, *args: Any, **kwargs: Any) -> Any:
+    state, labels = get_state(target), kwargs.get("labels")
+    size = state.config.head_chunk_size if state is not None else None  # read now: a budget plans in a pre-hook
+    if size is None or labels is None or not target.training or not torch.is_grad_enabled():
         return forward(*args, **kwargs)
     head, taken = target.get_output_embeddings(), []
 
@@ -117,8 +120,9 @@ def _forward(target: nn.Module, forward: Any, size: int, *args: Any, **kwargs: A
     return (loss, None, *output[1:])
 
 
-def install(state: Any, target: nn.Module, size: int) -> None:
-    """Wrap ``target.forward`` so that training steps with labels run the chunked head; recorded in ``state.undo``."""
+def install(state: CheckpointState, target: nn.Module) -> None:
+    """Wrap ``target.forward`` so that training steps with labels run the chunked head whenever the record on
+    ``target`` has a ``head_chunk_size`` (read at each call); recorded in ``state.undo``."""
     previous = target.__dict__.get("forward")
-    target.forward = functools.wraps(target.forward)(functools.partial(_forward, target, target.forward, size))
+    target.forward = functools.wraps(target.forward)(functools.partial(_forward, target, target.forward))
     state.undo.append(lambda: target.__dict__.update(forward=previous) if previous else target.__dict__.pop("forward"))

@@ -230,6 +230,8 @@ class CheckpointConfig:
         object.__setattr__(self, "layers", _check_layers(self.layers))
         _check_num_layers(self.num_layers)
         object.__setattr__(self, "plan", _load_plan(self.plan))
+        if self.head_chunk_size is None and self.plan is not None:
+            object.__setattr__(self, "head_chunk_size", self.plan.head_chunk_size)
         object.__setattr__(
             self, "checkpoint_kwargs", _check_checkpoint_kwargs(self.checkpoint_kwargs, "checkpoint_kwargs")
         )
