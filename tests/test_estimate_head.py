@@ -15,6 +15,7 @@ import hf_ckpt
 from hf_ckpt import CheckpointPlan, cli
 from hf_ckpt.estimate import estimate, plan_from_estimate, profile_of
 from hf_ckpt.estimate._estimate import head_chunk_for
+from hf_ckpt.measure import measure_step
 from test_head import HAS_LOSS_FUNCTION, needs_loss_function
 
 BATCH, SEQ, HIDDEN, VOCAB = 2, 64, 64, 2048  # a vocabulary 32 times the width: the head dominates
@@ -149,3 +150,25 @@ def test_llama_3_8b_on_80_gib_fits_with_blocks_and_the_chunked_head(tmp_path, ca
     assert "device memory 80.00 GiB: full+head:512 fits" in out
     assert "head in chunks of 512 tokens" in out.split("cheapest plan that fits:")[1].splitlines()[0]
     assert CheckpointPlan.load(tmp_path / "plan.json").head_chunk_size == 512
+
+
+@pytest.mark.slow
+@needs_loss_function
+@pytest.mark.filterwarnings("ignore")
+def test_measured_memory_drops_by_what_the_estimate_predicts(made):
+    """A CPU step with every block checkpointed, then with the head chunked too: the retained bytes and the peak
+    drop by the estimate's figures (within 3 %), the FLOPs rise by the head's recompute."""
+    name = f"full+head:{made.head_chunk_size}"
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(_config()).train()
+    ids = torch.randint(0, VOCAB, (BATCH, SEQ), generator=torch.Generator().manual_seed(0))
+    steps = {}
+    for setting, options in (("full", {}), (name, {"head_chunk_size": made.head_chunk_size})):
+        hf_ckpt.enable(model, **options)
+        steps[setting] = measure_step(model, {"input_ids": ids, "labels": ids})
+        hf_ckpt.disable(model)
+    peak_drop = steps["full"].peak_bytes - steps[name].peak_bytes
+    retained_drop = steps["full"].retained_bytes - steps[name].retained_bytes
+    assert peak_drop == pytest.approx(made.peak_bytes["full"] - made.peak_bytes[name], rel=0.03)
+    assert retained_drop == pytest.approx(made.activation_bytes["full"] - made.activation_bytes[name], rel=0.03)
+    assert steps[name].flops - steps["full"].flops == pytest.approx(made.head_recompute_flops, rel=0.01)
