@@ -249,3 +249,21 @@ def test_the_trainer_through_the_patch(tmp_path):
     assert max(tokens) == 3 and 0 in tokens  # the head ran in chunks of 3 tokens (16 = 3 * 5 + 1)
     assert reference.keys() == chunked.keys()
     assert [n for n in reference if not torch.allclose(reference[n], chunked[n], rtol=1e-5, atol=1e-7)] == []
+
+
+@needs_loss_function
+def test_the_bench_setting():
+    from hf_ckpt.measure import parse_setting
+
+    setting = parse_setting("head:4")
+    model = tiny_llama()
+    ids = torch.randint(0, VOCAB, (2, 8))
+    setting.apply(model)
+    assert setting.name == "head:4" and model(input_ids=ids, labels=ids).logits is None
+    setting.remove(model)
+    assert model(input_ids=ids, labels=ids).logits is not None
+    for bad in ("head", "head:0", "head:x"):
+        with pytest.raises(ValueError) as raised:
+            parse_setting(bad)
+        assert str(raised.value) == (
+            f"head needs a positive int, the tokens per chunk (head:512); got head:{bad.partition(':')[2]}")
