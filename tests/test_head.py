@@ -94,11 +94,14 @@ def test_loss_and_gradients_equal_the_unchunked_step(model_type, num_items):
 @needs_loss_function
 @pytest.mark.parametrize("model_type", ("llama", "gpt2"))
 def test_float64_equal_to_rounding(model_type):
+    """In float64 the blocks and the head add no rounding of their own; the loss function computes in float32
+    (``ForCausalLMLoss`` upcasts with ``logits.float()``, which casts float64 down), so a float32 tolerance holds,
+    and a tenth of the float32 test's."""
     arch = _arch(model_type)
     model, inputs = _built(arch).double(), _inputs(arch, True)
     reference = _step(model, inputs)
     hf_ckpt.enable(model, head_chunk_size=3)
-    _assert_same(reference, _step(model, inputs), rtol=1e-12, atol=1e-14)
+    _assert_same(reference, _step(model, inputs), rtol=1e-6, atol=1e-8)
 
 
 @needs_loss_function
