@@ -245,20 +245,23 @@ def _chunked_head(model: nn.Module, blocks: list[Block], inputs: Mapping[str, An
     cannot run (None) and the chunk, as :class:`Trace` holds them; nothing without ``head_chunk``."""
     base: dict[str, int] = {}
     transient: dict[str, int] = {}
-    for strategy in [s for s in strategies if s not in unusable] if head_chunk else ():
-        try:
-            _apply(model, (strategy,) * len(blocks), head_chunk)
-        except ValueError as error:
-            return {}, {}, 0, str(error), head_chunk
-        base[strategy], _, transient[strategy] = _memory_step(model, blocks, inputs, mode, device, autocast,
-                                                              keep_outputs)
     if not head_chunk:
         return ()
-    remove(model)
-    plain, _ = _flops_step(model, inputs, mode, autocast=autocast)
-    _apply(model, ("none",) * len(blocks), head_chunk)
-    chunked, _ = _flops_step(model, inputs, mode, autocast=autocast)
-    remove(model)
+    try:
+        for strategy in [s for s in strategies if s not in unusable]:
+            _apply(model, (strategy,) * len(blocks), head_chunk)  # a model that refuses it raises ValueError here
+            base[strategy], _, transient[strategy] = _memory_step(model, blocks, inputs, mode, device, autocast,
+                                                                  keep_outputs)
+        remove(model)
+        plain, _ = _flops_step(model, inputs, mode, autocast=autocast)
+        _apply(model, ("none",) * len(blocks), head_chunk)
+        chunked, _ = _flops_step(model, inputs, mode, autocast=autocast)
+    except ValueError as error:
+        return {}, {}, 0, str(error), head_chunk
+    except (RuntimeError, TypeError) as error:  # never the estimate's failure: the row is left out, with the reason
+        return {}, {}, 0, f"the chunked head could not be traced on this model: {error}", head_chunk
+    finally:
+        remove(model)
     return base, transient, chunked - plain, None, head_chunk
 
 
