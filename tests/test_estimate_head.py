@@ -172,3 +172,32 @@ def test_measured_memory_drops_by_what_the_estimate_predicts(made):
     assert peak_drop == pytest.approx(made.peak_bytes["full"] - made.peak_bytes[name], rel=0.03)
     assert retained_drop == pytest.approx(made.activation_bytes["full"] - made.activation_bytes[name], rel=0.03)
     assert steps[name].flops - steps["full"].flops == pytest.approx(made.head_recompute_flops, rel=0.01)
+
+
+@needs_loss_function
+@pytest.mark.parametrize("chunked_short", [False, True], ids=["whole-short", "chunked-short-but-transients-freed"])
+def test_auto_chunks_the_head_when_nothing_fits_without(chunked_short):
+    """``budget="auto"``: free memory less the headroom and what the step still allocates (its transients among
+    them) leaves one byte too few for any plan with the head whole (or, ``chunked_short``, even with it chunked);
+    what the chunked head's smaller transients free is given to its plan."""
+    from hf_ckpt import _budget, _deferred
+    from hf_ckpt._state import get_state
+
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(_config()).train()
+    made = _deferred.estimate_for(model, (BATCH, SEQ), ("none", "full", "selective"))[0]
+    total = 8 * 2**30
+    still = made.gradients_bytes + made.optimizer_bytes + max(made.transient_bytes.values())
+    auto = _smallest(made, True) - 1 if chunked_short else _smallest(made, False) - 1
+    assert max(made.transient_bytes.values()) - max(made.head_transient_bytes.values()) > 1
+    previous = _budget.set_free_memory_source(lambda device: (_budget.headroom(total) + still + auto, total))
+    try:
+        hf_ckpt.enable(model, budget="auto")
+        ids = torch.randint(0, VOCAB, (BATCH, SEQ), generator=torch.Generator().manual_seed(0))
+        output = model(input_ids=ids, labels=ids)
+        output.loss.backward()
+    finally:
+        _budget.set_free_memory_source(previous)
+    assert get_state(model).budget.auto_bytes == auto
+    assert get_state(model).config.head_chunk_size == made.head_chunk_size
+    assert output.logits is None
