@@ -62,6 +62,22 @@ class Mutant:
 
 MUTANTS: tuple[Mutant, ...] = (
     Mutant(
+        "head_chunks_ignore_num_items",
+        "the chunked head divides the loss by num_items_in_batch when given (the Trainer's gradient accumulation)",
+        "hf_ckpt/_head.py",
+        "count = (shifted != ignore).sum() if count is None else count",
+        "count = (shifted != ignore).sum()",
+        ("tests/test_head.py",),
+    ),
+    Mutant(
+        "head_chunk_refusal_skipped",
+        "head_chunk_size is refused at the call on a model whose forward changes its logits or loss",
+        "hf_ckpt/_apply.py",
+        "        if refused:\n",
+        "        if False:  # mutant: never refused\n",
+        ("tests/test_head.py",),
+    ),
+    Mutant(
         "mixin_new_names_removed",
         "the mixin provides activation_checkpointing_enable/disable where transformers has them (>= 5.23)",
         "hf_ckpt/mixin.py",

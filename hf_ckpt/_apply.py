@@ -48,6 +48,11 @@ def apply_config(model: nn.Module, config: CheckpointConfig) -> nn.Module:
     """Enable checkpointing on ``model`` as ``config`` says. The shared implementation of every entry point."""
     target = target_model(model)
     binding = resolve(target, config)  # everything that can fail on this model fails here, before any change
+    if config.head_chunk_size is not None:  # deferred: the chunked head loads only when head_chunk_size is set
+        from . import _head
+        refused = _head.refusal(target)
+        if refused:
+            raise ValueError(f"head_chunk_size cannot apply to {type(target).__name__}: {refused}. Drop head_chunk_size.")
     names = config.plan.outside_blocks if config.plan is not None else ()
     hooked = names or any(s.saved_tensor_hook for s in config.strategies())
     if hooked:  # deferred: only plans with outside_blocks or partitions load the saved-tensor hook's runtime
@@ -67,6 +72,8 @@ def apply_config(model: nn.Module, config: CheckpointConfig) -> nn.Module:
     if any(not block.layer_flag and never_calls_bound_function(type(block.owner)) for block in binding.blocks):
         from . import _direct  # deferred: only a stack that never calls its bound function has blocks to wrap
         _direct.install(state, binding.blocks)  # blocks a stack calls directly: checkpointed by wrapping them
+    if config.head_chunk_size is not None:
+        _head.install(state, target)
     if hooked:  # one saved-tensor hook for both: recomputed modules, remade block outputs
         _outside.install(state, [model, target], outside)
     guard = new_guard_hook(target)  # one checkpoint per block under any engine; the DDP trap

@@ -43,7 +43,7 @@ from typing import Any, Mapping
 import torch
 from torch import nn
 
-from . import _budget
+from . import _budget, _head
 from ._apply import apply_config
 from ._binding import resolve
 from ._compat import has_peft_adapters
@@ -209,6 +209,8 @@ def defer(model: nn.Module, budget: Any, kwargs_dict: Mapping[str, Any] | None, 
         return model
     before = take_back(target)
     state = CheckpointState(config=config, before=before, bound=[], source="budget", budget=request)
+    if not keep_outputs and _head.refusal(target) is None:  # a plan made in the first forward may chunk the head:
+        _head.install(state, target)  # the wrapper that call already runs reads the plan's chunk
     _watch(state, model, target, request)
     set_state(target, state)
     return model
@@ -426,7 +428,7 @@ def _make_plan(target: nn.Module, request: DeferredBudget, shape: tuple[int, int
                 raise ValueError(f"{error} (first training batch: {where})") from None
         budget = request.auto_bytes
     try:
-        plan = plan_from_estimate(made, budget)
+        plan = plan_from_estimate(made, budget, transient_in_budget=request.auto_bytes is not None)
     except ValueError as error:
         raise ValueError(f"budget={_budget.describe(request.budget)}"
                          f"{'' if request.auto_bytes is None else f' ({format_bytes(request.auto_bytes)})'} "

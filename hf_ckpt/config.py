@@ -27,7 +27,8 @@ from .strategies import FULL, NONE, SELECTIVE, WHOLE_MODEL_STRATEGIES, Strategy,
 #: Keys of a checkpointing kwargs dict that hf_ckpt consumes itself; every other key goes to
 #: ``torch.utils.checkpoint.checkpoint``.
 HF_CKPT_KEYS = (
-    "every_n_layers", "layers", "num_layers", "method", "strategy", "policy", "plan", "offload", "checkpoint_fn"
+    "every_n_layers", "layers", "num_layers", "method", "strategy", "policy", "plan", "offload", "checkpoint_fn",
+    "head_chunk_size",
 )
 
 
@@ -44,6 +45,16 @@ def _check_every_n_layers(value: Any) -> int:
     if value < 1:
         raise ValueError(f"every_n_layers must be {_EVERY_N_ACCEPTS}; got {value!r}")
     return value
+
+
+_HEAD_CHUNK_ACCEPTS = "a positive int (tokens per chunk of the output projection and loss) or None (no chunking)"
+
+
+def _check_head_chunk_size(value: Any) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+        raise TypeError(f"head_chunk_size must be {_HEAD_CHUNK_ACCEPTS}; got {value!r} of type {_type_name(value)}")
+    if value is not None and value < 1:
+        raise ValueError(f"head_chunk_size must be {_HEAD_CHUNK_ACCEPTS}; got {value!r}")
 
 
 def _check_offload(value: Any) -> bool:
@@ -196,6 +207,8 @@ class CheckpointConfig:
             ``checkpoint_fn(function, *args, **kwargs)``, e.g. ``deepspeed.checkpointing.checkpoint``. It gets only
             the checkpoint keyword arguments its signature names; it cannot be combined with ``offload``,
             ``strategy="selective"`` (or a plan with selective blocks) or ``context_fn``.
+        head_chunk_size: For a causal LM: run the output projection and the loss of a training step with labels
+            over this many tokens at a time, each chunk checkpointed (:mod:`hf_ckpt._head`); ``None``: not chunked.
     """
 
     every_n_layers: int = 1
@@ -208,13 +221,17 @@ class CheckpointConfig:
     offload: bool = False
     checkpoint_kwargs: Mapping[str, Any] = field(default_factory=lambda: {"use_reentrant": False})
     checkpoint_fn: Any = None
+    head_chunk_size: int | None = None
 
     def __post_init__(self) -> None:
         _check_every_n_layers(self.every_n_layers)
+        _check_head_chunk_size(self.head_chunk_size)
         _check_offload(self.offload)
         object.__setattr__(self, "layers", _check_layers(self.layers))
         _check_num_layers(self.num_layers)
         object.__setattr__(self, "plan", _load_plan(self.plan))
+        if self.head_chunk_size is None and self.plan is not None:
+            object.__setattr__(self, "head_chunk_size", self.plan.head_chunk_size)
         object.__setattr__(
             self, "checkpoint_kwargs", _check_checkpoint_kwargs(self.checkpoint_kwargs, "checkpoint_kwargs")
         )
@@ -301,6 +318,8 @@ class CheckpointConfig:
             parts.append(f"plan=<{self.plan.summary()}>")
         if self.offload:
             parts.append("offload=True")
+        if self.head_chunk_size is not None:
+            parts.append(f"head_chunk_size={self.head_chunk_size}")
         parts.extend(f"{key}={value!r}" for key, value in sorted(self.checkpoint_kwargs.items()))
         return ", ".join(parts)
 

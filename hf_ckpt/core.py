@@ -64,6 +64,7 @@ def enable(
     keep_outputs: bool = False,
     offload: bool = False,
     checkpoint_fn: Any = None,
+    head_chunk_size: int | None = None,
     **checkpoint_kwargs: Any,
 ) -> nn.Module:
     """Enable activation checkpointing on a loaded model, without subclassing it.
@@ -108,6 +109,11 @@ def enable(
             checkpoint keyword arguments its signature names, and refuses the others, ``offload``,
             ``strategy="selective"`` and ``context_fn`` with an error at the call. Input grads are turned on (as
             for reentrant checkpointing), so weights inside a block get gradients whatever the function does.
+        head_chunk_size: For a causal LM (``*ForCausalLM`` computing its loss with ``self.loss_function``): in a
+            training step with ``labels``, run the output projection and the loss over this many tokens at a
+            time, each chunk checkpointed (non-reentrant), so the full logits are never held; the output then has
+            ``loss`` and ``logits=None``. Without labels, in eval mode or under ``no_grad``: full logits, as
+            before. A model whose forward changes the logits or the loss its own way is refused at the call.
         **checkpoint_kwargs: Passed to ``torch.utils.checkpoint.checkpoint`` (``use_reentrant``,
             ``preserve_rng_state``, ``context_fn``, ``determinism_check``, ``debug``, ...), their values checked.
             ``use_reentrant`` defaults to ``False`` and is always passed explicitly.
@@ -134,6 +140,7 @@ def enable(
         model, checkpoint_kwargs, "checkpoint_kwargs", every_n_layers=every_n_layers, layers=layers,
         num_layers=num_layers, method=method, strategy=None if strategy == "full" else strategy, policy=policy,
         plan=plan, budget=budget, sample_inputs=sample_inputs, offload=offload, checkpoint_fn=checkpoint_fn,
+        head_chunk_size=head_chunk_size,
         **({} if keep_outputs is False else {"keep_outputs": keep_outputs}),
     )
 

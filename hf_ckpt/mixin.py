@@ -78,10 +78,11 @@ class GradientCheckpointingMixin:
         Args:
             gradient_checkpointing_kwargs: Keyword arguments for ``torch.utils.checkpoint.checkpoint``; may also
                 hold hf_ckpt's own options (``every_n_layers``, ``offload``, ``layers``, ``num_layers``,
-                ``method``, ``strategy``, ``policy``, ``plan``, ``budget``, ``keep_outputs``), which are taken out
-                before the rest is passed on. ``budget`` (``"40GiB"``, ``0.5``, ``"50%"``, ``"auto"``) plans from the
-                first training batch's shapes, for the ``Trainer``'s step or, with ``keep_outputs=True``, for a
-                loop that keeps the outputs through backward (see :func:`hf_ckpt.enable`).
+                ``method``, ``strategy``, ``policy``, ``plan``, ``budget``, ``keep_outputs``, ``head_chunk_size``),
+                which are taken out before the rest is passed on. ``budget`` (``"40GiB"``, ``0.5``, ``"50%"``,
+                ``"auto"``) plans from the first training batch's shapes, for the ``Trainer``'s step or, with
+                ``keep_outputs=True``, for a loop that keeps the outputs through backward (see
+                :func:`hf_ckpt.enable`).
             every_n_layers: Recompute blocks ``0, n, 2n, ...``; default 1 (every block).
             offload: Keep the inputs saved for the recompute in pinned host memory; default False.
             **options: hf_ckpt's other options, as keywords (``layers=[0, 3]``, ``strategy="selective"``, ...).

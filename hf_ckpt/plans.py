@@ -61,6 +61,8 @@ class CheckpointPlan:
             with strategy ``"oplevel:<name>"`` keeps; it recomputes every other op (see :mod:`hf_ckpt.oplevel`).
         outside_blocks: Names of cheap modules between the blocks (``"model.norm"``) that are recomputed in
             backward instead of keeping their insides and their outputs (:mod:`hf_ckpt._outside`).
+        head_chunk_size: Run a causal LM's output projection and loss in checkpointed chunks of this many tokens
+            (``hf_ckpt.enable``'s ``head_chunk_size``, which, given, takes precedence); None: not chunked.
     """
 
     strategies: tuple[str, ...]
@@ -74,6 +76,7 @@ class CheckpointPlan:
     made_for: dict[str, Any] = field(default_factory=dict)
     policies: dict[str, tuple[str, ...]] = field(default_factory=dict)
     outside_blocks: tuple[str, ...] = ()
+    head_chunk_size: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.strategies, (str, bytes)) or not hasattr(self.strategies, "__iter__"):
@@ -83,6 +86,9 @@ class CheckpointPlan:
         object.__setattr__(self, "policies", {k: _checked_policy(k, v) for k, v in self.policies.items()})
         object.__setattr__(self, "strategies", tuple(self._checked_strategy(s) for s in self.strategies))
         object.__setattr__(self, "outside_blocks", _checked_module_names(self.outside_blocks))
+        chunk = self.head_chunk_size
+        if chunk is not None and (isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1):
+            raise ValueError(f"head_chunk_size must be a positive int or None; got {chunk!r}")
         object.__setattr__(self, "block_bytes", {k: tuple(v) for k, v in self.block_bytes.items()})
         object.__setattr__(
             self, "block_recompute_flops", {k: tuple(v) for k, v in self.block_recompute_flops.items()}
@@ -178,6 +184,8 @@ class CheckpointPlan:
         parts = [f"{n} {s}" for s, n in counts.items()]
         if self.outside_blocks:
             parts.append(f"outside {len(self.outside_blocks)} module{'s' if len(self.outside_blocks) > 1 else ''}")
+        if self.head_chunk_size is not None:
+            parts.append(f"head in chunks of {self.head_chunk_size} tokens")
         return ", ".join(parts)
 
     def __str__(self) -> str:

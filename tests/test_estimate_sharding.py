@@ -123,7 +123,7 @@ def test_cli_json_gains_the_sharding_and_the_plan_fits_per_device(config_path, t
     assert cli.main([*argv, "--device-memory", f"{device_memory}B"]) == 0
     out = capsys.readouterr().out
     data = json.loads(out_json.read_text())
-    assert data["fits"] == {"none": False, "full": True}
+    assert {name: data["fits"][name] for name in ("none", "full")} == {"none": False, "full": True}
     assert "per device of 4 (zero3)" in out and "cheapest plan that fits:" in out
     assert data["plan"]["budget_bytes"] + data["parameters_bytes"] + data["gradients_bytes"] + data[
         "optimizer_bytes"] + data["buffer_bytes"] + data["gather_bytes"] + max(data["transient_bytes"].values()) \

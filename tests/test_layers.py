@@ -21,6 +21,7 @@ DEFERRED = {
     ("hf_ckpt.core", "hf_ckpt._deferred"): "the lab (planner, estimator) loads only when a budget is asked for",
     ("hf_ckpt._apply", "hf_ckpt._outside"): "the saved-tensor hook's runtime loads only for plans that use it",
     ("hf_ckpt._apply", "hf_ckpt._direct"): "wrapping directly called blocks loads only for models with a stack flag",
+    ("hf_ckpt._apply", "hf_ckpt._head"): "the chunked head (and its source check) loads only when head_chunk_size is set",
     ("hf_ckpt.patch", "hf_ckpt.integrations.trainer"): "transformers' Trainer is imported only when patching",
 }
 #: The lab: what decides or measures (planners, profiling, the estimator, the bench, verify, the CLI). The runtime
@@ -173,6 +174,8 @@ elif setting == "offload":
 elif setting == "plan":
     hf_ckpt.CheckpointPlan(strategies=("full", "selective", "none", "full")).save(sys.argv[2])
     hf_ckpt.enable(model, plan=sys.argv[2])
+elif setting == "head_chunk_size":
+    hf_ckpt.enable(model, head_chunk_size=4)
 elif setting == "patched":
     hf_ckpt.patch_transformers()
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"every_n_layers": 2})
@@ -184,7 +187,16 @@ print(json.dumps(loaded))
 """
 
 
-_SETTINGS = ("every_n_layers", "selective", "offload", "plan", "patched")
+def _has_loss_function() -> bool:
+    """Whether the release's causal LMs compute their loss with ``self.loss_function`` (not 4.45): the chunked head
+    is refused without it."""
+    from transformers import PreTrainedModel
+
+    return isinstance(getattr(PreTrainedModel, "loss_function", None), property)
+
+
+_SETTINGS = ("every_n_layers", "selective", "offload", "plan", *(("head_chunk_size",) if _has_loss_function() else ()),
+             "patched")
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ from .._units import format_bytes, format_flops, parse_size
 from ..cli.errors import CommandError
 from ._check import run_check
 from ._estimate import estimate
-from ._plan import plan_from_estimate
+from ._plan import plan_from_estimate, step_transient
 
 
 def _folder_exists(option: str, path: str | None) -> None:
@@ -32,6 +32,7 @@ def _lora(rank: int | None):
 
 
 _OPTIONS = {"world_size": "--world-size", "shard": "--shard", "offload_optimizer": "--offload-optimizer",
+            "head_chunk_size": "--head-chunk-size",
             "offload_parameters": "--offload-parameters"}
 
 
@@ -46,8 +47,10 @@ def _option_names(message: str) -> str:
 def _plan_line(plan, made) -> str:
     counts = {s: plan.strategies.count(s) for s in ("full", "selective", "none")}
     ratio = (made.step_flops["none"] + plan.predicted_recompute_flops) / made.step_flops["none"]
-    peak = made.fixed_bytes + plan.predicted_bytes + max(made.transient_bytes.values())
-    return (f"cheapest plan that fits: {counts['full']} full, {counts['selective']} selective, {counts['none']} none; "
+    peak = made.fixed_bytes + plan.predicted_bytes + step_transient(made, plan.head_chunk_size is not None)
+    head = "" if plan.head_chunk_size is None else f", head in chunks of {plan.head_chunk_size} tokens"
+    return (f"cheapest plan that fits: {counts['full']} full, {counts['selective']} selective, {counts['none']} none"
+            f"{head}; "
             f"activations {format_bytes(plan.predicted_bytes)}, peak {format_bytes(peak)}"
             f"{' per device' if made.shard != 'none' else ''}, recompute {format_flops(plan.predicted_recompute_flops)}"
             f", FLOPs ratio {ratio:.3f}x")
@@ -74,7 +77,8 @@ def run(args: argparse.Namespace) -> int:
         made = estimate(args.config, batch_size=args.batch, seq_len=args.seq, dtype=args.dtype, autocast=args.autocast,
                         device=args.device, optimizer=args.optimizer, peft_config=_lora(args.lora_r), strategies=strategies,
                         keep_outputs=args.keep_outputs, world_size=args.world_size, shard=args.shard,
-                        offload_optimizer=args.offload_optimizer, offload_parameters=args.offload_parameters)
+                        offload_optimizer=args.offload_optimizer, offload_parameters=args.offload_parameters,
+                        head_chunk_size=args.head_chunk_size)
     except (ValueError, FileNotFoundError) as error:
         raise CommandError(_option_names(str(error))) from None
     print(str(made).rsplit("\n", 1 + len(made.activation_bytes) + 1)[0])

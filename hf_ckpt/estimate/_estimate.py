@@ -148,13 +148,55 @@ def _per_strategy(traced: Trace, rep: Sequence[int], strategies: Sequence[Any], 
         recompute[name] = sum(block_flops[s][i] for i, s in enumerate(per_block))
         step[name] = none_flops + recompute[name]
         ratio[name] = step[name] / none_flops if none_flops else 1.0
-    return activation, peak, recompute, step, ratio, unusable
+    figures = activation, peak, recompute, step, ratio, unusable
+    _with_chunked_head(traced, figures, fixed, step_peak)
+    return figures
+
+
+def head_chunk_for(tokens: int, hidden: int, vocab: int) -> int:
+    """The chunk (tokens) a chunked head is estimated with when none is given: the tokens whose logits hold about
+    as many values as the step's hidden states (``tokens / ceil(vocab / hidden)``), up to a power of two."""
+    per_chunk = -(-tokens // max(1, -(-vocab // hidden)))
+    return min(tokens, 1 << (per_chunk - 1).bit_length())
+
+
+def _head_chunk(config: Any, tokens: int, given: int | None) -> int | None:
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    vocab, hidden = getattr(text, "vocab_size", None), getattr(text, "hidden_size", None)
+    if given is not None or not isinstance(vocab, int) or not isinstance(hidden, int):
+        return given
+    return head_chunk_for(tokens, hidden, vocab)
+
+
+def _with_chunked_head(traced: Trace, figures: tuple, fixed: int, step_peak: int) -> None:
+    """Adds the row ``full+head:<chunk>`` (every block full, the head chunked) to the per-strategy figures."""
+    activation, peak, recompute, step, ratio, unusable = figures
+    if traced.head_chunk is None or "full" not in activation:
+        return
+    name = f"full+head:{traced.head_chunk}"
+    if traced.chunked_refused is not None or "full" not in traced.chunked_base:
+        unusable[name] = traced.chunked_refused or "the chunked head was not traced"
+        return
+    activation[name] = activation["full"] - traced.base_bytes["full"] + traced.chunked_base["full"]
+    peak[name] = max(fixed + activation[name] + traced.chunked_transient["full"], step_peak)
+    recompute[name] = recompute["full"] + traced.chunked_flops
+    step[name] = step["full"] + traced.chunked_flops
+    ratio[name] = ratio["full"] * step[name] / step["full"] if step["full"] else 1.0
+
+
+def _head_fields(traced: Trace) -> dict[str, Any]:
+    """The estimate's ``head_*`` fields: the chunked head as traced."""
+    return {"head_chunk_size": traced.head_chunk if traced.chunked_base else None,
+            "head_base_bytes": max(traced.chunked_base.values(), default=0),
+            "head_transient_bytes": dict(traced.chunked_transient), "head_recompute_flops": traced.chunked_flops}
 
 
 def _checked(model_or_config, batch_size, seq_len, dtype, autocast, device, optimizer, peft_config, strategies,
-             keep_outputs):
+             keep_outputs, head_chunk_size=None):
     """Every argument of :func:`estimate`, checked at the call (each error names its argument)."""
     arguments.check_source(model_or_config)
+    if head_chunk_size is not None:
+        arguments.check_positive_int("head_chunk_size", head_chunk_size)
     return (
         arguments.check_positive_int("batch_size", batch_size),
         arguments.check_positive_int("seq_len", seq_len),
@@ -170,14 +212,15 @@ def _checked(model_or_config, batch_size, seq_len, dtype, autocast, device, opti
 
 def _trace_reduced(reduced: nn.Module, traced_blocks: list, strategies: Sequence[Any], num_blocks: int,
                    batch_size: int, seq_len: int, device: str, autocast: torch.dtype | None,
-                   keep_outputs: bool = False) -> Trace:
+                   keep_outputs: bool = False, head_chunk: int | None = None) -> Trace:
     """The reduced model traced on fake tensors under every per-block strategy the asked strategies use."""
     mode = fake_mode()
     to_fake(reduced, mode)
     needed = {s for strategy in strategies for s in _per_block(strategy, num_blocks)} | {"none"}
     mixed = any(len(set(_per_block(strategy, num_blocks))) > 1 for strategy in strategies) or set(TRACED) <= needed
     return trace(reduced, traced_blocks, _inputs(reduced, batch_size, seq_len, mode), mode, device,
-                 tuple(s for s in TRACED if s in needed), mixed=mixed, autocast=autocast, keep_outputs=keep_outputs)
+                 tuple(s for s in TRACED if s in needed), mixed=mixed, autocast=autocast, keep_outputs=keep_outputs,
+                 head_chunk=head_chunk)
 
 
 def estimate(
@@ -196,6 +239,7 @@ def estimate(
     shard: str = "none",
     offload_optimizer: bool = False,
     offload_parameters: bool = False,
+    head_chunk_size: int | None = None,
 ) -> MemoryEstimate:
     """Estimate one training step's memory and compute, per checkpointing strategy, without allocating.
 
@@ -231,6 +275,9 @@ def estimate(
             (``host_bytes``).
         offload_parameters: DeepSpeed's ``offload_param`` (zero3), or FSDP's ``CPUOffloadPolicy``: parameters on
             the host (``host_bytes``).
+        head_chunk_size: The chunk (tokens) the chunked head (``hf_ckpt.enable(head_chunk_size=...)``) is
+            estimated with, as the row ``full+head:<chunk>`` and the ``head_*`` fields; None: chosen by
+            :func:`head_chunk_for`. Not estimated where the model refuses it (the reason is in ``unusable``).
 
     Returns:
         A :class:`MemoryEstimate`.
@@ -241,7 +288,7 @@ def estimate(
     """
     batch_size, seq_len, torch_dtype, autocast_dtype, device, optimizer, peft_config, strategies, keep_outputs = \
         _checked(model_or_config, batch_size, seq_len, dtype, autocast, device, optimizer, peft_config, strategies,
-                 keep_outputs)
+                 keep_outputs, head_chunk_size)
     sharding = check_sharding(world_size, shard, offload_optimizer, offload_parameters)
     config, cls, full, reduced = _models(model_or_config, torch_dtype, peft_config)
     full_blocks, traced_blocks = blocks_of(full), blocks_of(reduced)
@@ -250,7 +297,7 @@ def estimate(
     mapping = map_blocks(full_blocks, traced_blocks)
     num_blocks = len(full_blocks)
     traced = _trace_reduced(reduced, traced_blocks, strategies, num_blocks, batch_size, seq_len, device,
-                            autocast_dtype, keep_outputs)
+                            autocast_dtype, keep_outputs, _head_chunk(config, batch_size * seq_len, head_chunk_size))
     renamed = _traced_name(full_blocks, traced_blocks, mapping.representative)
     per_device = shard_estimate(full, full_blocks, sharding, optimizer, device,
                                 lambda name: renamed(name) in traced.used_parameters)
@@ -296,6 +343,6 @@ def estimate(
         attention={"device": attention.device, "modelled": attention.modelled, "kernel": attention.kernel,
                    "note": attention.note},
         notes=(*_NOTES, OUTPUTS_NOTES[keep_outputs]),
-        keep_outputs=keep_outputs,
+        keep_outputs=keep_outputs, **_head_fields(traced),
         **per_device.fields(),
     )

@@ -14,27 +14,35 @@ from ._result import MemoryEstimate
 _PLANNED = ("none", "selective", "full")
 
 
-def profile_of(estimate: MemoryEstimate) -> BlockProfile:
-    """The estimate as the planner's :class:`~hf_ckpt.planner.BlockProfile` (none, selective, full per block)."""
+def profile_of(estimate: MemoryEstimate, chunked_head: bool = False) -> BlockProfile:
+    """The estimate as the planner's :class:`~hf_ckpt.planner.BlockProfile` (none, selective, full per block);
+    with ``chunked_head``, the base (outside the blocks) of a step whose head is chunked."""
     kept = [s for s in _PLANNED if s in estimate.block_bytes]
     return BlockProfile(
-        base_bytes=estimate.base_bytes,
+        base_bytes=estimate.head_base_bytes if chunked_head else estimate.base_bytes,
         retained={s: tuple(estimate.block_bytes[s]) for s in kept},
         recompute_flops={s: tuple(estimate.block_recompute_flops[s]) for s in kept},
         unusable=dict(estimate.unusable),
     )
 
 
-def _activation_budget(estimate: MemoryEstimate, budget: Any, whole_step: bool) -> int:
+def step_transient(estimate: MemoryEstimate, chunked_head: bool = False) -> int:
+    """The largest transient of the step, with or without the chunked head."""
+    return max((estimate.head_transient_bytes if chunked_head else estimate.transient_bytes).values())
+
+
+def _activation_budget(estimate: MemoryEstimate, budget: Any, whole_step: bool, chunked_head: bool,
+                       transient_in_budget: bool) -> int:
     profile = profile_of(estimate)
     parsed = parse_budget(budget)
+    freed = step_transient(estimate) - step_transient(estimate, True) if chunked_head and transient_in_budget else 0
     if isinstance(parsed, float):
         if whole_step:
             raise ValueError("budget: with whole_step=True the budget is device memory: give a size such as 80GiB")
         return int(parsed * profile.baseline_bytes)
     if not whole_step:
-        return parsed
-    transient = max(estimate.transient_bytes.values())
+        return parsed + freed
+    transient = step_transient(estimate, chunked_head)
     available = parsed - estimate.fixed_bytes - transient
     if available <= 0:
         raise ValueError(
@@ -54,8 +62,34 @@ def _way_out(estimate: MemoryEstimate) -> str:
     return "; shard them over devices (world_size and shard, --world-size and --shard)"
 
 
-def plan_from_estimate(estimate: MemoryEstimate, budget: Any, *, whole_step: bool = False) -> CheckpointPlan:
+def _plan(estimate: MemoryEstimate, budget: Any, whole_step: bool, chunked_head: bool,
+          transient_in_budget: bool) -> CheckpointPlan:
+    profile = profile_of(estimate, chunked_head)
+    budget_bytes = _activation_budget(estimate, budget, whole_step, chunked_head, transient_in_budget)
+    chosen = solve(profile, budget_bytes)
+    return CheckpointPlan(
+        strategies=chosen,
+        predicted_bytes=profile.predicted_bytes(chosen),
+        predicted_recompute_flops=profile.predicted_recompute_flops(chosen)
+        + (estimate.head_recompute_flops if chunked_head else 0),
+        baseline_bytes=profile_of(estimate).baseline_bytes,
+        budget_bytes=budget_bytes,
+        block_bytes=profile.retained,
+        block_recompute_flops=profile.recompute_flops,
+        model_type=estimate.model_type,
+        head_chunk_size=estimate.head_chunk_size if chunked_head else None,
+    )
+
+
+def plan_from_estimate(estimate: MemoryEstimate, budget: Any, *, whole_step: bool = False,
+                       transient_in_budget: bool = False) -> CheckpointPlan:
     """The cheapest plan (least recompute FLOPs) whose predicted activation memory fits ``budget``.
+
+    Where no plan fits and the estimate has the chunked head (``estimate.head_chunk_size``; not for a loop that
+    keeps the outputs, which may read the logits), the plan is made for a step with the head chunked: its base
+    (outside the blocks) and transients are smaller, its recompute FLOPs include the head's, and the plan
+    carries ``head_chunk_size``. The head is chunked only when that is what makes the step fit: a training step
+    with it returns no logits.
 
     Args:
         estimate: A :class:`MemoryEstimate` (its ``block_bytes`` / ``block_recompute_flops`` are the profile).
@@ -64,23 +98,23 @@ def plan_from_estimate(estimate: MemoryEstimate, budget: Any, *, whole_step: boo
             ``whole_step=True`` a size is the device memory for the whole step (parameters, gradients, optimizer
             states and transients are subtracted first).
         whole_step: See ``budget``.
+        transient_in_budget: A size budget was computed by subtracting the step's transients (unchunked) from
+            the free memory (``budget="auto"``): a plan with the chunked head gets what its smaller transients
+            leave.
 
     Raises:
         ValueError: no plan fits; the message gives the smallest activation memory reachable.
     """
-    profile = profile_of(estimate)
-    budget_bytes = _activation_budget(estimate, budget, whole_step)
-    chosen = solve(profile, budget_bytes)
-    return CheckpointPlan(
-        strategies=chosen,
-        predicted_bytes=profile.predicted_bytes(chosen),
-        predicted_recompute_flops=profile.predicted_recompute_flops(chosen),
-        baseline_bytes=profile.baseline_bytes,
-        budget_bytes=budget_bytes,
-        block_bytes=profile.retained,
-        block_recompute_flops=profile.recompute_flops,
-        model_type=estimate.model_type,
-    )
+    try:
+        return _plan(estimate, budget, whole_step, False, transient_in_budget)
+    except ValueError as error:
+        if estimate.head_chunk_size is None or estimate.keep_outputs:
+            raise
+        unchunked = error
+    try:
+        return _plan(estimate, budget, whole_step, True, transient_in_budget)
+    except ValueError:
+        raise unchunked from None
 
 
 def plan_for(

@@ -72,6 +72,11 @@ class MemoryEstimate:
         model_gradients_bytes: The whole model's gradient bytes.
         model_optimizer_bytes: The whole model's optimizer bytes, defined as ``optimizer_bytes`` is (under ZeRO: fp32
             master weights and fp32 states; else the states in the parameters' dtype).
+        head_chunk_size: The chunk (tokens) of the chunked head estimated (the row ``full+head:<chunk>``), or None
+            where it was not (a model that refuses it: the reason is in ``unusable``).
+        head_base_bytes: ``base_bytes`` with the head chunked (its logits and their float32 copy not retained).
+        head_transient_bytes: ``transient_bytes`` per base strategy with the head chunked.
+        head_recompute_flops: FLOPs the chunked head adds (its projection recomputed in backward).
     """
 
     model_type: str | None
@@ -115,6 +120,10 @@ class MemoryEstimate:
     model_parameters_bytes: int = 0
     model_gradients_bytes: int = 0
     model_optimizer_bytes: int = 0
+    head_chunk_size: int | None = None
+    head_base_bytes: int = 0
+    head_transient_bytes: dict[str, int] = field(default_factory=dict)
+    head_recompute_flops: int = 0
 
     @property
     def fixed_bytes(self) -> int:

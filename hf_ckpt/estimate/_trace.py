@@ -24,7 +24,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterator, Mapping
 
 import torch
@@ -75,6 +75,11 @@ class Trace:
         unusable: Strategies that cannot run on this model, with the reason.
         used_parameters: Names of the traced model's parameters that received a gradient (the others, a vision
             tower trained on text, a pooler no loss reaches, get neither gradient nor optimizer state).
+        chunked_base, chunked_transient: Per uniform strategy, ``base_bytes`` and ``transient`` with the output
+            projection and loss chunked and checkpointed (``head_chunk_size``); empty when not traced.
+        chunked_flops: The FLOPs the chunked head adds to the step (its projection recomputed in backward).
+        head_chunk: The chunk (tokens) the chunked head was traced with, or None.
+        chunked_refused: Why the chunked head cannot run on this model (``enable``'s error), or None.
         heads: ``heads[j]``: the position of the head of traced block ``j``'s stack (its first block, where that
             block is a type of its own), or None.
     """
@@ -88,6 +93,11 @@ class Trace:
     unusable: dict[str, str]
     used_parameters: frozenset[str] = frozenset()
     heads: tuple[int | None, ...] = ()
+    chunked_base: dict[str, int] = field(default_factory=dict)
+    chunked_transient: dict[str, int] = field(default_factory=dict)
+    chunked_flops: int = 0
+    chunked_refused: str | None = None
+    head_chunk: int | None = None
 
     @property
     def strategies(self) -> tuple[str, ...]:
@@ -218,12 +228,41 @@ def _forward(model: nn.Module, inputs: Mapping[str, Any], autocast: torch.dtype 
         return model(**inputs)
 
 
-def _apply(model: nn.Module, strategies: tuple[str, ...]) -> None:
-    """Set one strategy per block (a :class:`~hf_ckpt.CheckpointPlan`), or remove checkpointing for all-none."""
+def _apply(model: nn.Module, strategies: tuple[str, ...], head_chunk: int | None = None) -> None:
+    """Set one strategy per block (a :class:`~hf_ckpt.CheckpointPlan`) and the chunked head if ``head_chunk``, or
+    remove checkpointing for all-none without it."""
     remove(model)
-    if any(s != "none" for s in strategies):
-        apply_config(model, CheckpointConfig.from_arguments({}, dict_name="checkpoint_kwargs",
-                                                            plan=CheckpointPlan(strategies)))
+    if any(s != "none" for s in strategies) or head_chunk:
+        config = CheckpointConfig.from_arguments({}, dict_name="checkpoint_kwargs", plan=CheckpointPlan(strategies),
+                                                 head_chunk_size=head_chunk)
+        apply_config(model, config)
+
+
+def _chunked_head(model: nn.Module, blocks: list[Block], inputs: Mapping[str, Any], mode: Any, device: str,
+                  strategies: list[str], unusable: dict[str, str], head_chunk: int | None, autocast: torch.dtype | None,
+                  keep_outputs: bool) -> tuple:
+    """Base bytes and transient per usable uniform strategy with the chunked head, the FLOPs it adds, the reason it
+    cannot run (None) and the chunk, as :class:`Trace` holds them; nothing without ``head_chunk``."""
+    base: dict[str, int] = {}
+    transient: dict[str, int] = {}
+    if not head_chunk:
+        return ()
+    try:
+        for strategy in [s for s in strategies if s not in unusable]:
+            _apply(model, (strategy,) * len(blocks), head_chunk)  # a model that refuses it raises ValueError here
+            base[strategy], _, transient[strategy] = _memory_step(model, blocks, inputs, mode, device, autocast,
+                                                                  keep_outputs)
+        remove(model)
+        plain, _ = _flops_step(model, inputs, mode, autocast=autocast)
+        _apply(model, ("none",) * len(blocks), head_chunk)
+        chunked, _ = _flops_step(model, inputs, mode, autocast=autocast)
+    except ValueError as error:
+        return {}, {}, 0, str(error), head_chunk
+    except (RuntimeError, TypeError) as error:  # never the estimate's failure: the row is left out, with the reason
+        return {}, {}, 0, f"the chunked head could not be traced on this model: {error}", head_chunk
+    finally:
+        remove(model)
+    return base, transient, chunked - plain, None, head_chunk
 
 
 @contextlib.contextmanager
@@ -385,10 +424,12 @@ def trace(
     mixed: bool = True,
     autocast: torch.dtype | None = None,
     keep_outputs: bool = False,
+    head_chunk: int | None = None,
 ) -> Trace:
     """Trace the fake ``model`` (its blocks ``blocks``) on ``inputs`` under each of ``strategies`` (and, with
     ``mixed``, their alternations, for plans that mix strategies), under autocast to ``autocast`` if given; with
-    ``keep_outputs`` the model's outputs are held into backward (counted outside the blocks)."""
+    ``keep_outputs`` the model's outputs are held into backward (counted outside the blocks); with ``head_chunk``
+    each uniform strategy once more with the output projection and loss chunked (``head_chunk_size``)."""
     count = len(blocks)
     base: dict[str, int] = {}
     seen: dict[tuple[int, str | None, str, str | None, str | None], int] = {}
@@ -423,6 +464,7 @@ def trace(
                 key = (j, previous, pattern[j], following, head)
                 if number < plain or key not in seen:  # a head variant adds contexts, never replaces one
                     seen[key] = per_block[j]
+        chunked = _chunked_head(model, blocks, inputs, mode, device, usable, unusable, head_chunk, autocast, keep_outputs)
         remove(model)
         used: set[str] = set()
         step_flops, _per_module = _flops_step(model, inputs, mode, used, autocast)
@@ -447,4 +489,4 @@ def trace(
         remove(model)
     for parameter in model.parameters():
         parameter.grad = None
-    return Trace(base, seen, transient, step_flops, block_flops, recompute, unusable, frozenset(used), heads)
+    return Trace(base, seen, transient, step_flops, block_flops, recompute, unusable, frozenset(used), heads, *chunked)

@@ -7,7 +7,9 @@ The step estimated is the ``Trainer``'s (only the loss is held into backward); `
 that keeps the model's outputs alive through backward instead (the JSON's ``keep_outputs`` says which). Prints
 one row per strategy (activation memory, predicted peak, whether it fits, FLOPs ratio) and, with
 ``--device-memory``, the cheapest per-block plan whose whole step fits (``--plan-json`` saves it for
-``hf_ckpt.enable(model, plan=...)``). ``--check`` instead runs a real CPU step of a tiny model of the same
+``hf_ckpt.enable(model, plan=...)``). For a causal LM the row ``full+head:<tokens>`` is every block checkpointed
+with the output projection and loss in checkpointed chunks (``head_chunk_size``); a plan chunks the head only
+when nothing fits without. ``--check`` instead runs a real CPU step of a tiny model of the same
 architecture and compares it with the estimate. Exit status: 0, 1 when nothing fits (or the check fails), 2 for
 bad arguments. The parser; the run is :mod:`hf_ckpt.estimate._command_run`.
 """
@@ -50,6 +52,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="DeepSpeed's offload_optimizer to the CPU (zero1, zero2, zero3)")
     parser.add_argument("--offload-parameters", action="store_true",
                         help="zero3's offload_param, or FSDP's CPUOffloadPolicy (parameters, gradients, optimizer step)")
+    parser.add_argument("--head-chunk-size", type=int, default=None, metavar="TOKENS",
+                        help="tokens per chunk of the chunked head (the row full+head:TOKENS; default: chosen from "
+                             "the vocabulary and hidden sizes)")
     parser.add_argument("--device-memory", default=None, metavar="SIZE",
                         help="memory of one device (80GiB): marks what fits and prints the cheapest plan that fits")
     parser.add_argument("--json", metavar="PATH", help="write the estimate (and the plan) as JSON to PATH")

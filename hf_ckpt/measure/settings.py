@@ -160,6 +160,22 @@ def _offload(argument: str | None) -> Setting:
     )
 
 
+def _head(argument: str | None) -> Setting:
+    try:
+        tokens = int(argument) if argument is not None else 0
+    except ValueError:
+        tokens = 0
+    if tokens < 1:
+        raise ValueError(f"head needs a positive int, the tokens per chunk (head:512); got head:{argument or ''}")
+    return Setting(
+        f"head:{tokens}",
+        f"hf_ckpt.enable(model, head_chunk_size={tokens}): every block, the LM head and loss in chunks of "
+        f"{tokens} tokens",
+        apply=lambda model: apply_options(model, head_chunk_size=tokens),
+        remove=remove,
+    )
+
+
 def _upstream_functions() -> tuple[str, Any, Any]:
     """transformers' own enable/disable functions (the originals, if ``hf_ckpt.patch_transformers`` is active)."""
     from transformers import PreTrainedModel
@@ -383,6 +399,8 @@ _BUILT_IN = (
      "hf_ckpt.enable(model, every_n_layers=N): blocks 0, N, 2N, ..."),
     ("offload", _offload, "offload",
      "hf_ckpt.enable(model, offload=True): every block, inputs kept on host"),
+    ("head", _head, "head:N",
+     "hf_ckpt.enable(model, head_chunk_size=N): every block, a causal LM's head and loss in checkpointed chunks"),
     ("upstream", _upstream, "upstream:full|upstream:every_n:N",
      "the same setting through transformers' own activation/gradient_checkpointing_enable"),
     ("selective", _selective, "selective[:POLICY]",

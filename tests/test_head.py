@@ -1,0 +1,290 @@
+"""``head_chunk_size``: a causal LM's output projection and loss in checkpointed chunks.
+
+What users rely on: the loss and every gradient equal the unchunked step's (label shift, ``ignore_index``,
+``num_items_in_batch``, tied embeddings, MoE router loss, LoRA on the head, the Trainer's gradient accumulation);
+the full logits are never made in training; without labels, in eval or under ``no_grad`` the outputs are as before;
+bad values and unsupported models are refused at the call, changing nothing; ``disable`` restores the model.
+"""
+
+from __future__ import annotations
+
+import inspect
+import warnings
+
+import pytest
+import torch
+from transformers import GPT2DoubleHeadsModel, PreTrainedModel, Trainer
+
+import arch_zoo
+import hf_ckpt
+from helpers import VOCAB, tiny_gpt2, tiny_llama
+from test_patch import _Tokens, _training_args
+
+#: The causal LMs of the default suite's architecture sample, and the tied-embedding and Qwen2 decoders.
+CAUSAL_LMS = ("llama", "gpt2", "qwen2", "mixtral", "mamba")
+CHUNK = 5  # does not divide the 2 x 8 tokens: the last chunk is short
+#: transformers 4.45 has no ``PreTrainedModel.loss_function``: every causal LM computes its loss inline there.
+HAS_LOSS_FUNCTION = isinstance(getattr(PreTrainedModel, "loss_function", None), property)
+needs_loss_function = pytest.mark.skipif(not HAS_LOSS_FUNCTION, reason="no PreTrainedModel.loss_function")
+
+
+def _arch(model_type: str) -> arch_zoo.Architecture:
+    found = arch_zoo.architectures({model_type: arch_zoo.CAUSAL_LM})
+    if not found:
+        pytest.skip(f"{model_type} is not a causal LM of this transformers release")
+    return found[0]
+
+
+def _built(arch: arch_zoo.Architecture):
+    model = arch_zoo.build(arch)
+    if "self.loss_function" not in inspect.getsource(type(model).forward):
+        pytest.skip(f"{type(model).__name__} of this release computes its loss inline (refused)")
+    return model
+
+
+def _inputs(arch: arch_zoo.Architecture, num_items: bool) -> dict:
+    inputs = arch_zoo.batch(arch)
+    inputs["labels"][0, :3] = -100  # ignored positions
+    inputs["labels"][1, 5] = -100
+    if num_items:  # as the Trainer passes it under gradient accumulation: more items than this batch holds
+        inputs["num_items_in_batch"] = torch.tensor(int((inputs["labels"][:, 1:] != -100).sum()) + 7)
+    if arch.model_type == "mixtral":
+        inputs["output_router_logits"] = True  # the router's auxiliary loss joins the loss
+    return inputs
+
+
+def _step(model, inputs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    grads = arch_zoo.gradients(model, inputs)
+    return model(**inputs, use_cache=False).loss.detach(), grads
+
+
+def _assert_same(reference, chunked, rtol=1e-5, atol=1e-7):
+    (loss, grads), (chunked_loss, chunked_grads) = reference, chunked
+    assert torch.allclose(chunked_loss, loss, rtol=rtol, atol=atol), (float(chunked_loss), float(loss))
+    assert sorted(chunked_grads) == sorted(grads)
+    worst = {name: float((chunked_grads[name] - g).abs().max()) for name, g in grads.items()
+             if not torch.allclose(chunked_grads[name], g, rtol=rtol, atol=atol)}
+    assert worst == {}
+
+
+class _HeadCalls:
+    """The number of tokens each call of the model's output projection was given."""
+
+    def __init__(self, model):
+        self.tokens: list[int] = []
+        self.handle = model.get_output_embeddings().register_forward_hook(
+            lambda module, args, output: self.tokens.append(args[0].numel() // args[0].shape[-1]))
+
+
+@needs_loss_function
+@pytest.mark.parametrize("num_items", [True, False], ids=["num_items_in_batch", "mean"])
+@pytest.mark.parametrize("model_type", CAUSAL_LMS)
+def test_loss_and_gradients_equal_the_unchunked_step(model_type, num_items):
+    arch = _arch(model_type)
+    model, inputs = _built(arch), _inputs(arch, num_items)
+    reference = _step(model, inputs)
+    hf_ckpt.enable(model, head_chunk_size=CHUNK)
+    calls = _HeadCalls(model)
+    chunked = _step(model, inputs)
+    _assert_same(reference, chunked)
+    # the empty call in the model's forward, 4 chunks (5+5+5+1 tokens) forward, recomputed in backward
+    assert calls.tokens[:5] == [0, 5, 5, 5, 1] and sorted(calls.tokens[5:9]) == [1, 5, 5, 5], calls.tokens
+
+
+@needs_loss_function
+@pytest.mark.parametrize("model_type", ("llama", "gpt2"))
+def test_float64_equal_to_rounding(model_type):
+    """In float64 the blocks and the head add no rounding of their own; the loss function computes in float32
+    (``ForCausalLMLoss`` upcasts with ``logits.float()``, which casts float64 down), so a float32 tolerance holds,
+    and a tenth of the float32 test's."""
+    arch = _arch(model_type)
+    model, inputs = _built(arch).double(), _inputs(arch, True)
+    reference = _step(model, inputs)
+    hf_ckpt.enable(model, head_chunk_size=3)
+    _assert_same(reference, _step(model, inputs), rtol=1e-6, atol=1e-8)
+
+
+@needs_loss_function
+def test_training_returns_no_logits_and_other_calls_return_them_as_before():
+    model = tiny_llama()
+    ids = torch.randint(0, VOCAB, (2, 8), generator=torch.Generator().manual_seed(1))
+    before = {"train": model(input_ids=ids).logits, "eval": model.eval()(input_ids=ids, labels=ids)}
+    model.train()
+    hf_ckpt.enable(model, head_chunk_size=4)
+    assert model(input_ids=ids, labels=ids).logits is None
+    assert torch.equal(model(input_ids=ids).logits, before["train"])  # no labels: full logits
+    with torch.no_grad():
+        assert torch.equal(model(input_ids=ids, labels=ids).logits, before["train"])
+    evaluated = model.eval()(input_ids=ids, labels=ids)
+    assert torch.equal(evaluated.logits, before["eval"].logits) and torch.equal(evaluated.loss, before["eval"].loss)
+    generated = model.generate(ids[:1, :4], max_new_tokens=3, do_sample=False)
+    assert generated.shape == (1, 7)
+
+
+@needs_loss_function
+def test_labels_given_by_position_warn_once_and_run_unchunked():
+    """The chunked head reads ``labels`` by keyword; labels given by position are not silently left unchunked."""
+    model = tiny_llama()
+    ids = torch.randint(0, VOCAB, (2, 8), generator=torch.Generator().manual_seed(1))
+    position = list(inspect.signature(model.forward).parameters).index("labels")
+    arguments = [ids] + [None] * (position - 1) + [ids]
+    reference = model(*arguments)
+    hf_ckpt.enable(model, head_chunk_size=4)
+    with pytest.warns(hf_ckpt.HfCkptWarning) as caught:
+        output = model(*arguments)
+        model(*arguments)
+    assert [str(w.message) for w in caught] == [
+        "head_chunk_size=4 does not take effect: LlamaForCausalLM was given its labels by position, and the chunked "
+        "head reads them by keyword (labels=...); this step computes the full logits"]
+    assert torch.equal(output.logits, reference.logits) and torch.equal(output.loss, reference.loss)
+
+
+@needs_loss_function
+def test_disable_restores_the_forward():
+    model = tiny_llama()
+    had = "forward" in model.__dict__
+    hf_ckpt.enable(model, head_chunk_size=4)
+    assert "forward" in model.__dict__
+    hf_ckpt.disable(model.train())
+    ids = torch.randint(0, VOCAB, (2, 8))
+    assert ("forward" in model.__dict__) == had
+    assert model(input_ids=ids, labels=ids).logits.shape == (2, 8, VOCAB)
+
+
+@needs_loss_function
+def test_enabling_again_without_it_unwraps():
+    model = tiny_llama()
+    hf_ckpt.enable(model, head_chunk_size=4)
+    hf_ckpt.enable(model, every_n_layers=2)
+    ids = torch.randint(0, VOCAB, (2, 8))
+    assert "forward" not in model.__dict__
+    assert model(input_ids=ids, labels=ids).logits is not None
+
+
+@pytest.mark.parametrize(("value", "error", "shown"), [
+    (0, ValueError, "0"), (-4, ValueError, "-4"), ("512", TypeError, "'512' of type str"),
+    (True, TypeError, "True of type bool"), (2.0, TypeError, "2.0 of type float"),
+])
+def test_bad_values_are_refused_at_the_call_changing_nothing(value, error, shown):
+    model = tiny_llama()
+    hf_ckpt.enable(model, every_n_layers=2)
+    with pytest.raises(error) as raised:
+        hf_ckpt.enable(model, head_chunk_size=value)
+    assert str(raised.value) == (
+        "head_chunk_size must be a positive int (tokens per chunk of the output projection and loss) or None "
+        f"(no chunking); got {shown}")
+    assert hf_ckpt.checkpointed_layers(model) == [0, 2] and "forward" not in model.__dict__
+
+
+@needs_loss_function
+def test_a_model_that_changes_its_logits_is_refused_at_the_call_changing_nothing():
+    arch = _arch("gemma2")
+    model = arch_zoo.build(arch)
+    hf_ckpt.enable(model, every_n_layers=2)
+    with pytest.raises(ValueError) as raised:
+        hf_ckpt.enable(model, head_chunk_size=4)
+    assert str(raised.value) == (
+        "head_chunk_size cannot apply to Gemma2ForCausalLM: its forward does not hand the output of self.lm_head to "
+        "its loss unchanged (logit soft-capping or scaling), so the chunked head would compute a different loss. "
+        "Drop head_chunk_size.")
+    assert hf_ckpt.checkpointed_layers(model) == [0, 2] and "forward" not in model.__dict__
+
+
+@needs_loss_function
+def test_a_model_computing_its_loss_its_own_way_is_refused():
+    model = tiny_gpt2(cls=GPT2DoubleHeadsModel)  # lm_head, but CrossEntropyLoss called in its forward
+    with pytest.raises(ValueError) as raised:
+        hf_ckpt.enable(model, head_chunk_size=4)
+    assert str(raised.value) == (
+        "head_chunk_size cannot apply to GPT2DoubleHeadsModel: its forward does not compute its loss with "
+        "self.loss_function (it computes it its own way). Drop head_chunk_size.")
+
+
+def test_a_model_without_its_own_output_projection_is_refused():
+    model = arch_zoo.build(arch_zoo.architectures({"bert": arch_zoo.MASKED_LM})[0])  # cls.predictions.decoder
+    with pytest.raises(ValueError) as raised:
+        hf_ckpt.enable(model, head_chunk_size=4)
+    assert str(raised.value) == (
+        "head_chunk_size cannot apply to BertForMaskedLM: it has no output projection of its own "
+        "(get_output_embeddings() is not one of its submodules). Drop head_chunk_size.")
+
+
+@pytest.mark.skipif(HAS_LOSS_FUNCTION, reason="this release has PreTrainedModel.loss_function")
+def test_a_release_without_loss_function_refuses_at_the_call():
+    with pytest.raises(ValueError) as raised:
+        hf_ckpt.enable(tiny_llama(), head_chunk_size=4)
+    assert str(raised.value) == (
+        "head_chunk_size cannot apply to LlamaForCausalLM: it computes its loss its own way (this transformers "
+        "release has no PreTrainedModel.loss_function). Drop head_chunk_size.")
+
+
+@needs_loss_function
+def test_lora_on_the_head():
+    peft = pytest.importorskip("peft")
+    arch = _arch("llama")
+
+    def build():
+        config = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["lm_head", "q_proj"], lora_dropout=0.0,
+                                 init_lora_weights=False)
+        return peft.get_peft_model(_built(arch), config)
+
+    inputs = _inputs(arch, True)
+    reference = _step(build(), inputs)
+    model = build()
+    hf_ckpt.enable(model, head_chunk_size=CHUNK)
+    chunked = _step(model, inputs)
+    assert any("lm_head.lora_A" in name for name in chunked[1])
+    _assert_same(reference, chunked)
+
+
+class _Masked(_Tokens):
+    """Rows with a different number of ignored labels each: gradient accumulation must weigh them by
+    ``num_items_in_batch``, not per micro-batch."""
+
+    def __getitem__(self, i):
+        row = super().__getitem__(i)
+        labels = row["labels"].clone()
+        labels[: i % 5] = -100
+        return {**row, "labels": labels}
+
+
+def _trained(tmp_path, kwargs: dict | None) -> tuple[dict[str, torch.Tensor], list[int]]:
+    model = tiny_llama()
+    calls = _HeadCalls(model)
+    options = {"gradient_checkpointing": True, "gradient_checkpointing_kwargs": kwargs} if kwargs else {}
+    args = _training_args(tmp_path, gradient_accumulation_steps=2, optim="sgd", **options)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        Trainer(model=model, args=args, train_dataset=_Masked()).train()
+    return {name: p.detach().clone() for name, p in model.named_parameters()}, calls.tokens
+
+
+@needs_loss_function
+def test_the_trainer_through_the_patch(tmp_path):
+    hf_ckpt.patch_transformers()
+    try:
+        reference, _ = _trained(tmp_path, None)
+        chunked, tokens = _trained(tmp_path, {"head_chunk_size": 3, "use_reentrant": False})
+    finally:
+        hf_ckpt.unpatch_transformers()
+    assert max(tokens) == 3 and 0 in tokens  # the head ran in chunks of 3 tokens (16 = 3 * 5 + 1)
+    assert reference.keys() == chunked.keys()
+    assert [n for n in reference if not torch.allclose(reference[n], chunked[n], rtol=1e-5, atol=1e-7)] == []
+
+
+@needs_loss_function
+def test_the_bench_setting():
+    from hf_ckpt.measure import parse_setting
+
+    setting = parse_setting("head:4")
+    model = tiny_llama()
+    ids = torch.randint(0, VOCAB, (2, 8))
+    setting.apply(model)
+    assert setting.name == "head:4" and model(input_ids=ids, labels=ids).logits is None
+    setting.remove(model)
+    assert model(input_ids=ids, labels=ids).logits is not None
+    for bad in ("head", "head:0", "head:x"):
+        with pytest.raises(ValueError) as raised:
+            parse_setting(bad)
+        assert str(raised.value) == (
+            f"head needs a positive int, the tokens per chunk (head:512); got head:{bad.partition(':')[2]}")
