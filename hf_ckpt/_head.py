@@ -23,6 +23,9 @@ from ._warnings import warn_once
 
 _AUX = "router_aux_loss_coef"
 
+#: The keyword arguments of a forward that change its loss, when the forward hands them to ``self.loss_function``.
+_LOSS_KWARGS = ("num_items_in_batch", "ignore_index", "shift_labels")
+
 
 def _assigned(tree: ast.AST, name: str) -> list[ast.stmt]:
     """The statements of ``tree`` that assign to the variable ``name``."""
@@ -40,11 +43,17 @@ def _forward_refusal(target: nn.Module, head_name: str) -> str | None:
     calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and ast.unparse(n.func) == "self.loss_function"]
     if len(calls) != 1:
         return "its forward does not compute its loss with self.loss_function (it computes it its own way)"
+    for keyword in calls[0].keywords:
+        given = ast.unparse(keyword.value) if keyword.arg in _LOSS_KWARGS else None
+        if given is not None and given not in (keyword.arg, f"kwargs.get('{keyword.arg}')", f"kwargs['{keyword.arg}']"):
+            return (f"its forward hands its loss function {keyword.arg}={given}, which the chunked head does not "
+                    "reproduce")
     logits = calls[0].args[0] if calls[0].args else next((k.value for k in calls[0].keywords if k.arg == "logits"), None)
     made = _assigned(tree, logits.id) if isinstance(logits, ast.Name) else []
     value = made[0].value if len(made) == 1 else None
-    if isinstance(value, ast.Call) and ast.unparse(value.func).endswith(".float") and not value.args:
-        value = value.func.value  # the loss upcasts the logits itself
+    while (isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) and not value.args
+           and value.func.attr in ("float", "contiguous")):
+        value = value.func.value  # the loss upcasts the logits itself; a contiguous copy holds the same values
     if not isinstance(value, ast.Call) or ast.unparse(value.func) != f"self.{head_name}":
         return (f"its forward does not hand the output of self.{head_name} to its loss unchanged (logit "
                 "soft-capping or scaling), so the chunked head would compute a different loss")
@@ -56,6 +65,17 @@ def _forward_refusal(target: nn.Module, head_name: str) -> str | None:
         if not (isinstance(step, ast.AugAssign) and _AUX in ast.unparse(step.value) and hasattr(target, _AUX)):
             return f"its forward changes the loss after self.loss_function ({ast.unparse(step)})"
     return None
+
+
+@functools.lru_cache(maxsize=None)
+def _forwarded(cls: type) -> frozenset[str]:
+    """Which of :data:`_LOSS_KWARGS` ``cls.forward`` hands to ``self.loss_function``: all with ``**kwargs``, else
+    those it names (Bloom on 5.15 names ``num_items_in_batch`` alone, XGLM none). What it does not hand on, its
+    loss ignores, and so does the chunked head's."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(cls.forward)))
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and ast.unparse(n.func) == "self.loss_function"]
+    keywords = [keyword.arg for call in calls for keyword in call.keywords]
+    return frozenset(_LOSS_KWARGS) if None in keywords else frozenset(k for k in keywords if k in _LOSS_KWARGS)
 
 
 def refusal(target: nn.Module) -> str | None:
@@ -74,6 +94,7 @@ def refusal(target: nn.Module) -> str | None:
 def _loss(target: nn.Module, head: nn.Module, hidden: torch.Tensor, labels: torch.Tensor, size: int,
           kwargs: dict[str, Any]) -> torch.Tensor:
     """The model's loss over ``hidden`` (the head's input), ``size`` tokens at a time, each chunk checkpointed."""
+    kwargs = {name: value for name, value in kwargs.items() if name in _forwarded(type(target))}
     ignore = kwargs.get("ignore_index", -100)
     shifted = kwargs.get("shift_labels")
     if shifted is None:

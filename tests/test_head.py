@@ -17,6 +17,7 @@ from transformers import GPT2DoubleHeadsModel, PreTrainedModel, Trainer
 
 import arch_zoo
 import hf_ckpt
+from hf_ckpt import _head
 from helpers import VOCAB, tiny_gpt2, tiny_llama
 from test_patch import _Tokens, _training_args
 
@@ -89,6 +90,27 @@ def test_loss_and_gradients_equal_the_unchunked_step(model_type, num_items):
     _assert_same(reference, chunked)
     # the empty call in the model's forward, 4 chunks (5+5+5+1 tokens) forward, recomputed in backward
     assert calls.tokens[:5] == [0, 5, 5, 5, 1] and sorted(calls.tokens[5:9]) == [1, 5, 5, 5], calls.tokens
+
+
+@needs_loss_function
+@pytest.mark.parametrize("model_type", [t for t, task in arch_zoo.COMMON.items()
+                                        if task == arch_zoo.CAUSAL_LM and t not in CAUSAL_LMS])
+def test_every_common_causal_lm_is_exact_or_refused_at_the_call(model_type):
+    """Every causal LM of the suite's common architectures: the chunked step's loss and gradients equal the
+    unchunked step's, or ``enable`` refuses the setting, naming why, and changes nothing."""
+    arch = _arch(model_type)
+    model, inputs = arch_zoo.build(arch), _inputs(arch, True)
+    reference = _step(model, inputs)
+    reason = _head.refusal(model)
+    if reason is not None:
+        with pytest.raises(ValueError) as raised:
+            hf_ckpt.enable(model, head_chunk_size=CHUNK)
+        assert str(raised.value) == f"head_chunk_size cannot apply to {type(model).__name__}: {reason}. " \
+                                    "Drop head_chunk_size."
+        assert "forward" not in model.__dict__ and hf_ckpt.checkpointed_layers(model) == []
+        return
+    hf_ckpt.enable(model, head_chunk_size=CHUNK)
+    _assert_same(reference, _step(model, inputs))
 
 
 @needs_loss_function
