@@ -260,10 +260,12 @@ def render_torch(torch_data: dict | None) -> list[str]:
     lines = [
         "## torch",
         "",
-        f"hf_ckpt declares `torch>={torch_data['floor']}`. CI runs the default suite on the ends of that range, each "
-        "in its own environment (`ci/torch_range.py`: the transformers release's pins with torch replaced); the "
-        "floor's run is also the matrix's run of its release (the pins table above), every other release runs on "
-        "the pins' torch. A feature the running torch "
+        f"hf_ckpt declares `torch>={torch_data['floor']}"
+        + (f",<{torch_data['ceiling']}" if torch_data.get("ceiling") else "") +
+        "`. CI runs the default suite's release-bound tests (those not marked `any_release`) on the ends of that "
+        "range, each in its own environment (`ci/torch_range.py`: the transformers release's pins with torch "
+        "replaced); the floor's run is also the matrix's run of its release (the pins table above), every other "
+        "release runs on the pins' torch. A feature the running torch "
         "lacks is refused at the call, naming the torch capability it needs; its tests are skipped, the capability "
         "as the reason.",
         "",

@@ -236,7 +236,8 @@ def main(argv: list[str] | None = None) -> int:
     for result in results:
         for name in result["failures"]:
             say(f"  FAILED [torch {result['torch']}] {name}")
-    report = {"floor": declared_floor(), "ends": results, "seconds": round(time.monotonic() - started, 1)}
+    report = {"floor": declared_floor(), "ceiling": declared_ceiling(), "ends": results,
+              "seconds": round(time.monotonic() - started, 1)}
     (args.out / "torch.json").write_text(json.dumps(report, indent=1) + "\n")
     return 0 if all(result["ok"] for result in results) else 1
 

@@ -430,7 +430,7 @@ def test_a_torch_end_reports_its_skip_reasons_and_fails_the_run_when_red(
     assert f"FAILED [torch {top}] t::x" in capsys.readouterr().out
     report = json.loads((tmp_path / "torch.json").read_text())
     assert [(e["torch"], e["ok"]) for e in report["ends"]] == [("2.5.1", True), (top, False)]
-    assert report["floor"] == torch_range.declared_floor()
+    assert (report["floor"], report["ceiling"]) == (torch_range.declared_floor(), torch_range.declared_ceiling())
 
 
 def test_the_page_has_a_torch_table_that_check_verifies(tmp_path: Path, capsys) -> None:
@@ -445,7 +445,10 @@ def test_the_page_has_a_torch_table_that_check_verifies(tmp_path: Path, capsys) 
     arguments = ["--input", str(source), "--sweep", str(full), "--torch", str(torch_json), "--output", str(page)]
     assert compat_report.main(arguments) == 0
     text = page.read_text()
-    assert "declares `torch>=2.5`" in text
+    assert "declares `torch>=2.5`." in text  # a run that records no ceiling
+    with_ceiling = json.loads(torch_json.read_text())
+    with_ceiling["ceiling"] = "2.16"
+    assert "declares `torch>=2.5,<2.16`." in "\n".join(compat_report.render_torch(with_ceiling))
     assert "| 2.5.1 | 4.45.2 | green | `torch.cpu.Stream.wait_event (x)` |" in text  # only capability skips
     assert "| 2.14.1 | 5.24.0 | green | none |" in text
     assert compat_report.main([*arguments, "--check"]) == 0
