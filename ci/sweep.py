@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The full architecture sweep: every model type that supports checkpointing, on each release of the matrix.
 
-    python ci/sweep.py                          # every release, each asserted (CI splits them over two lanes)
+    python ci/sweep.py                          # every release, each asserted
+    python ci/sweep.py --queue                  # as CI's two lanes do: each sweeps the releases no other run claimed
     python ci/sweep.py --releases 5.24.0        # one release
     python ci/sweep.py --jobs 2 --out build/sweep
 

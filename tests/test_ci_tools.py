@@ -299,6 +299,32 @@ def test_two_sweeps_merge_into_one_report_in_release_order(tmp_path: Path) -> No
     assert json.loads(path.read_text()) == {"releases": [{"release": "5.0.0"}], "seconds": 1.0}
 
 
+def test_runs_sharing_a_queue_sweep_each_release_once_newest_first(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """CI's two lanes run ``ci/sweep.py --queue`` on one folder: each release is swept by the first run to claim
+    it, newest first, and both runs merge into one sweep.json."""
+    swept: list[tuple[int, str]] = []
+    lane = [1]
+
+    def fake_release(release, args):
+        swept.append((lane[0], release))
+        if release == matrix.RELEASES[-2]:
+            lane[0] = 2  # the other lane starts while the first sweeps its second release
+            assert sweep.main(["--queue", "--out", str(tmp_path)]) == 0
+        return sweep.summarise(release, {"model_types": {"x": {"known_failure": None, **dict.fromkeys(sweep.CASES,
+                                                                                               "passed")}}},
+                               True, 0, 1.0)
+
+    monkeypatch.setattr(sweep, "run_release", fake_release)
+    assert sweep.main(["--queue", "--out", str(tmp_path)]) == 0
+    newest_first = list(reversed(matrix.RELEASES))
+    assert [release for _, release in swept] == newest_first  # each once, in that order
+    assert [release for lane_, release in swept if lane_ == 1] == newest_first[:2]
+    assert not sweep.claim(tmp_path, matrix.RELEASES[0])  # claimed already
+    report = json.loads((tmp_path / "sweep.json").read_text())
+    assert [run["release"] for run in report["releases"]] == list(matrix.RELEASES)
+
+
 def test_every_release_runs_the_same_two_cases_asserted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Each release in its matrix environment, the newest in the torch range's ceiling one (timm loads there)."""
     commands = {}
