@@ -318,6 +318,10 @@ def test_bench_check_fails_on_a_real_overhead_only(overhead, noise, label, code,
     """The timed rounds are replaced by synthetic ones (no timing in tests): ours = upstream x (1 + overhead) x
     noise."""
     import hf_ckpt.measure.bench
+    from hf_ckpt import _compat
+
+    if not _compat.upstream_supports_every_n_layers():
+        pytest.skip("this transformers release has no upstream every_n_layers (the upstream:every_n:2 setting)")
 
     def rounds(names, run, *, repeat, **options):
         reference = [0.2 * (1 + 0.3 * (i % 4)) for i in range(repeat)]  # drift both see
