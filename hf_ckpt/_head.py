@@ -34,13 +34,22 @@ def _assigned(tree: ast.AST, name: str) -> list[ast.stmt]:
                     for t in getattr(node, "targets", [getattr(node, "target", None)]))]
 
 
+@functools.lru_cache(maxsize=None)
+def _loss_calls(cls: type) -> tuple[ast.AST, list[ast.Call]] | None:
+    """``cls.forward``'s syntax tree and its ``self.loss_function(...)`` calls; None where its source cannot be read."""
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(cls.forward)))
+    except (OSError, TypeError, SyntaxError):
+        return None
+    return tree, [n for n in ast.walk(tree) if isinstance(n, ast.Call) and ast.unparse(n.func) == "self.loss_function"]
+
+
 def _forward_refusal(target: nn.Module, head_name: str) -> str | None:
     """Why ``target``'s forward does not compute ``self.loss_function(<its head's logits>)``, or None."""
-    try:
-        tree = ast.parse(textwrap.dedent(inspect.getsource(type(target).forward)))
-    except (OSError, TypeError, SyntaxError):
+    parsed = _loss_calls(type(target))
+    if parsed is None:
         return "the source of its forward cannot be read, so how it computes its loss is unknown"
-    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and ast.unparse(n.func) == "self.loss_function"]
+    tree, calls = parsed
     if len(calls) != 1:
         return "its forward does not compute its loss with self.loss_function (it computes it its own way)"
     for keyword in calls[0].keywords:
@@ -71,9 +80,8 @@ def _forward_refusal(target: nn.Module, head_name: str) -> str | None:
 def _forwarded(cls: type) -> frozenset[str]:
     """Which of :data:`_LOSS_KWARGS` ``cls.forward`` hands to ``self.loss_function``: all with ``**kwargs``, else
     those it names (Bloom on 5.15 names ``num_items_in_batch`` alone, XGLM none). What it does not hand on, its
-    loss ignores, and so does the chunked head's."""
-    tree = ast.parse(textwrap.dedent(inspect.getsource(cls.forward)))
-    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and ast.unparse(n.func) == "self.loss_function"]
+    loss ignores, and so does the chunked head's (a forward whose source cannot be read was refused at the call)."""
+    _, calls = _loss_calls(cls)
     keywords = [keyword.arg for call in calls for keyword in call.keywords]
     return frozenset(_LOSS_KWARGS) if None in keywords else frozenset(k for k in keywords if k in _LOSS_KWARGS)
 
