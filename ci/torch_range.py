@@ -61,22 +61,23 @@ RECIPE_VERSION = "1"
 STAMP = ".hf_ckpt-torch-stamp.json"
 
 
+def _declared_range() -> tuple[str, str | None]:
+    """The torch range ``pyproject.toml`` declares: ``torch>=X`` or ``torch>=X,<Y`` as (X, Y or None)."""
+    for requirement in requirements():
+        found = re.fullmatch(r"torch\s*>=\s*([0-9.]+)\s*(?:,\s*<\s*([0-9.]+))?", requirement.strip())
+        if found:
+            return found.group(1), found.group(2)
+    raise RuntimeError("pyproject.toml declares no torch>= floor")
+
+
 def declared_floor() -> str:
     """The torch floor ``pyproject.toml`` declares (``torch>=X``, a ceiling after it or not)."""
-    for requirement in requirements():
-        found = re.fullmatch(r"torch\s*>=\s*([0-9.]+)\s*(,\s*<\s*[0-9.]+)?", requirement.strip())
-        if found:
-            return found.group(1)
-    raise RuntimeError("pyproject.toml declares no torch>= floor")
+    return _declared_range()[0]
 
 
 def declared_ceiling() -> str | None:
     """The first torch release ``pyproject.toml`` excludes (``torch>=X,<Y``: Y), if it declares one."""
-    for requirement in requirements():
-        found = re.fullmatch(r"torch\s*>=\s*[0-9.]+\s*,\s*<\s*([0-9.]+)", requirement.strip())
-        if found:
-            return found.group(1)
-    return None
+    return _declared_range()[1]
 
 
 def extras(torch: str) -> list[str]:
