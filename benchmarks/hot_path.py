@@ -115,7 +115,7 @@ def _print(name: str, figures: dict[str, object], top: int) -> None:
 def _verdict(model, batch, loss_fn, pairs, slowdown: float, repeat: int) -> None:
     """Run the bench's own timing and checks (:func:`~hf_ckpt.measure.run_benchmark`, process CPU time) with every
     hf_ckpt step slowed down; print the timing checks as ``hf-ckpt bench`` does."""
-    from hf_ckpt._state import get_state
+    from hf_ckpt.runtime.state import get_state
     from hf_ckpt.measure import report as reporting
     from hf_ckpt.measure import run_benchmark
     from hf_ckpt.measure.step import training_step

@@ -31,7 +31,7 @@ import hf_ckpt
 from hf_ckpt.measure.step import training_step
 from hf_ckpt.measure.timing import CLOCKS, interleaved_step_times
 from hf_ckpt.measure.workload import build_workload
-from hf_ckpt.oplevel import frontier, profile_ops
+from hf_ckpt.strategies.oplevel import frontier, profile_ops
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     if len(profiles) != 1:
         raise SystemExit(f"expected one block type, got {len(profiles)}")
     profile = profiles[0]
-    n = len(hf_ckpt.blocks.find_blocks(model))
+    n = len(hf_ckpt.runtime.blocks.find_blocks(model))
     selective = tuple(op.key for op in profile.ops if op.selective)
     plans = {
         "full": hf_ckpt.CheckpointPlan(strategies=("full",) * n),

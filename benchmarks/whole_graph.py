@@ -7,7 +7,7 @@ the whole model:
 
 1. dynamo captures the model's forward; AOT autograd traces the joint graph (dropout as a mask drawn from a shape,
    as hf_ckpt's partitioned blocks do) and splits it with ``min_cut_rematerialization_partition`` under
-   ``activation_memory_budget = F``, random ops replayed (:mod:`hf_ckpt.oplevel._partition`);
+   ``activation_memory_budget = F``, random ops replayed (:mod:`hf_ckpt.strategies.partition.graph`);
 2. both graphs run op by op with the model's own kernels (no inductor);
 3. random ops replay either the CPU generator's state saved in forward (``--rng state``: the eager model's masks
    exactly, 5,056 bytes a random op) or an 8-byte seed drawn in forward (``--rng seed``: masks drawn from the seed,
@@ -32,7 +32,7 @@ import torch
 from hf_ckpt.measure.step import training_step
 from hf_ckpt.measure.workload import build_workload
 from hf_ckpt.measure._compiled import CompiledReference
-from hf_ckpt.oplevel._partition import _DROPOUT_AS_MASK, _eager, _partition_replaying_random_ops
+from hf_ckpt.strategies.partition.graph import _DROPOUT_AS_MASK, _eager, _partition_replaying_random_ops
 
 SIZES = {"llama": dict(layers=8, hidden=256), "gpt2": dict(layers=4, hidden=256), "bert": dict(layers=4, hidden=256)}
 

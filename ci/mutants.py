@@ -64,7 +64,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "head_chunks_ignore_num_items",
         "the chunked head divides the loss by num_items_in_batch when given (the Trainer's gradient accumulation)",
-        "hf_ckpt/_head.py",
+        "hf_ckpt/runtime/head.py",
         "count = (shifted != ignore).sum() if count is None else count",
         "count = (shifted != ignore).sum()",
         ("tests/test_head.py",),
@@ -72,7 +72,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "head_chunk_refusal_skipped",
         "head_chunk_size is refused at the call on a model whose forward changes its logits or loss",
-        "hf_ckpt/_apply.py",
+        "hf_ckpt/runtime/apply.py",
         "        if refused:\n",
         "        if False:  # mutant: never refused\n",
         ("tests/test_head.py",),
@@ -89,7 +89,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "use_reentrant_default_true",
         "use_reentrant defaults to False",
-        "hf_ckpt/config.py",
+        "hf_ckpt/runtime/config.py",
         'checked.setdefault("use_reentrant", False)',
         'checked.setdefault("use_reentrant", True)',
         ("tests/test_enable.py",),
@@ -97,7 +97,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "use_reentrant_not_passed",
         "use_reentrant is always passed to torch.utils.checkpoint.checkpoint explicitly",
-        "hf_ckpt/functions.py",
+        "hf_ckpt/runtime/functions.py",
         "return functools.partial(checkpoint, **checkpoint_kwargs)",
         'return functools.partial(checkpoint, **{k: v for k, v in checkpoint_kwargs.items() if k != "use_reentrant"})',
         ("tests/test_enable.py",),
@@ -105,7 +105,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "warn_every_time",
         "a setting that cannot take effect warns once (per model, or per process)",
-        "hf_ckpt/_warnings.py",
+        "hf_ckpt/runtime/warn.py",
         "    if key in seen:\n        return False\n",
         "    if False:  # mutant: warn every time\n        return False\n",
         ("tests/test_use_cache.py", "tests/test_measured_recompute.py"),
@@ -113,7 +113,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "every_n_off_by_one",
         "every_n_layers=n checkpoints blocks 0, n, 2n, ...",
-        "hf_ckpt/selection.py",
+        "hf_ckpt/runtime/selection.py",
         "return list(range(0, num_blocks, every_n_layers))",
         "return list(range(1, num_blocks, every_n_layers))",
         ("tests/test_enable.py",),
@@ -121,7 +121,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "every_n_selects_every_block",
         "every_n_layers=n checkpoints blocks 0, n, 2n, ... (not every block)",
-        "hf_ckpt/selection.py",
+        "hf_ckpt/runtime/selection.py",
         "return list(range(0, num_blocks, every_n_layers))",
         "return list(range(num_blocks))",
         ("tests/test_enable.py",),
@@ -129,7 +129,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "disable_restore_skipped",
         "disable restores what the model had before enable (upstream's setting included)",
-        "hf_ckpt/_state.py",
+        "hf_ckpt/runtime/state.py",
         "    clear_state(target)\n    state.before.restore()\n",
         "    clear_state(target)\n",
         ("tests/test_disable.py",),
@@ -137,7 +137,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "input_grads_hook_missing",
         "input grads are turned on where the recompute needs them (reentrant, PEFT adapters)",
-        "hf_ckpt/_hooks.py",
+        "hf_ckpt/runtime/hooks.py",
         'hooks.add(module, "register_forward_hook", _mark_output_requires_grad)',
         "pass  # mutant: no input-grads hook",
         ("tests/test_peft.py", "tests/test_enable.py"),
@@ -145,7 +145,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "probe_never_warns",
         "the first training step measures what was recomputed and warns when it differs from the selection",
-        "hf_ckpt/_probe.py",
+        "hf_ckpt/runtime/probe.py",
         "        if measured != self.expected:\n",
         "        if False:  # mutant: the probe never warns\n",
         ("tests/test_measured_recompute.py",),
@@ -153,7 +153,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "failed_enable_changes_setting",
         "an enable call that raises changes nothing (the previous setting stays)",
-        "hf_ckpt/_apply.py",
+        "hf_ckpt/runtime/apply.py",
         "    binding = resolve(target, config)  # everything that can fail on this model fails here, before any change\n",
         "    take_back(target)  # mutant: the old setting is undone before the new one is checked\n"
         "    binding = resolve(target, config)\n",
@@ -162,7 +162,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "use_cache_left_on",
         "use_cache is turned off in training steps with checkpointing",
-        "hf_ckpt/_hooks.py",
+        "hf_ckpt/runtime/hooks.py",
         '    kwargs["use_cache"] = False\n    return args, kwargs\n',
         "    return None  # mutant: use_cache left as it is\n",
         ("tests/test_use_cache.py",),
@@ -170,7 +170,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "no_grad_still_checkpoints",
         "under torch.no_grad the model runs exactly as without checkpointing",
-        "hf_ckpt/_hooks.py",
+        "hf_ckpt/runtime/hooks.py",
         "    if torch.is_grad_enabled():\n        return\n    values = ",
         "    if True:  # mutant: flags stay on under no_grad\n        return\n    values = ",
         ("tests/test_enable.py::test_a_no_grad_forward_in_training_mode_checkpoints_nothing",),
@@ -178,7 +178,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "outside_outputs_kept",
         "a plan's outside_blocks: tensors saved from those modules' outputs are recomputed, not kept",
-        "hf_ckpt/_outside.py",
+        "hf_ckpt/strategies/outside/hook.py",
         "        return MadeAgain(functools.partial(call.output, index), tensor)\n",
         "        return tensor  # mutant: outputs of recomputed modules kept\n",
         ("tests/test_outside.py",),
@@ -186,7 +186,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "outside_sums_kept",
         "a sum of recomputed modules' outputs (GPT-2's embeddings) is made again from them, not kept",
-        "hf_ckpt/_outside.py",
+        "hf_ckpt/strategies/outside/hook.py",
         "            return MadeAgain(made, tensor) if made is not None else boundary_pack(tensor)\n",
         "            return boundary_pack(tensor)  # mutant: sums of recomputed outputs kept\n",
         ("tests/test_outside.py",),
@@ -194,7 +194,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "oplevel_plan_rounded",
         "the op-level planner finds the cheapest plan whose exact bytes fit, not only those its rounding sees",
-        "hf_ckpt/oplevel/_plan.py",
+        "hf_ckpt/strategies/oplevel/menu/__init__.py",
         "    exact = _exact_plan(menu, none, required)\n",
         "    exact = None  # mutant: savings rounded to a byte unit\n",
         ("tests/test_oplevel.py",),
@@ -202,7 +202,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "boundary_outputs_kept",
         "a partitioned block's output made from what it saves is not kept by its consumers",
-        "hf_ckpt/_boundary.py",
+        "hf_ckpt/strategies/partition/boundary.py",
         "    return MadeAgain(call.made, tensor)\n",
         "    return tensor  # mutant: block outputs kept\n",
         ("tests/test_boundary.py",),
@@ -210,7 +210,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "outside_dropout_redrawn",
         "a recomputed dropout draws its mask again from the RNG state of its forward",
-        "hf_ckpt/_outside.py",
+        "hf_ckpt/strategies/outside/hook.py",
         "        set_rng_state(device, state)\n",
         "        pass  # mutant: dropout redrawn from the current RNG state\n",
         ("tests/test_outside.py",),
@@ -218,7 +218,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "norms_banned",
         "partition:<F>:norms lets the partitioner recompute norms and softmaxes",
-        "hf_ckpt/oplevel/_norms.py",
+        "hf_ckpt/strategies/partition/norms.py",
         "            types.recomputable_ops |= extra\n",
         "            pass  # mutant: norms stay banned from recompute\n",
         ("tests/test_norms.py",),
@@ -226,7 +226,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "outside_leaves_only",
         "cheap_modules takes a module that holds others whole",
-        "hf_ckpt/oplevel/_outside_menu.py",
+        "hf_ckpt/strategies/outside/menu.py",
         "             if name and not any(id(d) in inside for d in m.modules())}\n",
         "             if name and not any(id(d) in inside for d in m.modules()) and not any(True for _ in m.children())}\n",
         ("tests/test_outside.py",),
@@ -234,7 +234,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "budget_ignores_moved_weights",
         "a budget plans again when the weights moved to another dtype or device after its plan",
-        "hf_ckpt/_deferred.py",
+        "hf_ckpt/budget/deferred.py",
         "    if request.weights is not None and not request.weights.moved():\n",
         "    if request.weights is not None:  # mutant: weights read once\n",
         ("tests/test_budget_trainer.py::test_weights_moved_after_the_first_plan_are_planned_again_and_auto_read_again",),
@@ -242,7 +242,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "hard_coded_stack_flag_on",
         "a stack whose loop hard-codes torch's checkpoint keeps its flag off: only the selected blocks are recomputed",
-        "hf_ckpt/_binding.py",
+        "hf_ckpt/runtime/binding.py",
         'put(module, "gradient_checkpointing", not (id(module) in owners and hard_codes_checkpoint(type(module))))',
         'put(module, "gradient_checkpointing", True)',
         ("tests/test_direct_blocks.py",),
@@ -250,7 +250,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "block_argument_ignored",
         "a block handed to the checkpoint function as an argument follows the selection (IDEFICS's vblock)",
-        "hf_ckpt/functions.py",
+        "hf_ckpt/runtime/functions.py",
         "    if choice is None:\n        choice = next(",
         "    if False:  # mutant: the arguments are never read\n        choice = next(",
         ("tests/test_measured_recompute.py",),
@@ -290,7 +290,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "probe_stays_in_record",
         "once the first step is measured, nothing of the probe stays on the model or in its record",
-        "hf_ckpt/_hooks.py",
+        "hf_ckpt/runtime/hooks.py",
         "    state.undo[:] = [action for action in state.undo if not _finished_probe(action)]\n",
         "",
         ("tests/test_measured_recompute.py",),

@@ -19,7 +19,7 @@ from transformers import PretrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutput
 
 import hf_ckpt
-from hf_ckpt.counting import BlockRunCounter
+from hf_ckpt.runtime.counting import BlockRunCounter
 
 
 class TinyLMConfig(PretrainedConfig):

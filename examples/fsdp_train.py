@@ -27,8 +27,8 @@ from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import hf_ckpt
-from hf_ckpt.blocks import find_blocks
-from hf_ckpt.counting import BlockRunCounter
+from hf_ckpt.runtime.blocks import find_blocks
+from hf_ckpt.runtime.counting import BlockRunCounter
 from hf_ckpt.measure import StorageTracker
 
 VOCAB = 128

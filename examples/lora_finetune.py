@@ -24,7 +24,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
 
 import hf_ckpt
-from hf_ckpt.counting import BlockRunCounter
+from hf_ckpt.runtime.counting import BlockRunCounter
 
 STEPS = 4
 

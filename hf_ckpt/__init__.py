@@ -8,14 +8,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ._lazy import lazy_exports
+from hf_ckpt._lazy import lazy_exports
 
 __version__ = "0.1.0"
 
 #: Public name -> the module that defines it.
 _EXPORTS = {
-    "HfCkptWarning": "._warnings",
-    "CheckpointConfig": ".config",
+    "HfCkptWarning": ".runtime.warn",
+    "CheckpointConfig": ".runtime.config",
     "checkpointed_layers": ".core",
     "disable": ".core",
     "enable": ".core",
@@ -23,30 +23,30 @@ _EXPORTS = {
     "is_patched": ".patch",
     "patch_transformers": ".patch",
     "unpatch_transformers": ".patch",
-    "plan": ".planner",
-    "CheckpointPlan": ".plans",
-    "SelectiveRecomputeError": ".selective",
+    "plan": ".planning.planner",
+    "CheckpointPlan": ".runtime.plans",
+    "SelectiveRecomputeError": ".strategies.selective.policy",
     "VerifyReport": ".verification",
     "verify": ".verification",
     "BlockStrategy": ".strategies",
-    "register_optimizer_states": "._optimizer_states",
+    "register_optimizer_states": ".budget.optimizer_states",
 }
 _SUBMODULES = ("measure", "distributed", "estimate")
 
 __all__ = sorted(_EXPORTS) + ["__version__"]
 
 if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerly
-    from ._optimizer_states import register_optimizer_states
-    from ._warnings import HfCkptWarning
-    from .strategies import BlockStrategy
-    from .config import CheckpointConfig
-    from .core import checkpointed_layers, disable, enable
-    from .mixin import GradientCheckpointingMixin
-    from .patch import is_patched, patch_transformers, unpatch_transformers
-    from .planner import plan
-    from .plans import CheckpointPlan
-    from .selective import SelectiveRecomputeError
-    from .verification import VerifyReport, verify
+    from hf_ckpt.budget.optimizer_states import register_optimizer_states
+    from hf_ckpt.runtime.warn import HfCkptWarning
+    from hf_ckpt.strategies import BlockStrategy
+    from hf_ckpt.runtime.config import CheckpointConfig
+    from hf_ckpt.core import checkpointed_layers, disable, enable
+    from hf_ckpt.mixin import GradientCheckpointingMixin
+    from hf_ckpt.patch import is_patched, patch_transformers, unpatch_transformers
+    from hf_ckpt.planning.planner import plan
+    from hf_ckpt.runtime.plans import CheckpointPlan
+    from hf_ckpt.strategies.selective.policy import SelectiveRecomputeError
+    from hf_ckpt.verification import VerifyReport, verify
 
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, _SUBMODULES)

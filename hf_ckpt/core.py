@@ -5,10 +5,10 @@
 ``PreTrainedModel`` (so the stock ``Trainer``, TRL and sentence-transformers too). The life of one call:
 
 1. **Validate.** The options become one :class:`~hf_ckpt.CheckpointConfig` (bad values fail here, naming the
-   argument); a ``budget`` is taken out first and hands the call to the lab (:mod:`hf_ckpt._deferred`: a plan made
+   argument); a ``budget`` is taken out first and hands the call to the lab (:mod:`hf_ckpt.budget.deferred`: a plan made
    now on ``sample_inputs``, or at the first training batch), which makes the plan and comes back through the same
    runtime function. A call that raises changes nothing.
-2. **Apply** (:func:`hf_ckpt._apply.apply_config`, the runtime): resolve the config on the model without touching
+2. **Apply** (:func:`hf_ckpt.runtime.apply.apply_config`, the runtime): resolve the config on the model without touching
    it (an index past the last block fails here), take back a previous hf_ckpt setting, bind the flags and
    functions, add the hooks (input grads, ``use_cache`` off in training steps, checkpointing off under
    ``no_grad``, the distributed guard, the probe that measures what the first step recomputes), record it all.
@@ -22,12 +22,12 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from torch import nn
 
-from ._apply import apply_config, remove
-from ._apply import checkpointed_layers as _measured_or_flagged
-from .config import CheckpointConfig, split_budget
+from hf_ckpt.runtime.apply import apply_config, remove
+from hf_ckpt.runtime.apply import checkpointed_layers as _measured_or_flagged
+from hf_ckpt.runtime.config import CheckpointConfig, split_budget
 
 if TYPE_CHECKING:
-    from .plans import CheckpointPlan
+    from hf_ckpt.runtime.plans import CheckpointPlan
 
 
 def configure(model: nn.Module, kwargs_dict: Mapping[str, Any] | None, dict_name: str, **options: Any) -> nn.Module:
@@ -44,7 +44,7 @@ def configure(model: nn.Module, kwargs_dict: Mapping[str, Any] | None, dict_name
         if sample_inputs is not None:
             raise ValueError("sample_inputs is the batch a budget is profiled on: give budget too, or drop sample_inputs")
         return apply_config(model, CheckpointConfig.from_arguments(kwargs_dict, dict_name=dict_name, **options))
-    from . import _deferred  # deferred: the lab (planner, estimator) loads only when a budget is asked for
+    from hf_ckpt.budget import deferred as _deferred  # deferred: the lab (planner, estimator) loads only when a budget is asked for
 
     return _deferred.enable_within(model, budget, kwargs_dict, dict_name, options, sample_inputs)
 
@@ -86,16 +86,16 @@ def enable(
             or ``"block"`` (the first ``num_layers``).
         method: See ``num_layers``.
         strategy: ``"full"`` recomputes each selected block; ``"selective"`` keeps the outputs of its matmuls and
-            attention and recomputes only the cheap ops in between (see :mod:`hf_ckpt.selective`).
+            attention and recomputes only the cheap ops in between (see :mod:`hf_ckpt.strategies.selective.policy`).
         policy: The selective policy: a name, a list of aten ops to save, or a callable.
         plan: A :class:`~hf_ckpt.CheckpointPlan` (or the path of one saved as JSON, ``str`` or ``os.PathLike``):
             a strategy per block.
         budget: Make the cheapest plan that fits this activation-memory budget and apply it. Bytes (int, or a
             string with a unit: ``"512MiB"``), a fraction of the no-checkpointing activation memory (float in
             ``(0, 1]``, or ``"50%"``), or, without ``sample_inputs``, ``"auto"`` (the device's free memory minus
-            a headroom, see :mod:`hf_ckpt._budget`). With ``sample_inputs`` the plan is profiled on that batch
+            a headroom, see :mod:`hf_ckpt.budget.forms`). With ``sample_inputs`` the plan is profiled on that batch
             now; without, it is estimated from the first training batch's shapes just before that step runs,
-            logged, and re-made when a later batch is larger (see :mod:`hf_ckpt._deferred`).
+            logged, and re-made when a later batch is larger (see :mod:`hf_ckpt.budget.deferred`).
         sample_inputs: A representative batch (a dict of the model's keyword arguments) for ``budget``'s
             profiling step.
         keep_outputs: With ``budget`` and no ``sample_inputs``: plan for a loop that keeps the model's outputs

@@ -16,9 +16,9 @@ import sys
 import warnings
 from typing import Any
 
-from ._apply import remove
-from ._compat import has_activation_checkpointing_names
-from .core import configure
+from hf_ckpt.runtime.apply import remove
+from hf_ckpt.runtime.compat import has_activation_checkpointing_names
+from hf_ckpt.core import configure
 
 
 def _enable(model: Any, kwargs_dict: dict[str, Any] | None, dict_name: str, **options: Any) -> None:

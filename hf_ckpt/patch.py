@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._warnings import warn_once
-from .mixin import GradientCheckpointingMixin
+from hf_ckpt.runtime.warn import warn_once
+from hf_ckpt.mixin import GradientCheckpointingMixin
 
 _PATCHED_NAMES = (
     "gradient_checkpointing_enable",
@@ -32,7 +32,7 @@ def _patchable_names() -> list[str]:
 
 def _trainer_callback(action: str) -> None:
     try:
-        from .integrations import trainer
+        from hf_ckpt.integrations import trainer
     except ImportError:  # no Trainer in this environment (it needs accelerate)
         return
     getattr(trainer, action)()

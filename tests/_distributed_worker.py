@@ -32,8 +32,8 @@ sys.path.insert(0, str(HERE))
 
 import hf_ckpt  # noqa: E402
 import hf_ckpt.distributed  # noqa: E402
-from hf_ckpt._warnings import HfCkptWarning  # noqa: E402
-from hf_ckpt.counting import BlockRunCounter  # noqa: E402
+from hf_ckpt.runtime.warn import HfCkptWarning  # noqa: E402
+from hf_ckpt.runtime.counting import BlockRunCounter  # noqa: E402
 from hf_ckpt.measure import StorageTracker  # noqa: E402
 from helpers import tiny_llama  # noqa: E402
 
@@ -107,7 +107,7 @@ def _foreign_checkpoint_wrappers(model: nn.Module, reentrant: bool) -> None:
 
 
 def _block_class_of(model: nn.Module) -> type:
-    from hf_ckpt.blocks import find_blocks
+    from hf_ckpt.runtime.blocks import find_blocks
 
     return type(find_blocks(model)[0].module)
 

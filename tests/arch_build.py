@@ -748,7 +748,7 @@ def loss(output: Any) -> torch.Tensor:
 def live_blocks(model: torch.nn.Module, grads: dict[str, torch.Tensor]) -> list[int]:
     """Blocks some parameter of which got a gradient: the only ones a backward can recompute (a vision tower's
     last block is often unused: Llava reads the second-to-last hidden state)."""
-    from hf_ckpt.blocks import find_blocks
+    from hf_ckpt.runtime.blocks import find_blocks
 
     names = {id(p): n for n, p in model.named_parameters()}
     return [b.index for b in find_blocks(model) if any(names.get(id(p)) in grads for p in b.module.parameters())]

@@ -9,8 +9,8 @@ from typing import Any, Callable
 import torch
 
 import hf_ckpt
-from hf_ckpt.blocks import find_blocks
-from hf_ckpt.counting import BlockRunCounter
+from hf_ckpt.runtime.blocks import find_blocks
+from hf_ckpt.runtime.counting import BlockRunCounter
 
 TOLERANCE = 1e-5
 ENTRY_POINTS = ("enable", "patched")

@@ -19,7 +19,7 @@ from transformers import (
 )
 from transformers.modeling_outputs import CausalLMOutput
 
-from hf_ckpt.counting import BlockRunCounter
+from hf_ckpt.runtime.counting import BlockRunCounter
 
 VOCAB = 64
 SEQ = 8
@@ -230,7 +230,7 @@ class DirectStackModel(_ToyStack):
 
 class InertStackModel(_ToyStack):
     """Has the flag but never checkpoints (as a few upstream releases had by mistake): no method of it names a
-    checkpoint function, so hf_ckpt wraps its blocks (``hf_ckpt._direct``)."""
+    checkpoint function, so hf_ckpt wraps its blocks (``hf_ckpt.runtime.direct``)."""
 
     def _run_layer(self, layer, hidden_states):
         return layer(hidden_states)

@@ -17,7 +17,7 @@ release), a tiny fp32 model runs one training step without checkpointing and the
 
 * give the same gradients for every parameter that gets one (max abs diff <= 1e-5) and no gradient to any other,
 * recompute exactly blocks ``[0, 1, 2, 3]`` (``[0, 2]`` with ``every_n_layers=2``; in global order over every
-  tower of a multimodal model), measured with :class:`hf_ckpt.counting.BlockRunCounter`, and report exactly those
+  tower of a multimodal model), measured with :class:`hf_ckpt.runtime.counting.BlockRunCounter`, and report exactly those
   through ``checkpointed_layers`` (a block no gradient flows through, such as an unused last vision block, is
   reported but cannot be recomputed).
 
@@ -48,9 +48,9 @@ import pytest
 import torch
 
 import hf_ckpt
-from hf_ckpt import _compat
-from hf_ckpt.blocks import find_blocks
-from hf_ckpt.counting import BlockRunCounter
+from hf_ckpt.runtime import compat as _compat
+from hf_ckpt.runtime.blocks import find_blocks
+from hf_ckpt.runtime.counting import BlockRunCounter
 
 import arch_build  # tests/ is on sys.path (conftest.py)
 import arch_check
@@ -108,7 +108,7 @@ KNOWN_FAILURES: dict[str, KnownFailure] = {
         _upstream_fails,
     ),
     # starcoder2 (4.51) and gpt_bigcode (4.57) call their blocks directly and never checkpoint: hf_ckpt wraps them
-    # (hf_ckpt/_direct.py), so they pass on every release.
+    # (hf_ckpt/runtime/direct.py), so they pass on every release.
     "recurrent_gemma": KnownFailure(
         "The recurrent block keeps its state on the module between calls, so the recompute sees other inputs than "
         "the forward did and torch.utils.checkpoint raises a CheckpointError (upstream bug, up to 4.57).",

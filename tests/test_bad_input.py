@@ -6,7 +6,7 @@ import pytest
 from transformers import PreTrainedModel
 
 import hf_ckpt
-from hf_ckpt.config import CheckpointConfig
+from hf_ckpt.runtime.config import CheckpointConfig
 from helpers import tiny_llama
 
 @pytest.mark.parametrize(

@@ -12,8 +12,8 @@ import pytest
 import torch
 from torch import nn
 
-from hf_ckpt._compat import gradient_checkpointing_layer_class
-from hf_ckpt.blocks import find_blocks
+from hf_ckpt.runtime.compat import gradient_checkpointing_layer_class
+from hf_ckpt.runtime.blocks import find_blocks
 
 LAYER = gradient_checkpointing_layer_class()
 needs_layer_flags = pytest.mark.skipif(LAYER is None, reason="this transformers release has no GradientCheckpointingLayer")

@@ -9,8 +9,8 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch_capabilities import requires
 
 import hf_ckpt
-from hf_ckpt.blocks import find_blocks
-from hf_ckpt.oplevel._partition import partition_unavailable
+from hf_ckpt.runtime.blocks import find_blocks
+from hf_ckpt.strategies.partition.graph import partition_unavailable
 
 pytestmark = pytest.mark.skipif(partition_unavailable() is not None, reason=str(partition_unavailable()))
 

@@ -15,9 +15,9 @@ import pytest
 import torch
 
 import hf_ckpt
-from hf_ckpt import _budget, _deferred
-from hf_ckpt._state import AttributeSnapshot, get_state
-from hf_ckpt.counting import BlockRunCounter
+from hf_ckpt.budget import forms as _budget, deferred as _deferred
+from hf_ckpt.runtime.state import AttributeSnapshot, get_state
+from hf_ckpt.runtime.counting import BlockRunCounter
 from hf_ckpt.estimate import profile_of
 from helpers import VOCAB, max_grad_diff, tiny_llama, train_step
 
@@ -101,7 +101,7 @@ def test_stock_trainer_plans_the_first_batch_logs_once_and_saves_the_plan(patche
     messages = budget_log()
     assert len(messages) == 1, messages
     assert messages[0].startswith("budget 50% for LlamaForCausalLM at batch 2 x seq 16 (float32 on cpu): plan ")
-    assert f"predicted activation memory {hf_ckpt._units.format_bytes(plan.predicted_bytes)}" in messages[0]
+    assert f"predicted activation memory {hf_ckpt.runtime.units.format_bytes(plan.predicted_bytes)}" in messages[0]
     assert messages[0].endswith(f"saved to {saved}")
 
 
@@ -255,7 +255,7 @@ def test_auto_in_the_trainer_leaves_room_for_its_own_optimizer(patched, tmp_path
     optimizer's first step allocates (SGD without momentum: nothing), not for AdamW's states."""
     from transformers import Trainer
 
-    from hf_ckpt._optimizer_states import pending_state_bytes, unwrap
+    from hf_ckpt.budget.optimizer_states import pending_state_bytes, unwrap
 
     model = tiny_llama()
     made = _deferred.estimate_for(model, (2, SEQ), ("none", "full", "selective"))[0]

@@ -44,13 +44,13 @@ def _one_line_error(code, out, err, command="bench"):
 def no_model_is_built(monkeypatch):
     """Any attempt to build a model or profile one fails the test: the error must come from parsing."""
     import hf_ckpt.measure.workload
-    import hf_ckpt.planner
+    import hf_ckpt.planning.planner
 
     def fail(*args, **kwargs):
         raise AssertionError("a model was built before the arguments were checked")
 
     monkeypatch.setattr(hf_ckpt.measure.workload, "build_workload", fail)
-    monkeypatch.setattr(hf_ckpt.planner, "profile_blocks", fail)
+    monkeypatch.setattr(hf_ckpt.planning.planner, "profile_blocks", fail)
 
 
 @pytest.mark.parametrize(
@@ -318,7 +318,7 @@ def test_bench_check_fails_on_a_real_overhead_only(overhead, noise, label, code,
     """The timed rounds are replaced by synthetic ones (no timing in tests): ours = upstream x (1 + overhead) x
     noise."""
     import hf_ckpt.measure.bench
-    from hf_ckpt import _compat
+    from hf_ckpt.runtime import compat as _compat
 
     if not _compat.upstream_supports_every_n_layers():
         pytest.skip("this transformers release has no upstream every_n_layers (the upstream:every_n:2 setting)")
@@ -366,20 +366,6 @@ def test_bench_plot_without_matplotlib_is_refused_while_parsing(tmp_path, capsys
     line = _one_line_error(*run_main(["bench", "--plot", str(tmp_path / "b.png")], capsys))
     assert "--plot" in line and "pip install 'hf_ckpt[bench]'" in line
     assert not (tmp_path / "b.png").exists()
-
-
-@pytest.mark.any_release
-def test_old_command_module_paths_still_import_for_one_release():
-    import hf_ckpt.measure.arguments
-    import hf_ckpt.measure.command
-    import hf_ckpt.plan_command
-    import hf_ckpt.verification.command
-    from hf_ckpt.cli import plan, verify
-
-    assert hf_ckpt.measure.command.run is bench.run
-    assert hf_ckpt.plan_command.run is plan.run
-    assert hf_ckpt.verification.command.run is verify.run
-    assert hf_ckpt.measure.arguments.add_workload_arguments is arguments.add_workload_arguments
 
 
 @pytest.mark.any_release

@@ -27,7 +27,7 @@ import hf_ckpt
 import hf_ckpt.distributed
 from _distributed_worker import clean_name, global_batch
 from hf_ckpt import HfCkptWarning
-from hf_ckpt.counting import BlockRunCounter
+from hf_ckpt.runtime.counting import BlockRunCounter
 from hf_ckpt.distributed.checks import DDP_REENTRANT_MESSAGE
 from helpers import MODEL_BUILDERS, batch_for, max_grad_diff, tiny_llama
 from torch_capabilities import has, requires

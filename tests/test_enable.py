@@ -8,7 +8,7 @@ import torch.utils.checkpoint
 
 import hf_ckpt
 from hf_ckpt import HfCkptWarning
-from hf_ckpt.functions import checkpoint_selected_blocks
+from hf_ckpt.runtime.functions import checkpoint_selected_blocks
 from helpers import MODEL_BUILDERS, batch_for, max_grad_diff, recomputed_in_step, tiny_legacy, train_step
 
 # name -> number of blocks in global order (T5: 2 encoder + 2 decoder)
@@ -67,7 +67,7 @@ def test_a_checkpoint_partial_is_bound_per_flagged_module(name):
     hf_ckpt.enable(model, every_n_layers=2, preserve_rng_state=True)
     flagged = [m for m in model.modules() if hasattr(m, "gradient_checkpointing")]
     assert flagged
-    in_blocks = {id(m) for b in hf_ckpt.blocks.find_blocks(model) for m in b.module.modules()}
+    in_blocks = {id(m) for b in hf_ckpt.runtime.blocks.find_blocks(model) for m in b.module.modules()}
     for module in flagged:
         bound = module._gradient_checkpointing_func
         assert isinstance(bound, functools.partial)
@@ -86,7 +86,7 @@ def test_use_reentrant_is_always_passed_explicitly(monkeypatch):
         seen.append(kwargs.get("use_reentrant", "missing"))
         return original(function, *args, **kwargs)
 
-    monkeypatch.setattr("hf_ckpt.functions.checkpoint", spy)
+    monkeypatch.setattr("hf_ckpt.runtime.functions.checkpoint", spy)
     model = MODEL_BUILDERS["llama"]()
     hf_ckpt.enable(model)
     train_step(model, batch_for(model))

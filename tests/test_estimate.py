@@ -14,7 +14,7 @@ import torch
 import transformers
 
 import hf_ckpt
-from hf_ckpt.blocks import find_blocks
+from hf_ckpt.runtime.blocks import find_blocks
 from hf_ckpt.estimate import estimate, plan_for, plan_from_estimate
 from hf_ckpt.measure import measure_step
 

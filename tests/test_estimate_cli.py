@@ -7,7 +7,8 @@ import json
 import pytest
 import transformers
 
-from hf_ckpt import CheckpointPlan, cli
+from hf_ckpt import CheckpointPlan
+from hf_ckpt import cli
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,8 @@ import torch
 import transformers
 
 import hf_ckpt
-from hf_ckpt import CheckpointPlan, cli
+from hf_ckpt import CheckpointPlan
+from hf_ckpt import cli
 from hf_ckpt.estimate import estimate, plan_from_estimate, profile_of
 from hf_ckpt.estimate._estimate import head_chunk_for
 from hf_ckpt.measure import measure_step
@@ -180,8 +181,8 @@ def test_auto_chunks_the_head_when_nothing_fits_without(chunked_short):
     """``budget="auto"``: free memory less the headroom and what the step still allocates (its transients among
     them) leaves one byte too few for any plan with the head whole (or, ``chunked_short``, even with it chunked);
     what the chunked head's smaller transients free is given to its plan."""
-    from hf_ckpt import _budget, _deferred
-    from hf_ckpt._state import get_state
+    from hf_ckpt.budget import forms as _budget, deferred as _deferred
+    from hf_ckpt.runtime.state import get_state
 
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(_config()).train()

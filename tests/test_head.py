@@ -17,7 +17,7 @@ from transformers import GPT2DoubleHeadsModel, PreTrainedModel, Trainer
 
 import arch_zoo
 import hf_ckpt
-from hf_ckpt import _head
+from hf_ckpt.runtime import head as _head
 from helpers import VOCAB, tiny_gpt2, tiny_llama
 from test_patch import _Tokens, _training_args
 

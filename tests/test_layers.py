@@ -18,19 +18,19 @@ PACKAGE = Path(__file__).resolve().parents[1] / "hf_ckpt"
 
 #: Every import of a package module made inside a function, (importer, imported): why it waits for the call.
 DEFERRED = {
-    ("hf_ckpt.core", "hf_ckpt._deferred"): "the lab (planner, estimator) loads only when a budget is asked for",
-    ("hf_ckpt._apply", "hf_ckpt._outside"): "the saved-tensor hook's runtime loads only for plans that use it",
-    ("hf_ckpt._apply", "hf_ckpt._direct"): "wrapping directly called blocks loads only for models with a stack flag",
-    ("hf_ckpt._apply", "hf_ckpt._head"): "the chunked head (and its source check) loads only when head_chunk_size is set",
+    ("hf_ckpt.core", "hf_ckpt.budget.deferred"): "the lab (planner, estimator) loads only when a budget is asked for",
+    ("hf_ckpt.runtime.apply", "hf_ckpt.strategies.outside.hook"): "the saved-tensor hook's runtime loads only for plans that use it",
+    ("hf_ckpt.runtime.apply", "hf_ckpt.runtime.direct"): "wrapping directly called blocks loads only for models with a stack flag",
+    ("hf_ckpt.runtime.apply", "hf_ckpt.runtime.head"): "the chunked head (and its source check) loads only when head_chunk_size is set",
     ("hf_ckpt.patch", "hf_ckpt.integrations.trainer"): "transformers' Trainer is imported only when patching",
 }
-#: The lab: what decides or measures (planners, profiling, the estimator, the bench, verify, the CLI). The runtime
-#: (what applying, running and undoing a setting needs) never loads these.
-LAB = ("hf_ckpt.planner", "hf_ckpt.profiling", "hf_ckpt._solver", "hf_ckpt._deferred", "hf_ckpt._budget",
-       "hf_ckpt._optimizer_states", "hf_ckpt._precision", "hf_ckpt._preserve", "hf_ckpt.plan_command",
-       "hf_ckpt.estimate", "hf_ckpt.measure", "hf_ckpt.verification", "hf_ckpt.cli", "hf_ckpt.oplevel._plan",
-       "hf_ckpt.oplevel._profile", "hf_ckpt.oplevel._solver", "hf_ckpt.oplevel._partition_menu",
-       "hf_ckpt.oplevel._outside_menu")
+#: The lab's packages: what decides or measures (the planners, budgets, the estimator, the bench, verify, the CLI).
+#: Each strategy kind's ``menu`` (module or package) is the lab's part of that kind. The layer of a module is read
+#: from its path alone: the runtime (``runtime``, ``strategies`` but their menus, ``distributed``, ``integrations``)
+#: never loads the lab.
+LAB_PACKAGES = ("planning", "budget", "estimate", "measure", "verification", "cli")
+#: The public layer: the package's top level (enable/disable, the mixin, the patch). At most 12 modules live there.
+TOP_LEVEL_MODULES = 12
 #: The most lines of hf_ckpt source a training step with a runtime setting may load.
 RUNTIME_LINES = 4500
 
@@ -142,16 +142,44 @@ def test_every_import_inside_a_function_is_listed_with_its_reason():
     assert len(DEFERRED) <= 10 and all(reason for reason in DEFERRED.values())
 
 
+def _layer(module: str) -> str:
+    """``"lab"``, ``"public"`` or ``"runtime"``, read from the module's dotted path alone."""
+    parts = module.split(".")[1:]
+    if (parts and parts[0] in LAB_PACKAGES) or "menu" in parts or parts == ["__main__"]:
+        return "lab"
+    return "public" if len(parts) <= 1 else "runtime"
+
+
 def _lab(module: str) -> bool:
-    return any(module == lab or module.startswith(lab + ".") for lab in LAB)
+    return _layer(module) == "lab"
+
+
+@pytest.mark.any_release
+def test_the_path_says_the_layer():
+    assert [_layer(m) for m in ("hf_ckpt.core", "hf_ckpt.runtime.apply", "hf_ckpt.strategies.partition.graph",
+                                "hf_ckpt.strategies.partition.menu", "hf_ckpt.strategies.oplevel.menu.frontier",
+                                "hf_ckpt.planning.solver", "hf_ckpt.cli.plan", "hf_ckpt.distributed.wrapper")] == [
+        "public", "runtime", "runtime", "lab", "lab", "lab", "lab", "runtime"]
+
+
+@pytest.mark.any_release
+def test_the_top_level_holds_few_modules_and_every_package_says_what_it_owns():
+    top = sorted(path.name for path in PACKAGE.glob("*.py"))
+    assert len(top) <= TOP_LEVEL_MODULES, top
+    packages = [path.parent for path in PACKAGE.rglob("__init__.py")]
+    undocumented = [str(p.relative_to(PACKAGE.parent)) for p in packages
+                    if not ast.get_docstring(ast.parse((p / "__init__.py").read_text()))]
+    assert undocumented == []
 
 
 @pytest.mark.any_release
 def test_no_runtime_module_imports_the_lab():
     edges, _ = _graph()
-    runtime = [name for name in edges if not _lab(name) and name not in ("hf_ckpt", "hf_ckpt.core", "hf_ckpt.__main__")]
+    runtime = [name for name in edges if _layer(name) in ("runtime", "public")]
+    deferred = {(name, package) for name, target in DEFERRED
+                for package in (target.rsplit(".", i)[0] for i in range(target.count(".")))}
     reaching = {f"{name} -> {target}" for name in runtime for target in edges[name]
-                if _lab(target) and (name, target) not in DEFERRED}
+                if _lab(target) and (name, target) not in deferred}
     assert reaching == set()
 
 
@@ -226,7 +254,7 @@ def test_the_graph_check_itself_finds_a_cycle_and_a_private_import():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == [["a", "b", "c", "a"]]
     tree = ast.parse("from .core import _target_model")
     node = tree.body[0]
-    assert _resolve("hf_ckpt.planner", False, node) == "hf_ckpt.core"
+    assert _resolve("hf_ckpt.mixin", False, node) == "hf_ckpt.core"
     assert node.names[0].name.startswith("_")
 
 

@@ -298,7 +298,7 @@ def test_run_benchmark_adds_the_baseline_and_checks_the_recompute():
 
 def test_run_benchmark_times_steps_after_the_first_one_probe_per_setting(monkeypatch):
     """A training run measures its first step only: the timed rounds must not re-arm the probe each round."""
-    from hf_ckpt._probe import RecomputeProbe
+    from hf_ckpt.runtime.probe import RecomputeProbe
 
     finished = []
     real = RecomputeProbe._finish

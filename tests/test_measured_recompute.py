@@ -11,8 +11,8 @@ from torch import nn
 
 import hf_ckpt
 from hf_ckpt import HfCkptWarning
-from hf_ckpt.blocks import Block
-from hf_ckpt.counting import BlockRunCounter
+from hf_ckpt.runtime.blocks import Block
+from hf_ckpt.runtime.counting import BlockRunCounter
 from helpers import (
     ArgumentStackModel,
     DormantStackModel,
@@ -229,7 +229,7 @@ def test_lora_on_both_towers_of_a_multimodal_model_gets_gradients_with_reentrant
     missing = [name for name, p in lora.items() if p.grad is None]
     assert missing == []
     recomputed = hf_ckpt.checkpointed_layers(model)
-    blocks = hf_ckpt.blocks.find_blocks(model.get_base_model())
+    blocks = hf_ckpt.runtime.blocks.find_blocks(model.get_base_model())
     assert recomputed == [b.index for b in blocks]
 
 
@@ -268,7 +268,7 @@ def _module_hooks(model: nn.Module) -> list:
 
 
 def test_once_measured_nothing_of_the_probe_runs_or_stays_in_the_record():
-    from hf_ckpt._probe import RecomputeProbe
+    from hf_ckpt.runtime.probe import RecomputeProbe
 
     def probe_hook(hook) -> bool:
         bound = getattr(hook, "func", hook)

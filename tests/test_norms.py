@@ -1,4 +1,4 @@
-"""``"partition:<F>:norms"`` (hf_ckpt.oplevel._norms): the partitioner may recompute layer norms and softmaxes, their
+"""``"partition:<F>:norms"`` (hf_ckpt.strategies.partition.norms): the partitioner may recompute layer norms and softmaxes, their
 own kernels, as inductor does after decomposing them. A norm's output is then made again from its input in
 backward instead of being kept beside it (gradients equal the model's own: tests/test_boundary.py, with dropout),
 and the planner measures both sets of partitions where a block has such ops."""
@@ -7,11 +7,11 @@ import pytest
 import torch
 
 import hf_ckpt
-import hf_ckpt._warnings
+import hf_ckpt.runtime.warn
 from hf_ckpt.measure import measure_step
-from hf_ckpt.oplevel import _partition
-from hf_ckpt.oplevel._partition import partition_unavailable, partitioned_checkpoint
-from hf_ckpt.oplevel._partition_menu import partition_options
+from hf_ckpt.strategies.partition import graph as _partition
+from hf_ckpt.strategies.partition.graph import partition_unavailable, partitioned_checkpoint
+from hf_ckpt.strategies.partition.menu import partition_options
 from helpers import VOCAB, tiny_bert, tiny_gpt2, tiny_llama
 
 pytestmark = pytest.mark.skipif(partition_unavailable() is not None, reason=str(partition_unavailable()))
@@ -66,7 +66,7 @@ def test_the_menu_measures_norms_partitions_only_where_a_block_has_norm_ops():
 
 def test_a_torch_whose_partitioner_cannot_be_extended_checkpoints_in_full_and_says_why(monkeypatch):
     monkeypatch.setattr(_partition, "norms_unavailable", lambda: "no op list (test)")
-    monkeypatch.setattr(hf_ckpt._warnings, "_per_process", set())  # the warning is once per process
+    monkeypatch.setattr(hf_ckpt.runtime.warn, "_per_process", set())  # the warning is once per process
     block = tiny_bert(layers=1).bert.encoder.layer[0]
     x = torch.randn(2, 8, block.attention.self.query.in_features, requires_grad=True)
     with pytest.warns(hf_ckpt.HfCkptWarning) as caught:

@@ -7,16 +7,16 @@ import torch
 import torch.utils.checkpoint
 
 import hf_ckpt
-import hf_ckpt.functions
+import hf_ckpt.runtime.functions
 from hf_ckpt import HfCkptWarning
-from hf_ckpt.blocks import find_blocks
+from hf_ckpt.runtime.blocks import find_blocks
 from helpers import batch_for, max_grad_diff, recomputed_in_step, tiny_llama, train_step
 from torch_capabilities import requires
 
 
 
 def test_without_accelerator_runs_plain_checkpointing_and_warns_once(monkeypatch):
-    monkeypatch.setattr("hf_ckpt._binding.current_accelerator", lambda: None)
+    monkeypatch.setattr("hf_ckpt.runtime.binding.current_accelerator", lambda: None)
     model = tiny_llama()
     batch = batch_for(model)
     reference = train_step(model, batch)
@@ -35,7 +35,7 @@ def test_without_accelerator_runs_plain_checkpointing_and_warns_once(monkeypatch
 def _bound_checkpoint(model):
     """The checkpoint partial governing block 0 (behind the stack's selecting wrapper on stack-flag models)."""
     bound = find_blocks(model)[0].owner._gradient_checkpointing_func
-    return bound if bound.func is not hf_ckpt.functions.checkpoint_selected_blocks else bound.args[0]
+    return bound if bound.func is not hf_ckpt.runtime.functions.checkpoint_selected_blocks else bound.args[0]
 
 
 @requires("cpu.Stream.wait_event")
@@ -43,9 +43,9 @@ def test_offload_code_path_on_cpu_with_pinning_off(monkeypatch):
     """With an accelerator the inputs saved for the recompute go to host memory through OverlappedOffload's side
     streams. Pinning needs an accelerator, so here the same path runs with the host standing in for the
     accelerator: streams and events are no-ops on CPU, copies synchronous, pin_memory off."""
-    from hf_ckpt.offload import OverlappedOffload, _Packed
+    from hf_ckpt.runtime.offload import OverlappedOffload, _Packed
 
-    monkeypatch.setattr("hf_ckpt._binding.current_accelerator", lambda: torch.device("cpu"))
+    monkeypatch.setattr("hf_ckpt.runtime.binding.current_accelerator", lambda: torch.device("cpu"))
     packed, unpacked = [], []
     original_pack, original_unpack = OverlappedOffload._pack, OverlappedOffload._unpack
 
@@ -65,7 +65,7 @@ def test_offload_code_path_on_cpu_with_pinning_off(monkeypatch):
     reference = train_step(model, batch)
     hf_ckpt.enable(model, offload=True)
     bound = _bound_checkpoint(model)
-    assert bound.func is hf_ckpt.functions.offloaded_checkpoint
+    assert bound.func is hf_ckpt.runtime.functions.offloaded_checkpoint
     assert isinstance(bound.keywords["offloader"], OverlappedOffload)
     assert (bound.keywords["offloader"].device_type, bound.keywords["offloader"].pin_memory) == ("cpu", False)
     recomputed, grads = recomputed_in_step(model, batch)
@@ -81,7 +81,7 @@ def test_offload_code_path_on_cpu_with_pinning_off(monkeypatch):
 @requires("cpu.Stream.wait_event")
 @pytest.mark.any_release
 def test_overlapped_offload_keeps_small_and_foreign_tensors_in_place():
-    from hf_ckpt.offload import OverlappedOffload
+    from hf_ckpt.runtime.offload import OverlappedOffload
 
     offload = OverlappedOffload("cpu", pin_memory=False, min_bytes=1024)
     small = torch.ones(4)
@@ -97,7 +97,7 @@ def test_overlapped_offload_keeps_small_and_foreign_tensors_in_place():
 @pytest.mark.any_release
 def test_a_tensor_saved_by_several_checkpoints_is_copied_once():
     """Position embeddings reach every block: one host copy serves all, while the device tensor lives."""
-    from hf_ckpt.offload import OverlappedOffload
+    from hf_ckpt.runtime.offload import OverlappedOffload
 
     offload = OverlappedOffload("cpu", pin_memory=False, min_bytes=0)
     shared = torch.arange(64.0)
@@ -133,7 +133,7 @@ def test_the_warning_reaches_a_script_run_with_python_c():
 def test_a_device_whose_streams_cannot_wait_on_events_is_refused_at_the_call(monkeypatch):
     """torch 2.5's CPU stream has no wait_event: offload is refused when the setting is applied, naming it, and the
     model is left as it was (not an AttributeError inside the first backward)."""
-    monkeypatch.setattr("hf_ckpt._binding.current_accelerator", lambda: torch.device("cpu"))
+    monkeypatch.setattr("hf_ckpt.runtime.binding.current_accelerator", lambda: torch.device("cpu"))
     monkeypatch.setattr(torch.cpu, "Stream", type("Stream", (), {}))  # a stream without wait_event
     model = tiny_llama()
     batch = batch_for(model)

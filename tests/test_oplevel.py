@@ -1,4 +1,4 @@
-"""Op-level plans (hf_ckpt.oplevel): exact gradients, measured memory within the budget, predicted recompute that
+"""Op-level plans (hf_ckpt.strategies.oplevel): exact gradients, measured memory within the budget, predicted recompute that
 holds, plans that round-trip through JSON and models that pickle, and bad input named at the call."""
 
 import copy
@@ -13,7 +13,7 @@ import hf_ckpt
 from hf_ckpt.measure import measure_step
 from hf_ckpt.measure.flops import count_flops
 from hf_ckpt.measure.settings import parse_setting
-from hf_ckpt.oplevel import OpPolicy, frontier, profile_ops
+from hf_ckpt.strategies.oplevel import OpPolicy, frontier, profile_ops
 from helpers import VOCAB, max_grad_diff, recomputed_in_step, tiny_gpt2, tiny_llama, train_step
 from torch_capabilities import requires
 
@@ -43,7 +43,7 @@ def _middle_policy_plan(model, batch):
     (profile,) = profile_ops(model, batch)
     partial = [p for p in frontier(profile) if 0 < p.avoided_flops < profile.recompute_flops]
     middle = partial[len(partial) // 2]
-    num_blocks = len(hf_ckpt.blocks.find_blocks(model))
+    num_blocks = len(hf_ckpt.runtime.blocks.find_blocks(model))
     return hf_ckpt.CheckpointPlan(strategies=("oplevel:mid",) * num_blocks, policies={"mid": middle.saved})
 
 
@@ -96,7 +96,7 @@ def test_profile_counts_each_saved_op_as_avoided_recompute(llama):
     model, batch = llama
     (profile,) = profile_ops(model, batch)
     full = frontier(profile)[-1]
-    num_blocks = len(hf_ckpt.blocks.find_blocks(model))
+    num_blocks = len(hf_ckpt.runtime.blocks.find_blocks(model))
     none = measure_step(model, batch)
     flops = {}
     for name, saved in (("nothing", ()), ("everything", full.saved)):
@@ -273,7 +273,7 @@ def test_the_plan_solver_finds_the_cheapest_plan_whose_exact_bytes_fit():
     import itertools
     import random
 
-    from hf_ckpt.oplevel._plan import _solve
+    from hf_ckpt.strategies.oplevel.menu import _solve
 
     block = [("none", 10_000, 0, 0, 0), ("a", 10_000 - 4_097, 10, 2, 10), ("b", 10_000 - 9_000, 100, 2, 100)]
     assert _solve([block, block], 0, 20_000 - 8_194) == ("a", "a")  # saves 8,194 exactly; rounded, 'b' was taken

@@ -1,4 +1,4 @@
-"""Cheap modules between the blocks recomputed in backward (a plan's ``outside_blocks``, hf_ckpt._outside): the
+"""Cheap modules between the blocks recomputed in backward (a plan's ``outside_blocks``, hf_ckpt.strategies.outside.hook): the
 modules chosen are measured, gradients equal the model's own, the final norm's and LM head's hidden-sized tensors
 are no longer kept, the planner uses it only where it pays, disable takes it all back, and bad input is named."""
 
@@ -6,8 +6,8 @@ import pytest
 import torch
 
 import hf_ckpt
-from hf_ckpt.oplevel._outside_menu import cheap_modules
-from hf_ckpt.blocks import find_blocks
+from hf_ckpt.strategies.outside.menu import cheap_modules
+from hf_ckpt.runtime.blocks import find_blocks
 from hf_ckpt.measure import measure_step
 from helpers import VOCAB, max_grad_diff, tiny_bert, tiny_gpt2, tiny_llama, train_step
 

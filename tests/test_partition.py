@@ -1,4 +1,4 @@
-"""Partitioned blocks ("partition:<F>" plan strategies, hf_ckpt.oplevel._partition): each block's forward and
+"""Partitioned blocks ("partition:<F>" plan strategies, hf_ckpt.strategies.partition.graph): each block's forward and
 backward graphs split by torch's min-cut partitioner, run in eager mode. Gradients equal the model's own (dropout
 replayed from the saved RNG state), the recompute is measured, memory falls with the budget, a call that cannot be
 traced falls back to full checkpointing with one warning, and bad input is named at the call."""
@@ -10,9 +10,9 @@ import torch
 from torch import nn
 
 import hf_ckpt
-from hf_ckpt.blocks import find_blocks
+from hf_ckpt.runtime.blocks import find_blocks
 from hf_ckpt.measure import measure_step
-from hf_ckpt.oplevel._partition import _traces, partition_unavailable, partitioned_checkpoint
+from hf_ckpt.strategies.partition.graph import _traces, partition_unavailable, partitioned_checkpoint
 from helpers import VOCAB, max_grad_diff, recomputed_in_step, tiny_gpt2, tiny_llama, tiny_t5, train_step
 
 pytestmark = pytest.mark.skipif(partition_unavailable() is not None, reason=str(partition_unavailable()))
@@ -202,7 +202,7 @@ def test_a_trace_keeps_neither_its_module_nor_its_weights_alive():
 
 
 def test_a_call_that_failed_to_trace_is_not_traced_again(monkeypatch):
-    import hf_ckpt.oplevel._partition as partition
+    import hf_ckpt.strategies.partition.graph as partition
 
     attempts = []
 

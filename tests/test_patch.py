@@ -7,7 +7,7 @@ import torch
 from transformers import PreTrainedModel, Trainer, TrainingArguments
 
 import hf_ckpt
-from hf_ckpt.counting import BlockRunCounter
+from hf_ckpt.runtime.counting import BlockRunCounter
 from helpers import VOCAB, batch_for, max_grad_diff, recomputed_in_step, tiny_gpt2, tiny_llama, train_step
 
 _NAMES = [

@@ -12,7 +12,7 @@ import torch
 from hf_ckpt.cli import main
 from hf_ckpt.measure import parse_setting, run_benchmark
 from hf_ckpt.measure.report import checks
-from hf_ckpt.plans import CheckpointPlan
+from hf_ckpt.runtime.plans import CheckpointPlan
 
 TINY = ["--layers", "4", "--hidden", "64", "--seq", "32", "--batch", "2"]
 

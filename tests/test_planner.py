@@ -8,7 +8,7 @@ import torch
 
 import hf_ckpt
 from hf_ckpt.measure import measure_step
-from hf_ckpt.planner import profile_blocks, solve
+from hf_ckpt.planning.planner import profile_blocks, solve
 from helpers import VOCAB, tiny_llama
 
 

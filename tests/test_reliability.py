@@ -51,7 +51,7 @@ def profiling_forbidden(monkeypatch):
     def forbidden(*args, **kwargs):
         raise AssertionError("profiling ran before the arguments were validated")
 
-    monkeypatch.setattr(hf_ckpt.planner, "profile_blocks", forbidden)
+    monkeypatch.setattr(hf_ckpt.planning.planner, "profile_blocks", forbidden)
 
 
 # --- 1-4: plan() leaves the model exactly as it found it -------------------------------------------------------

@@ -3,7 +3,7 @@
 torch 2.14 added ``respect_saved_tensors_hooks`` to ``torch.utils.checkpoint.checkpoint``: whether the tensors
 selective checkpointing saves go through the saved-tensor hooks active around it (``save_on_cpu``, hf_ckpt's
 offload). Its default keeps torch 2.13's behaviour (they bypass the hooks) and warns (FutureWarning) whenever such a
-hook is active. hf_ckpt passes ``False`` by capability (see ``hf_ckpt.selective.selective_contexts``): the hook sees
+hook is active. hf_ckpt passes ``False`` by capability (see ``hf_ckpt.strategies.selective.policy.selective_contexts``): the hook sees
 the same tensors as on torch 2.13, and no warning reaches the user; ``respect_saved_tensors_hooks=True`` opts in.
 """
 
@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import hf_ckpt
-from hf_ckpt.blocks import find_blocks
+from hf_ckpt.runtime.blocks import find_blocks
 from helpers import batch_for, max_grad_diff, tiny_llama, train_step
 from torch_capabilities import requires
 
@@ -71,7 +71,7 @@ def test_an_outer_hook_sees_what_it_sees_under_full_checkpointing_and_nothing_wa
 @requires("cpu.Stream.wait_event")
 @pytest.mark.parametrize("setting", ["selective", "oplevel"])
 def test_selective_and_oplevel_under_offload_warn_nothing(monkeypatch, setting):
-    monkeypatch.setattr("hf_ckpt._binding.current_accelerator", lambda: torch.device("cpu"))
+    monkeypatch.setattr("hf_ckpt.runtime.binding.current_accelerator", lambda: torch.device("cpu"))
     model = tiny_llama()
     batch = batch_for(model)
     reference = train_step(model, batch)

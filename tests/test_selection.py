@@ -6,7 +6,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 import hf_ckpt
-from hf_ckpt.plans import CheckpointPlan
+from hf_ckpt.runtime.plans import CheckpointPlan
 from helpers import MODEL_BUILDERS, batch_for, max_grad_diff, recomputed_in_step, tiny_llama, train_step
 from torch_capabilities import skip_unless
 
@@ -171,7 +171,7 @@ def test_plan_prints_readably():
 
 def test_selective_refuses_a_block_that_writes_into_a_saved_output():
     """Silent gradient corruption becomes a clear error: the block adds in place into a saved matmul output."""
-    from hf_ckpt.selective import SelectiveRecomputeError
+    from hf_ckpt.strategies.selective.policy import SelectiveRecomputeError
     from helpers import LegacyBlock, LegacyFuncModel, tiny_legacy
 
     class InPlaceBlock(LegacyBlock):

@@ -12,7 +12,7 @@ import pytest
 import transformers
 
 import hf_ckpt
-from hf_ckpt import _deferred
+from hf_ckpt.budget import deferred as _deferred
 from hf_ckpt.estimate import estimate
 from hf_ckpt.estimate._engine import detected_sharding, still_allocated
 

@@ -110,11 +110,11 @@ def loaded_by_plan() -> dict[str, list[str]]:
 
 
 @pytest.mark.parametrize("plan, loaded, not_loaded", [
-    ("full,none", [], ["hf_ckpt.strategies.selective", "hf_ckpt.strategies.partition", "hf_ckpt.oplevel._partition",
-                       "hf_ckpt._outside", "hf_ckpt._boundary"]),
-    ("selective,full", ["hf_ckpt.strategies.selective"], ["hf_ckpt.strategies.partition", "hf_ckpt._outside"]),
-    ("partition:0.5,full", ["hf_ckpt.strategies.partition", "hf_ckpt.oplevel._partition", "hf_ckpt._outside"],
-     ["hf_ckpt.strategies.selective"]),
+    ("full,none", [], ["hf_ckpt.strategies.selective.spec", "hf_ckpt.strategies.partition.spec", "hf_ckpt.strategies.partition.graph",
+                       "hf_ckpt.strategies.outside.hook", "hf_ckpt.strategies.partition.boundary"]),
+    ("selective,full", ["hf_ckpt.strategies.selective.spec"], ["hf_ckpt.strategies.partition.spec", "hf_ckpt.strategies.outside.hook"]),
+    ("partition:0.5,full", ["hf_ckpt.strategies.partition.spec", "hf_ckpt.strategies.partition.graph", "hf_ckpt.strategies.outside.hook"],
+     ["hf_ckpt.strategies.selective.spec"]),
 ])
 def test_a_kinds_module_loads_only_when_a_setting_uses_it(plan, loaded, not_loaded, loaded_by_plan):
     modules = set(loaded_by_plan[plan])

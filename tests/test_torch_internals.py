@@ -1,4 +1,4 @@
-"""Every entry of ``hf_ckpt._torch`` (the one module that names private torch APIs) works on the running torch.
+"""Every entry of ``hf_ckpt.runtime._torch`` (the one module that names private torch APIs) works on the running torch.
 
 CI runs this on the floor torch, the default one and the newest (``ci/torch_range.py``): the releases each entry's
 docstring says it was verified on. An entry that may be missing on some torch returns None there; its test checks
@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from hf_ckpt import _torch
+from hf_ckpt.runtime import _torch
 
 PACKAGE = Path(__file__).resolve().parents[1] / "hf_ckpt"
 #: The same pattern as /work/shared/tools/layers.py: torch._x, torch.a._x, _C._x, from torch... import _x.
@@ -27,7 +27,7 @@ def test_no_other_module_of_the_package_names_a_private_torch_api():
         code = "\n".join(line for line in path.read_text().splitlines() if not line.lstrip().startswith("#"))
         if PRIVATE.search(code):
             naming.append(str(path.relative_to(PACKAGE.parent)))
-    assert naming == ["hf_ckpt/_torch.py"]
+    assert naming == ["hf_ckpt/runtime/_torch.py"]
 
 
 def test_every_entry_says_what_it_is_for_and_where_it_was_verified():

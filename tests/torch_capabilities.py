@@ -23,7 +23,7 @@ import pytest
 import torch
 import torch.utils.checkpoint
 
-from hf_ckpt import _torch
+from hf_ckpt.runtime import _torch
 
 
 def _importable(module: str) -> Callable[[], bool]:

@@ -27,7 +27,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import hf_ckpt
-from hf_ckpt.counting import BlockRunCounter
+from hf_ckpt.runtime.counting import BlockRunCounter
 
 STEPS = 3
 VOCAB = 128

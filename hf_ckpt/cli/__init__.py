@@ -9,7 +9,7 @@ Bad input raises :class:`CommandError` (or argparse rejects it): one line on std
 ``hf-ckpt <command>: error: <message>``, exit status 2, no traceback.
 """
 
-from ._main import COMMANDS, PROG, build_parser, main
-from .errors import CommandError
+from hf_ckpt.cli._main import COMMANDS, PROG, build_parser, main
+from hf_ckpt.cli.errors import CommandError
 
 __all__ = ["COMMANDS", "CommandError", "PROG", "build_parser", "main"]

@@ -12,14 +12,14 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm  # a dependency of transformers
 
-from .._units import format_bytes, precision_label
-from ..measure import report as reporting
-from ..measure import workload
-from ..measure.bench import environment, run_benchmark, steps_of
-from ..measure.settings import parse_settings, upstream_supports
-from ._workload import build_workload_from
-from .bench import NAME
-from .errors import CommandError
+from hf_ckpt.runtime.units import format_bytes, precision_label
+from hf_ckpt.measure import report as reporting
+from hf_ckpt.measure import workload
+from hf_ckpt.measure.bench import environment, run_benchmark, steps_of
+from hf_ckpt.measure.settings import parse_settings, upstream_supports
+from hf_ckpt.cli._workload import build_workload_from
+from hf_ckpt.cli.bench import NAME
+from hf_ckpt.cli.errors import CommandError
 
 
 def default_settings() -> str:

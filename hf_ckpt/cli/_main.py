@@ -8,7 +8,7 @@ import sys
 from types import ModuleType
 from typing import NoReturn, Sequence
 
-from .errors import CommandError
+from hf_ckpt.cli.errors import CommandError
 
 PROG = "hf-ckpt"
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import argparse
 
-from .._units import precision_label
-from ..planner import plan
-from ._workload import build_workload_from, workload_line
-from .errors import CommandError
-from .plan import PLAN_STRATEGIES
+from hf_ckpt.runtime.units import precision_label
+from hf_ckpt.planning.planner import plan
+from hf_ckpt.cli._workload import build_workload_from, workload_line
+from hf_ckpt.cli.errors import CommandError
+from hf_ckpt.cli.plan import PLAN_STRATEGIES
 
 
 def run(args: argparse.Namespace) -> int:

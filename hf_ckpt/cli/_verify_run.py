@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import argparse
 
-from ..core import enable
-from ..verification import verify
-from ._workload import build_workload_from, workload_line
-from .errors import CommandError
+from hf_ckpt.core import enable
+from hf_ckpt.verification import verify
+from hf_ckpt.cli._workload import build_workload_from, workload_line
+from hf_ckpt.cli.errors import CommandError
 
 
 def run(args: argparse.Namespace) -> int:

@@ -6,9 +6,9 @@ import argparse
 import os
 from typing import Any
 
-from .._units import precision_label
-from ..measure import workload
-from .errors import CommandError
+from hf_ckpt.runtime.units import precision_label
+from hf_ckpt.measure import workload
+from hf_ckpt.cli.errors import CommandError
 
 
 def build_workload_from(args: argparse.Namespace, device: Any = None) -> Any:

@@ -17,7 +17,7 @@ import os
 import struct
 from typing import Any, Callable
 
-from ._lazy import converter as lazy_converter
+from hf_ckpt.cli._lazy import converter as lazy_converter
 
 DEFAULT_MODEL = "llama"
 DEFAULT_LAYERS = 8

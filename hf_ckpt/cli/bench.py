@@ -9,11 +9,9 @@ bad arguments.
 from __future__ import annotations
 
 import argparse
-import warnings
-from typing import Any
 
-from ._lazy import converter, runner
-from .arguments import add_workload_arguments, non_negative_int, output_file, png_file, positive_int
+from hf_ckpt.cli._lazy import converter, runner
+from hf_ckpt.cli.arguments import add_workload_arguments, non_negative_int, output_file, png_file, positive_int
 
 NAME = "bench"
 HELP = "measure the memory, compute and time trade-off of checkpointing settings"
@@ -30,20 +28,6 @@ settings = converter("hf_ckpt.measure.settings:parse_settings")
 run = runner("hf_ckpt.cli._bench_run:run")
 
 
-class _RenamedOption(argparse.Action):
-    """``--strategies``, the old spelling of ``--settings`` (remove in 0.3): stores into ``settings`` and warns."""
-
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
-                 option_string: str | None = None) -> None:
-        warnings.warn(
-            f"hf-ckpt {NAME} {option_string} is renamed --settings (the bench compares settings; per-block "
-            "strategies are what hf-ckpt plan --strategies takes); the old option will be removed in hf_ckpt 0.3",
-            FutureWarning,
-            stacklevel=2,
-        )
-        setattr(namespace, self.dest, values)
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Declare ``hf-ckpt bench``'s options."""
     add_workload_arguments(parser)
@@ -56,7 +40,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "none,full,upstream:full,every_n:2[,upstream:every_n:2]); none is always measured. Available: "
         f"{SETTING_SYNTAX} (hf_ckpt.measure.available_settings() describes each)",
     )
-    add("--strategies", dest="settings", type=settings, action=_RenamedOption, help="the old name of --settings")
     add("--repeat", type=positive_int, default=DEFAULT_REPEAT, help="timed rounds (default %(default)s)")
     add("--warmup", type=non_negative_int, default=DEFAULT_WARMUP, help="untimed rounds first (default %(default)s)")
     add(

@@ -11,9 +11,9 @@ from __future__ import annotations
 import argparse
 import os
 
-from .._units import BUDGET_FORMS, parse_budget
-from ._lazy import runner
-from .arguments import add_workload_arguments, output_file
+from hf_ckpt.runtime.units import BUDGET_FORMS, parse_budget
+from hf_ckpt.cli._lazy import runner
+from hf_ckpt.cli.arguments import add_workload_arguments, output_file
 
 NAME = "plan"
 HELP = "the cheapest per-block checkpointing plan that fits an activation-memory budget"
@@ -26,7 +26,7 @@ FINER_STRATEGIES = ("oplevel", "partition", "outside")
 
 
 def budget(text: str) -> float | int:
-    """``--budget``: :func:`hf_ckpt._units.parse_budget` on the text (``0.5``, ``50%``, ``40GiB``)."""
+    """``--budget``: :func:`hf_ckpt.runtime.units.parse_budget` on the text (``0.5``, ``50%``, ``40GiB``)."""
     try:
         return parse_budget(text)
     except ValueError as error:

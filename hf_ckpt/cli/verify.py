@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import argparse
 
-from ._lazy import converter as lazy_converter
-from ._lazy import runner
-from .arguments import add_workload_arguments, non_negative_float, positive_int
+from hf_ckpt.cli._lazy import converter as lazy_converter
+from hf_ckpt.cli._lazy import runner
+from hf_ckpt.cli.arguments import add_workload_arguments, non_negative_float, positive_int
 
 NAME = "verify"
 HELP = "check that checkpointing keeps gradients exact and recomputes the blocks it should"
@@ -54,5 +54,5 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 #: ``--plan``: the :class:`~hf_ckpt.CheckpointPlan` saved at the path (imports torch: only when given).
-plan_file = lazy_converter("hf_ckpt.plans:CheckpointPlan.load")
+plan_file = lazy_converter("hf_ckpt.runtime.plans:CheckpointPlan.load")
 run = runner("hf_ckpt.cli._verify_run:run")

@@ -11,7 +11,7 @@
 engine needs.
 """
 
-from .checks import guard, unguard
-from .wrapper import apply, remove, wrapped_layers
+from hf_ckpt.distributed.checks import guard, unguard
+from hf_ckpt.distributed.wrapper import apply, remove, wrapped_layers
 
 __all__ = ["apply", "guard", "remove", "unguard", "wrapped_layers"]

@@ -21,10 +21,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from .. import _torch
-from .._compat import is_gradient_checkpointing_layer
-from .._state import ACTIVE_ATTRIBUTE
-from ..blocks import Block, find_blocks
+from hf_ckpt.runtime import _torch
+from hf_ckpt.runtime.compat import is_gradient_checkpointing_layer
+from hf_ckpt.runtime.state import ACTIVE_ATTRIBUTE
+from hf_ckpt.runtime.blocks import Block, find_blocks
 
 #: Attributes under which engine and checkpoint wrappers keep the module they wrap.
 _WRAPPED_ATTRIBUTES = ("_fsdp_wrapped_module", "_checkpoint_wrapped_module")
@@ -35,7 +35,7 @@ def distributed_available() -> bool:
 
 
 def checkpoint_wrapper_module() -> Any | None:
-    """torch.distributed's checkpoint_wrapper module, or None where it cannot be imported (:mod:`hf_ckpt._torch`)."""
+    """torch.distributed's checkpoint_wrapper module, or None where it cannot be imported (:mod:`hf_ckpt.runtime._torch`)."""
     return _torch.checkpoint_wrapper_module()
 
 
@@ -52,7 +52,7 @@ def innermost(module: nn.Module) -> nn.Module:
 
 
 def blocks_of(model: nn.Module) -> list[Block]:
-    """:func:`hf_ckpt.blocks.find_blocks`, seeing through FSDP1 units and checkpoint wrappers.
+    """:func:`hf_ckpt.runtime.blocks.find_blocks`, seeing through FSDP1 units and checkpoint wrappers.
 
     Around a layer-flag block (``GradientCheckpointingLayer``) such a wrapper is what the stack's
     ``ModuleList`` holds, and it forwards attribute reads to the block, so it can pass for a stack-flag block.

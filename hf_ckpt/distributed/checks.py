@@ -27,13 +27,13 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from .. import _torch
-from .._binding import block_function, is_block_checkpointed, turn_block_off
-from .._state import ACTIVE_ATTRIBUTE, STATE_ATTRIBUTE, get_state
-from .._target import target_model
-from .._warnings import warn_once
-from ..blocks import Block
-from . import _engines
+from hf_ckpt.runtime import _torch
+from hf_ckpt.runtime.binding import block_function, is_block_checkpointed, turn_block_off
+from hf_ckpt.runtime.state import ACTIVE_ATTRIBUTE, STATE_ATTRIBUTE, get_state
+from hf_ckpt.runtime.target import target_model
+from hf_ckpt.runtime.warn import warn_once
+from hf_ckpt.runtime.blocks import Block
+from hf_ckpt.distributed import _engines
 
 DDP_REENTRANT_MESSAGE = (
     "Reentrant activation checkpointing (use_reentrant=True) cannot train under "

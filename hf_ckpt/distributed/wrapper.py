@@ -4,7 +4,7 @@ Training loops built on FSDP's wrapper mechanism (``apply_activation_checkpointi
 torchtitan-style loops use) expect checkpointing as modules in the tree, not as flags. :func:`apply` gives them
 that with exactly the meaning of :func:`hf_ckpt.enable`: the same options, validated the same way, the same
 blocks selected and the same checkpoint functions (full or selective, offloaded or not, reentrant or not), resolved
-by the same :func:`hf_ckpt._binding.resolve`; this module only wraps. The same hooks go on the model, and the same
+by the same :func:`hf_ckpt.runtime.binding.resolve`; this module only wraps. The same hooks go on the model, and the same
 state record says what changed, so :func:`hf_ckpt.disable` and :func:`remove` take it all back.
 
 Every block gets one :class:`HfCkptCheckpointWrapper` (a ``CheckpointWrapper`` subclass), active on the selected
@@ -22,14 +22,14 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from .. import _hooks
-from .._binding import resolve
-from .._state import ACTIVE_ATTRIBUTE, CheckpointState, get_state, set_state, take_back
-from .._target import target_model
-from ..blocks import Block
-from ..config import CheckpointConfig
-from . import _engines
-from .checks import guard, is_hf_ckpt_wrapper
+from hf_ckpt.runtime import hooks as _hooks
+from hf_ckpt.runtime.binding import resolve
+from hf_ckpt.runtime.state import ACTIVE_ATTRIBUTE, CheckpointState, get_state, set_state, take_back
+from hf_ckpt.runtime.target import target_model
+from hf_ckpt.runtime.blocks import Block
+from hf_ckpt.runtime.config import CheckpointConfig
+from hf_ckpt.distributed import _engines
+from hf_ckpt.distributed.checks import guard, is_hf_ckpt_wrapper
 
 _wrappers = _engines.checkpoint_wrapper_module()
 

@@ -5,7 +5,7 @@
   recompute FLOPs, for a config, a ``config.json`` or a model on the meta device. It traces one block per block
   type on fake tensors and scales.
 * :func:`plan_for` -> :class:`~hf_ckpt.CheckpointPlan`: the cheapest per-block plan within a budget, solved by
-  :func:`hf_ckpt.planner.solve` on the estimate's per-block profile (no sample batch, no real step).
+  :func:`hf_ckpt.planning.planner.solve` on the estimate's per-block profile (no sample batch, no real step).
   ``hf_ckpt.plan(config, batch_size=..., seq_len=..., budget=...)`` calls it.
 * ``hf-ckpt estimate CONFIG --batch B --seq S`` (:mod:`hf_ckpt.estimate.command`) prints the table.
 
@@ -20,7 +20,7 @@ import sys
 import types
 from typing import TYPE_CHECKING, Any
 
-from .._lazy import lazy_exports
+from hf_ckpt._lazy import lazy_exports
 
 _EXPORTS = {
     "DEFAULT_STRATEGIES": "._estimate",
@@ -35,9 +35,9 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 if TYPE_CHECKING:  # for type checkers and the API docs: the same names, imported eagerly
-    from ._estimate import DEFAULT_STRATEGIES, estimate
-    from ._plan import plan_for, plan_from_estimate, profile_of, write_plan
-    from ._result import MemoryEstimate
+    from hf_ckpt.estimate._estimate import DEFAULT_STRATEGIES, estimate
+    from hf_ckpt.estimate._plan import plan_for, plan_from_estimate, profile_of, write_plan
+    from hf_ckpt.estimate._result import MemoryEstimate
 
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -8,9 +8,9 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
-from ..plans import CheckpointPlan
-from ._attention import DEVICES
-from ._states import OPTIMIZERS
+from hf_ckpt.runtime.plans import CheckpointPlan
+from hf_ckpt.estimate._attention import DEVICES
+from hf_ckpt.estimate._states import OPTIMIZERS
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16", "float": "float32"}

@@ -24,8 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from .. import _torch
-from .._precision import autocast_state
+from hf_ckpt.runtime import _torch
+from hf_ckpt.budget.precision import autocast_state
 
 #: Devices the estimate knows a kernel model for.
 DEVICES = ("cuda", "cpu")

@@ -14,11 +14,11 @@ from typing import Any
 
 import torch
 
-from .._apply import apply_options, remove
-from .._units import format_bytes, format_flops
-from ..measure.step import measure_step
-from ._estimate import estimate
-from ._model import load_config, model_class
+from hf_ckpt.runtime.apply import apply_options, remove
+from hf_ckpt.runtime.units import format_bytes, format_flops
+from hf_ckpt.measure.step import measure_step
+from hf_ckpt.estimate._estimate import estimate
+from hf_ckpt.estimate._model import load_config, model_class
 
 #: Tiny sizes by config attribute name.
 _SIZES = {

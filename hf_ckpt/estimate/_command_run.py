@@ -7,11 +7,11 @@ import argparse
 import json
 import os
 
-from .._units import format_bytes, format_flops, parse_size
-from ..cli.errors import CommandError
-from ._check import run_check
-from ._estimate import estimate
-from ._plan import plan_from_estimate, step_transient
+from hf_ckpt.runtime.units import format_bytes, format_flops, parse_size
+from hf_ckpt.cli.errors import CommandError
+from hf_ckpt.estimate._check import run_check
+from hf_ckpt.estimate._estimate import estimate
+from hf_ckpt.estimate._plan import plan_from_estimate, step_transient
 
 
 def _folder_exists(option: str, path: str | None) -> None:

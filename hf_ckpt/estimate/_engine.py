@@ -13,7 +13,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from .._units import format_bytes
+from hf_ckpt.runtime.units import format_bytes
 
 #: FSDP1 sharding strategies (by name or enum value) -> ``shard``.
 _FSDP1 = {"FULL_SHARD": "fsdp-full", "SHARD_GRAD_OP": "fsdp-grad-op", "HYBRID_SHARD": "fsdp-full",

@@ -8,13 +8,20 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
-from ..plans import CheckpointPlan
-from . import _arguments as arguments
-from ._attention import attention_model
-from ._model import blocks_of, build_on_meta, load_config, map_blocks, model_class, reduced_config
-from ._result import MemoryEstimate
-from ._sharding import check_sharding, shard_estimate
-from ._trace import TRACED, Trace, fake_mode, to_fake, trace
+from hf_ckpt.runtime.plans import CheckpointPlan
+from hf_ckpt.estimate import _arguments as arguments
+from hf_ckpt.estimate._attention import attention_model
+from hf_ckpt.estimate._model import (
+    blocks_of,
+    build_on_meta,
+    load_config,
+    map_blocks,
+    model_class,
+    reduced_config,
+)
+from hf_ckpt.estimate._result import MemoryEstimate
+from hf_ckpt.estimate._sharding import check_sharding, shard_estimate
+from hf_ckpt.estimate._trace import TRACED, Trace, fake_mode, to_fake, trace
 
 DEFAULT_STRATEGIES = ("none", "full", "every_n:2", "selective")
 

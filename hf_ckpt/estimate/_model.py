@@ -20,8 +20,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from .._target import target_model
-from ..blocks import Block, find_blocks
+from hf_ckpt.runtime.target import target_model
+from hf_ckpt.runtime.blocks import Block, find_blocks
 
 #: Config attributes that hold a number of repeated blocks (per stack).
 _LAYER_COUNTS = (

@@ -5,17 +5,17 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from .._solver import BlockProfile, solve
-from .._units import format_bytes, parse_budget
-from ..plans import CheckpointPlan
-from ._estimate import estimate
-from ._result import MemoryEstimate
+from hf_ckpt.planning.solver import BlockProfile, solve
+from hf_ckpt.runtime.units import format_bytes, parse_budget
+from hf_ckpt.runtime.plans import CheckpointPlan
+from hf_ckpt.estimate._estimate import estimate
+from hf_ckpt.estimate._result import MemoryEstimate
 
 _PLANNED = ("none", "selective", "full")
 
 
 def profile_of(estimate: MemoryEstimate, chunked_head: bool = False) -> BlockProfile:
-    """The estimate as the planner's :class:`~hf_ckpt.planner.BlockProfile` (none, selective, full per block);
+    """The estimate as the planner's :class:`~hf_ckpt.planning.planner.BlockProfile` (none, selective, full per block);
     with ``chunked_head``, the base (outside the blocks) of a step whose head is chunked."""
     kept = [s for s in _PLANNED if s in estimate.block_bytes]
     return BlockProfile(
@@ -94,7 +94,7 @@ def plan_from_estimate(estimate: MemoryEstimate, budget: Any, *, whole_step: boo
     Args:
         estimate: A :class:`MemoryEstimate` (its ``block_bytes`` / ``block_recompute_flops`` are the profile).
         budget: Activation memory: a size (``"40GiB"``, or an int of bytes) or a fraction of what no
-            checkpointing retains (``0.5``, ``"50%"``), as :func:`hf_ckpt._units.parse_budget` reads it. With
+            checkpointing retains (``0.5``, ``"50%"``), as :func:`hf_ckpt.runtime.units.parse_budget` reads it. With
             ``whole_step=True`` a size is the device memory for the whole step (parameters, gradients, optimizer
             states and transients are subtracted first).
         whole_step: See ``budget``.

@@ -7,8 +7,8 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .._units import format_bytes, precision_label
-from ._sharding import optimizer_definition
+from hf_ckpt.runtime.units import format_bytes, precision_label
+from hf_ckpt.estimate._sharding import optimizer_definition
 
 _FORMAT = "hf_ckpt.MemoryEstimate"
 

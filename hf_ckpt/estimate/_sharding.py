@@ -42,7 +42,7 @@ from typing import Any, Callable, Sequence
 
 from torch import nn
 
-from ._states import OPTIMIZERS, count_states
+from hf_ckpt.estimate._states import OPTIMIZERS, count_states
 
 #: The sharding strategies ``estimate(shard=...)`` and ``hf-ckpt estimate --shard`` accept.
 SHARDS = ("none", "fsdp-full", "fsdp-grad-op", "zero1", "zero2", "zero3")
@@ -325,7 +325,7 @@ class PerDevice:
 def shard_estimate(model: nn.Module, blocks: Sequence[Any], sharding: Sharding, optimizer: str, device: str,
                    receives_gradient: Callable[[str], bool]) -> PerDevice:
     """The states of ``model`` (on meta) on one device, whole and under ``sharding``; ``blocks`` are FSDP's units
-    (each :class:`~hf_ckpt.blocks.Block`'s module); ``receives_gradient(name)``: the step reaches the parameter."""
+    (each :class:`~hf_ckpt.runtime.blocks.Block`'s module); ``receives_gradient(name)``: the step reaches the parameter."""
     whole = count_states(model, optimizer, device, receives_gradient)
     if sharding.shard == "none":
         return PerDevice(sharding, whole, None)

@@ -30,19 +30,19 @@ from typing import Any, Iterator, Mapping
 import torch
 from torch import nn
 
-from .. import _torch
-from .._apply import apply_config, remove
-from .._flop_formulas import missing_formulas
-from .._target import target_model
-from .._torch import TorchDispatchMode, tree_leaves, tree_map
-from ..blocks import Block
-from ..config import CheckpointConfig
-from ..measure.memory import StorageTracker, block_labels
-from ..measure.step import loss_of
-from ..plans import CheckpointPlan
-from ..selective import SelectiveRecomputeError
-from ._attention import attention_for
-from ._model import block_key
+from hf_ckpt.runtime import _torch
+from hf_ckpt.runtime.apply import apply_config, remove
+from hf_ckpt.runtime.flop_formulas import missing_formulas
+from hf_ckpt.runtime.target import target_model
+from hf_ckpt.runtime._torch import TorchDispatchMode, tree_leaves, tree_map
+from hf_ckpt.runtime.blocks import Block
+from hf_ckpt.runtime.config import CheckpointConfig
+from hf_ckpt.measure.memory import StorageTracker, block_labels
+from hf_ckpt.measure.step import loss_of
+from hf_ckpt.runtime.plans import CheckpointPlan
+from hf_ckpt.strategies.selective.policy import SelectiveRecomputeError
+from hf_ckpt.estimate._attention import attention_for
+from hf_ckpt.estimate._model import block_key
 
 #: The per-block strategies traced; every other strategy (every_n:k, a plan) is composed from them.
 TRACED = ("none", "full", "selective")

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..cli._lazy import runner
+from hf_ckpt.cli._lazy import runner
 
 NAME = "estimate"
 HELP = "will it fit? predicted training memory and recompute cost per checkpointing strategy, from a config"

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from torch import nn
 
-from .._compat import defined_in
-from . import deepspeed, sentence_transformers
+from hf_ckpt.runtime.compat import defined_in
+from hf_ckpt.integrations import deepspeed, sentence_transformers
 
 
 def unwrap(model: nn.Module) -> nn.Module | None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from .._compat import defined_in
+from hf_ckpt.runtime.compat import defined_in
 
 _PACKAGE = "sentence_transformers"
 

@@ -1,7 +1,7 @@
 """The stock ``Trainer`` (and TRL's trainers) with a budget: where the plan made at the first batch is saved.
 
 ``gradient_checkpointing_kwargs={"budget": ...}`` is planned at the first training batch
-(:mod:`hf_ckpt._deferred`); :class:`BudgetPlanCallback` tells it the Trainer's ``output_dir`` at
+(:mod:`hf_ckpt.budget.deferred`); :class:`BudgetPlanCallback` tells it the Trainer's ``output_dir`` at
 ``on_train_begin`` (after the Trainer enabled checkpointing, before the first batch), so the plan is saved there
 as ``hf_ckpt_plan.json`` (on the process that saves checkpoints). :func:`hf_ckpt.patch_transformers` adds the
 callback to every ``Trainer`` made after it (``transformers.trainer.DEFAULT_CALLBACKS``);
@@ -18,9 +18,9 @@ from typing import Any
 
 from transformers.trainer_callback import TrainerCallback
 
-from .._state import get_state
-from .._target import target_model
-from .deepspeed import warn_unused_config
+from hf_ckpt.runtime.state import get_state
+from hf_ckpt.runtime.target import target_model
+from hf_ckpt.integrations.deepspeed import warn_unused_config
 
 
 class BudgetPlanCallback(TrainerCallback):
@@ -38,7 +38,7 @@ class BudgetPlanCallback(TrainerCallback):
 
 
 def _budget_of(model: Any) -> Any:
-    """The budget planned at the first batch (:class:`hf_ckpt._deferred.DeferredBudget`) on ``model``'s record, or
+    """The budget planned at the first batch (:class:`hf_ckpt.budget.deferred.DeferredBudget`) on ``model``'s record, or
     None: read through the record, so the runtime loads none of the planning code."""
     if model is None:
         return None

@@ -6,16 +6,14 @@
 * :func:`run_benchmark` / :class:`BenchmarkReport`: several *settings* (:class:`Setting`: ``none``, ``full``,
   ``every_n:2``, ``upstream:full``, ``plan:0.5``, ...) on the same model and batch, with step times as medians over
   interleaved rounds. A setting is a named configuration of the whole model, not a per-block strategy
-  (:class:`hf_ckpt.BlockStrategy`); the old names (``Strategy``, ``parse_strategies``, ...) warn until 0.3.
+  (:class:`hf_ckpt.BlockStrategy`).
 * ``hf-ckpt bench`` (:mod:`hf_ckpt.cli`) runs it all from the command line.
 """
 
 from __future__ import annotations
 
-from typing import Any
 
-from .._lazy import lazy_exports
-from ._renamed import RENAMED, warn_renamed
+from hf_ckpt._lazy import lazy_exports
 
 #: Public name -> the module that defines it. Loaded on first use (PEP 562): the planner builds on the measuring
 #: primitives (memory, flops, step) while the bench settings build on the planner, so importing one primitive
@@ -71,10 +69,4 @@ __all__ = [
 ]
 
 
-_lazy_getattr, __dir__ = lazy_exports(__name__, _EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    if name in RENAMED:  # not cached in the package, so that every use of an old name warns
-        return warn_renamed(__name__, name, lambda: _lazy_getattr(RENAMED[name]))
-    return _lazy_getattr(name)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -7,7 +7,7 @@ the model's ``__call__`` with inductor (CPU or GPU) under that setting, as ``nn.
 switches the compiled call on and off.
 
 A benchmark reference, not part of the runtime: ``hf-ckpt bench --settings compile:F`` and ``benchmarks/`` use it;
-the inductor and dynamo internals it drives are wrapped in :mod:`hf_ckpt._torch`.
+the inductor and dynamo internals it drives are wrapped in :mod:`hf_ckpt.runtime._torch`.
 
 Measuring it needs other instruments than eager strategies: while a ``TorchDispatchMode`` (the storage tracker,
 ``FlopCounterMode``) is active, dynamo runs the model eagerly. So :meth:`CompiledReference.measure` counts
@@ -38,11 +38,11 @@ from typing import Any, Callable, Mapping
 import torch
 from torch import nn
 
-from .. import _torch
-from .._flop_formulas import flop_registry
-from ..oplevel._partition import draws_random
-from .flops import elementwise_elements
-from .step import forward_loss
+from hf_ckpt.runtime import _torch
+from hf_ckpt.runtime.flop_formulas import flop_registry
+from hf_ckpt.strategies.partition.graph import draws_random
+from hf_ckpt.measure.flops import elementwise_elements
+from hf_ckpt.measure.step import forward_loss
 
 
 def compile_unavailable() -> str | None:

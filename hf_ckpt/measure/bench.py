@@ -14,30 +14,29 @@ plan's recomputed modules between the blocks) is enabled afresh each round inste
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, Sequence
 
 import torch
 from torch import nn
 
-from .. import __version__
-from .._apply import checkpointed_layers, remove
-from .._state import AttributeSnapshot, CheckpointState, clear_state, get_state, set_state
-from .._target import target_model
-from .settings import Setting, parse_setting
-from .step import LossFn, StepMeasurement, measure_step, model_device, training_step
-from .timing import CLOCKS, interleaved_step_times, median, synchronizer
+from hf_ckpt import __version__
+from hf_ckpt.runtime.apply import checkpointed_layers, remove
+from hf_ckpt.runtime.state import AttributeSnapshot, CheckpointState, clear_state, get_state, set_state
+from hf_ckpt.runtime.target import target_model
+from hf_ckpt.measure.settings import Setting, parse_setting
+from hf_ckpt.measure.step import LossFn, StepMeasurement, measure_step, model_device, training_step
+from hf_ckpt.measure.timing import CLOCKS, interleaved_step_times, median, synchronizer
 
 BASELINE = "none"
 
 
 @dataclass(frozen=True)
 class SettingResult:
-    """One setting's measurements (``StrategyResult`` until 0.3: that name warns).
+    """One setting's measurements.
 
     Attributes:
-        setting: The setting's canonical name (``"every_n:2"``); ``.strategy`` until 0.3 (warns).
+        setting: The setting's canonical name (``"every_n:2"``).
         description: What it runs.
         selected_blocks: The blocks its flags select for recompute (``hf_ckpt.checkpointed_layers``).
         measurement: The measured step (memory, FLOPs, recomputed blocks).
@@ -56,17 +55,6 @@ class SettingResult:
     def step_time_s(self) -> float:
         """The median step time in seconds."""
         return median(self.step_times_s)
-
-    @property
-    def strategy(self) -> str:
-        """The old name of :attr:`setting` (remove in 0.3)."""
-        warnings.warn(
-            "SettingResult.strategy is renamed SettingResult.setting (the bench compares settings; a per-block "
-            "strategy is hf_ckpt.BlockStrategy); the old name will be removed in hf_ckpt 0.3",
-            FutureWarning,
-            stacklevel=2,
-        )
-        return self.setting
 
 
 @dataclass
@@ -120,16 +108,6 @@ def _setting(spec: Setting | str) -> Setting:
     return spec if isinstance(spec, Setting) else parse_setting(spec)
 
 
-def _old_keyword(strategies: Sequence[Setting | str]) -> Sequence[Setting | str]:
-    warnings.warn(
-        "run_benchmark(strategies=...) is renamed run_benchmark(settings=...); the old keyword will be removed in "
-        "hf_ckpt 0.3",
-        FutureWarning,
-        stacklevel=3,  # the caller of run_benchmark
-    )
-    return strategies
-
-
 def run_benchmark(
     model: nn.Module,
     batch: Mapping[str, Any],
@@ -141,7 +119,6 @@ def run_benchmark(
     on_step: Callable[[str], None] | None = None,
     info: Mapping[str, Any] | None = None,
     clock: str = "wall",
-    strategies: Sequence[Setting | str] | None = None,
 ) -> BenchmarkReport:
     """Measure every setting on ``model`` and ``batch``.
 
@@ -156,15 +133,12 @@ def run_benchmark(
         on_step: Called with a short label after every step (a progress bar).
         info: Anything to carry into the report.
         clock: ``"wall"`` (default) or ``"cpu"``, see :data:`hf_ckpt.measure.timing.CLOCKS`.
-        strategies: The old name of ``settings`` (warns; remove in 0.3).
 
     Returns:
         A :class:`BenchmarkReport`.
     """
     if clock not in CLOCKS:
         raise ValueError(f"clock must be one of {', '.join(CLOCKS)}; got {clock!r}")
-    if strategies is not None:
-        settings = _old_keyword(strategies)
     chosen = [_setting(spec) for spec in settings]
     if BASELINE not in [setting.name for setting in chosen]:
         chosen.insert(0, parse_setting(BASELINE))

@@ -28,8 +28,8 @@ from typing import Any, Iterator, Mapping
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from .._flop_formulas import missing_formulas
-from .._torch import TorchDispatchMode, tree_leaves
+from hf_ckpt.runtime.flop_formulas import missing_formulas
+from hf_ckpt.runtime._torch import TorchDispatchMode, tree_leaves
 
 
 class FlopCount:

@@ -35,8 +35,8 @@ from typing import Any, Callable, Hashable, Iterator, Sequence
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
-from .._storage import storage_of
-from .._torch import TorchDispatchMode, tree_leaves
+from hf_ckpt.runtime.storage import storage_of
+from hf_ckpt.runtime._torch import TorchDispatchMode, tree_leaves
 
 
 class StorageTracker(TorchDispatchMode):
@@ -192,7 +192,7 @@ def _count_rng_states(tracker: StorageTracker) -> list[tuple[Any, str, Any]]:
 @contextlib.contextmanager
 def block_labels(blocks: Sequence[Any]) -> Iterator[Callable[[], int | None]]:
     """A ``label`` function for :class:`StorageTracker`: the index of the block running now, or None outside the
-    blocks (hooks on each block's forward, removed on exit). ``blocks`` are :class:`~hf_ckpt.blocks.Block` s."""
+    blocks (hooks on each block's forward, removed on exit). ``blocks`` are :class:`~hf_ckpt.runtime.blocks.Block` s."""
     current: list[int | None] = [None]
     index_of = {id(block.module): block.index for block in blocks}
 

@@ -6,10 +6,10 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any, Sequence
 
-from .._units import format_bytes, format_flops
-from .bench import BenchmarkReport
-from .labels import place_labels
-from .timing import median
+from hf_ckpt.runtime.units import format_bytes, format_flops
+from hf_ckpt.measure.bench import BenchmarkReport
+from hf_ckpt.measure.labels import place_labels
+from hf_ckpt.measure.timing import median
 
 MIB = 2**20
 

@@ -8,9 +8,6 @@ different per-block strategies to different blocks (``plan:0.5``), or not be hf_
 switch it on a model and off again. Later features register theirs with :func:`register_setting`::
 
     register_setting("selective", _selective, syntax="selective", help="...")
-
-Until 0.3 the old names (``Strategy``, ``parse_strategy``, ``parse_strategies``, ``register_strategy``,
-``available_strategies``, module ``hf_ckpt.measure.strategies``) keep working with a ``FutureWarning``.
 """
 
 from __future__ import annotations
@@ -23,14 +20,14 @@ from typing import Any, Callable, Mapping
 
 from torch import nn
 
-from .. import _torch
-from .._apply import apply_options, remove
-from .._warnings import warn_once
-from ..patch import original
-from ..planner import plan as make_plan
-from ..selective import SELECTIVE_POLICIES
-from ._compiled import CompiledReference, compile_unavailable, seeded_unavailable
-from .step import training_step
+from hf_ckpt.runtime import _torch
+from hf_ckpt.runtime.apply import apply_options, remove
+from hf_ckpt.runtime.warn import warn_once
+from hf_ckpt.patch import original
+from hf_ckpt.planning.planner import plan as make_plan
+from hf_ckpt.strategies.selective.policy import SELECTIVE_POLICIES
+from hf_ckpt.measure._compiled import CompiledReference, compile_unavailable, seeded_unavailable
+from hf_ckpt.measure.step import training_step
 
 
 @dataclass(frozen=True)

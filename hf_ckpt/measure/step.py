@@ -2,7 +2,7 @@
 
 :func:`measure_step` runs ``loss = loss_fn(model(**batch)); loss.backward()`` once, under a
 :class:`~hf_ckpt.measure.memory.StorageTracker`, a ``FlopCounterMode`` and a
-:class:`~hf_ckpt.counting.BlockRunCounter`, and returns a :class:`StepMeasurement`. It measures the model as it
+:class:`~hf_ckpt.runtime.counting.BlockRunCounter`, and returns a :class:`StepMeasurement`. It measures the model as it
 is: enable checkpointing first (``hf_ckpt.enable``, upstream's methods, anything), then measure.
 """
 
@@ -14,9 +14,9 @@ from typing import Any, Callable, Mapping
 import torch
 from torch import nn
 
-from ..counting import BlockRunCounter
-from .flops import count_flops
-from .memory import StorageTracker
+from hf_ckpt.runtime.counting import BlockRunCounter
+from hf_ckpt.measure.flops import count_flops
+from hf_ckpt.measure.memory import StorageTracker
 
 LossFn = Callable[[Any], torch.Tensor]
 

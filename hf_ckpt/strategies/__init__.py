@@ -11,9 +11,9 @@ The kinds, and the module that defines each (loaded the first time a setting use
 ``full`` blocks never loads the partitioner)::
 
     none, full       this module
-    selective        hf_ckpt.strategies.selective   (torch's selective checkpointing, a named policy)
-    oplevel:<name>   hf_ckpt.strategies.oplevel     (a plan's op-level policy: which op outputs are kept)
-    partition:<F>    hf_ckpt.strategies.partition   (the block's graph split by torch's min-cut partitioner)
+    selective        hf_ckpt.strategies.selective.spec   (torch's selective checkpointing, a named policy)
+    oplevel:<name>   hf_ckpt.strategies.oplevel.spec     (a plan's op-level policy: which op outputs are kept)
+    partition:<F>    hf_ckpt.strategies.partition.spec   (the block's graph split by torch's min-cut partitioner)
 
 A new kind is a subclass with a ``kind``, registered with :func:`register` in its module, and a line in
 :data:`KIND_MODULES`; nothing else in the package matches spellings.
@@ -56,9 +56,9 @@ WHOLE_MODEL_STRATEGIES: tuple[str, ...] = (FULL, SELECTIVE)
 KIND_MODULES: dict[str, str] = {
     NONE: __name__,
     FULL: __name__,
-    SELECTIVE: f"{__name__}.selective",
-    "oplevel": f"{__name__}.oplevel",
-    "partition": f"{__name__}.partition",
+    SELECTIVE: f"{__name__}.selective.spec",
+    "oplevel": f"{__name__}.oplevel.spec",
+    "partition": f"{__name__}.partition.spec",
 }
 _registered: dict[str, type["Strategy"]] = {}
 #: Builds a kind's checkpoint function from the checkpoint keyword arguments: the modifiers (offload,
@@ -88,7 +88,7 @@ class Strategy:
             selective checkpointing), so it needs non-reentrant checkpointing and no ``context_fn`` or
             ``checkpoint_fn`` of the user's.
         saved_tensor_hook: Its blocks' outputs are made again from what they keep, by the one saved-tensor hook
-            :mod:`hf_ckpt._outside` installs (partitions).
+            :mod:`hf_ckpt.strategies.outside.hook` installs (partitions).
     """
 
     kind: ClassVar[str]

@@ -6,7 +6,7 @@ checkpointing switched off, from the same RNG state, and checks four things:
 1. **Gradient parity.** Checkpointing must not change a gradient. The gradients of the two steps are compared
    per parameter group (:func:`parameter_groups`).
 2. **What was recomputed.** The blocks that actually ran again in backward (measured by
-   :class:`~hf_ckpt.counting.BlockRunCounter`) must be exactly the blocks the model's flags say are recomputed
+   :class:`~hf_ckpt.runtime.counting.BlockRunCounter`) must be exactly the blocks the model's flags say are recomputed
    (:func:`~hf_ckpt.checkpointed_layers`). A mismatch means checkpointing is silently off somewhere (for example
    a monkeypatched layer ``forward`` on transformers >= 5.23, which checkpoints inside the class's ``forward``),
    or on where nobody asked for it.
@@ -24,8 +24,8 @@ the gradients already accumulated in ``.grad`` and the global RNG state. ``hf-ck
 command line (:mod:`hf_ckpt.cli.verify`).
 """
 
-from .check import verify
-from .gradients import parameter_groups
-from .report import GradientParity, InplaceInput, VerifyReport
+from hf_ckpt.verification.check import verify
+from hf_ckpt.verification.gradients import parameter_groups
+from hf_ckpt.verification.report import GradientParity, InplaceInput, VerifyReport
 
 __all__ = ["GradientParity", "InplaceInput", "VerifyReport", "parameter_groups", "verify"]

@@ -9,18 +9,18 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from .._preserve import accelerator_devices, check_trainable, preserved
-from .._state import ACTIVE_ATTRIBUTE, get_state, suspended
-from .._target import target_model
-from ..blocks import find_blocks
-from .._apply import checkpointed_layers
-from ..counting import BlockRunCounter
-from ..functions import stack_checkpoints
-from ..distributed._engines import wrapped_blocks
-from ..measure.step import LossFn, loss_of
-from .gradients import compare_gradients, parameter_groups
-from .probe import StepProbe
-from .report import VerifyReport
+from hf_ckpt.planning.preserve import accelerator_devices, check_trainable, preserved
+from hf_ckpt.runtime.state import ACTIVE_ATTRIBUTE, get_state, suspended
+from hf_ckpt.runtime.target import target_model
+from hf_ckpt.runtime.blocks import find_blocks
+from hf_ckpt.runtime.apply import checkpointed_layers
+from hf_ckpt.runtime.counting import BlockRunCounter
+from hf_ckpt.runtime.functions import stack_checkpoints
+from hf_ckpt.distributed._engines import wrapped_blocks
+from hf_ckpt.measure.step import LossFn, loss_of
+from hf_ckpt.verification.gradients import compare_gradients, parameter_groups
+from hf_ckpt.verification.probe import StepProbe
+from hf_ckpt.verification.report import VerifyReport
 
 
 def _describe_setting(target: nn.Module, wrapped: list[int]) -> str:

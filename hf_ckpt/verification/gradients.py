@@ -7,9 +7,9 @@ from typing import Any, Mapping
 import torch
 from torch import nn
 
-from .._compat import peft_model_base
-from ..blocks import find_blocks
-from .report import GradientParity
+from hf_ckpt.runtime.compat import peft_model_base
+from hf_ckpt.runtime.blocks import find_blocks
+from hf_ckpt.verification.report import GradientParity
 
 #: Default ``rtol`` by the precision of a group's gradients: fp32/fp64 gradients of the two steps agree to rounding;
 #: half-precision ones may differ by a few units in the last place where kernels are nondeterministic.
@@ -21,7 +21,7 @@ _HALF_DTYPES = (torch.float16, torch.bfloat16)
 def parameter_groups(model: nn.Module) -> dict[str, str]:
     """The gradient-parity group of every parameter of ``model``, by parameter name.
 
-    * ``"block <i>"``: the parameters inside block ``i`` (:func:`hf_ckpt.blocks.find_blocks` order, adapters such as
+    * ``"block <i>"``: the parameters inside block ``i`` (:func:`hf_ckpt.runtime.blocks.find_blocks` order, adapters such as
       LoRA weights included);
     * ``"embeddings"``: the input embeddings and every other ``nn.Embedding`` outside the blocks (positions,
       token types);

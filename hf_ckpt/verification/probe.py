@@ -8,8 +8,8 @@ from typing import Any, Callable, Iterator
 import torch
 from torch import nn
 
-from ..blocks import Block
-from .report import InplaceInput
+from hf_ckpt.runtime.blocks import Block
+from hf_ckpt.verification.report import InplaceInput
 
 
 def _rng_state(devices: list[torch.device]) -> list[torch.Tensor]:
@@ -51,7 +51,7 @@ class StepProbe:
     For every block it records, at the block's first call in the step, the RNG state and the version of every
     input tensor, and at the block's exit the RNG state again (did the block draw random numbers?). A forward
     pre-hook on every submodule finds the block's *sentinel*, the first submodule it calls, as
-    :class:`~hf_ckpt.counting.BlockRunCounter` does: every later run of the sentinel is a recompute (block
+    :class:`~hf_ckpt.runtime.counting.BlockRunCounter` does: every later run of the sentinel is a recompute (block
     hooks do not see a recompute on transformers >= 5.23), where the probe records the RNG state and compares the
     inputs' versions with those of the forward.
     """

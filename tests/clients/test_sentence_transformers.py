@@ -14,7 +14,7 @@ import torch
 sentence_transformers = pytest.importorskip("sentence_transformers")
 
 import hf_ckpt  # noqa: E402
-from hf_ckpt.counting import BlockRunCounter  # noqa: E402
+from hf_ckpt.runtime.counting import BlockRunCounter  # noqa: E402
 
 from _tiny_text import sentences, tiny_tokenizer  # noqa: E402
 

@@ -17,7 +17,7 @@ trl = pytest.importorskip("trl")
 datasets = pytest.importorskip("datasets")
 
 import hf_ckpt  # noqa: E402
-from hf_ckpt.counting import BlockRunCounter  # noqa: E402
+from hf_ckpt.runtime.counting import BlockRunCounter  # noqa: E402
 from helpers import max_grad_diff, train_step  # noqa: E402
 
 from _tiny_text import COMMON, sentences, tiny_llama_with_tokenizer  # noqa: E402

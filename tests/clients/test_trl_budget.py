@@ -15,9 +15,9 @@ trl = pytest.importorskip("trl")
 datasets = pytest.importorskip("datasets")
 
 import hf_ckpt  # noqa: E402
-from hf_ckpt import _deferred  # noqa: E402
-from hf_ckpt._state import get_state  # noqa: E402
-from hf_ckpt.counting import BlockRunCounter  # noqa: E402
+from hf_ckpt.budget import deferred as _deferred  # noqa: E402
+from hf_ckpt.runtime.state import get_state  # noqa: E402
+from hf_ckpt.runtime.counting import BlockRunCounter  # noqa: E402
 from helpers import max_grad_diff, train_step  # noqa: E402
 
 from _tiny_text import COMMON, sentences, tiny_llama_with_tokenizer  # noqa: E402

@@ -1,0 +1,201 @@
+"""The one record of what hf_ckpt changed on a model, and how to take it back exactly.
+
+Whoever applies checkpointing (``hf_ckpt.enable``, the mixin, the patched ``transformers`` methods,
+``hf_ckpt.distributed.apply``) leaves a :class:`CheckpointState` in the target model's ``__dict__``. It holds:
+
+* ``before``: the model's checkpointing attributes as they were before hf_ckpt first touched them (upstream's
+  flags and functions included), so that ``disable`` puts back exactly that;
+* ``bound``: the attribute values hf_ckpt set, so that a change made behind its back (upstream's
+  ``gradient_checkpointing_disable`` after ``unpatch_transformers``) is noticed: such a record is *stale* and is
+  dropped, hooks and all, at the next look (:func:`get_state`);
+* ``hooks``: every hook hf_ckpt added, removable and re-installable (:class:`Hooks`);
+* ``undo``: further actions that take back what was done (switching ``distributed.apply``'s wrappers off);
+* ``measured``: the blocks that the first training step actually recomputed, once known;
+* ``budget``: a budget planned from the first training batch (:mod:`hf_ckpt.budget.deferred`). Until that batch the
+  record binds nothing and holds only the hook that will plan; after it, the plan is bound as any other setting.
+
+Profiling (the planner) runs inside :func:`suspended`, which takes the record and every hook off the model and
+puts them back, with the attributes, exactly as they were.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Iterator
+
+from torch import nn
+from torch.utils.hooks import RemovableHandle
+
+from hf_ckpt.runtime.blocks import SELECTED_ATTRIBUTE
+
+if TYPE_CHECKING:
+    from hf_ckpt.runtime.config import CheckpointConfig
+
+#: Set (in ``__dict__``) on hf_ckpt's own checkpoint wrappers (``hf_ckpt.distributed.apply``): True while the
+#: wrapper checkpoints its block.
+ACTIVE_ATTRIBUTE = "hf_ckpt_active"
+#: The instance attributes hf_ckpt may set on a model's modules.
+TRACKED_ATTRIBUTES = ("gradient_checkpointing", "_gradient_checkpointing_func", SELECTED_ATTRIBUTE, ACTIVE_ATTRIBUTE)
+STATE_ATTRIBUTE = "_hf_ckpt_state"
+_MISSING = object()
+
+
+@dataclass
+class AttributeSnapshot:
+    """The tracked attributes of every module of a model, as instance attributes (absent ones included)."""
+
+    entries: list[tuple[nn.Module, str, Any]]
+
+    @classmethod
+    def take(cls, model: nn.Module) -> "AttributeSnapshot":
+        return cls(
+            [(m, name, m.__dict__.get(name, _MISSING)) for m in model.modules() for name in TRACKED_ATTRIBUTES]
+        )
+
+    def restore(self) -> None:
+        for module, name, value in self.entries:
+            if value is not _MISSING:
+                setattr(module, name, value)
+            elif name in module.__dict__:
+                delattr(module, name)
+
+
+@dataclass
+class _Hook:
+    module: nn.Module
+    register: str
+    function: Callable[..., Any]
+    options: dict[str, Any]
+    group: str
+    handle: RemovableHandle | None = None
+
+
+class Hooks:
+    """Hooks hf_ckpt added to a model: each can be removed and installed again (the planner's suspension)."""
+
+    def __init__(self) -> None:
+        self._hooks: list[_Hook] = []
+
+    def add(
+        self, module: nn.Module, register: str, function: Callable[..., Any], *, group: str = "", **options: Any
+    ) -> None:
+        """Register ``function`` with ``module.<register>(function, **options)`` and keep it, under ``group``."""
+        hook = _Hook(module, register, function, options, group)
+        hook.handle = getattr(module, register)(function, **options)
+        self._hooks.append(hook)
+
+    def remove(self) -> None:
+        for hook in self._hooks:
+            if hook.handle is not None:
+                hook.handle.remove()
+                hook.handle = None
+
+    def install(self) -> None:
+        for hook in self._hooks:
+            if hook.handle is None:
+                hook.handle = getattr(hook.module, hook.register)(hook.function, **hook.options)
+
+    def discard(self, group: str) -> None:
+        """Remove and forget the hooks of ``group`` (a one-shot probe that finished)."""
+        for hook in [h for h in self._hooks if h.group == group]:
+            if hook.handle is not None:
+                hook.handle.remove()
+            self._hooks.remove(hook)
+
+    def registered(self, module: nn.Module, register: str) -> list[tuple[Callable[..., Any], dict[str, Any]]]:
+        """The ``(function, options)`` of the installed hooks registered on ``module`` with ``register``."""
+        return [(h.function, h.options) for h in self._hooks if h.module is module and h.register == register
+                and h.handle is not None]
+
+    def __len__(self) -> int:
+        return len(self._hooks)
+
+
+@dataclass
+class CheckpointState:
+    """What hf_ckpt changed on one model (see the module docstring)."""
+
+    config: "CheckpointConfig"
+    before: AttributeSnapshot
+    bound: list[tuple[nn.Module, str, Any]]
+    source: str = "enable"
+    hooks: Hooks = field(default_factory=Hooks)
+    undo: list[Callable[[], None]] = field(default_factory=list)
+    measured: tuple[int, ...] | None = None
+    budget: Any = None  # a budget planned at the first batch (hf_ckpt.budget.deferred.DeferredBudget), pending or planned
+
+    def is_current(self) -> bool:
+        """Whether every attribute hf_ckpt set still holds the value it set."""
+        return all(module.__dict__.get(name, _MISSING) is value for module, name, value in self.bound)
+
+    def record(self, module: nn.Module, name: str, value: Any) -> None:
+        """Set ``module.<name> = value`` on hf_ckpt's behalf, keeping the record current."""
+        setattr(module, name, value)
+        self.bound = [(m, n, v) for m, n, v in self.bound if not (m is module and n == name)]
+        self.bound.append((module, name, value))
+
+    def detach(self) -> None:
+        """Remove hf_ckpt's hooks and run the undo actions (attributes are the caller's business)."""
+        self.hooks.remove()
+        for action in reversed(self.undo):
+            action()
+        self.undo.clear()
+
+
+def get_state(target: nn.Module) -> CheckpointState | None:
+    """hf_ckpt's record on ``target``; None when there is none, or when it went stale (then it is dropped)."""
+    state = target.__dict__.get(STATE_ATTRIBUTE)
+    if state is not None and not state.is_current():
+        clear_state(target)
+        return None
+    return state
+
+
+def set_state(target: nn.Module, state: CheckpointState) -> None:
+    target.__dict__[STATE_ATTRIBUTE] = state
+
+
+def clear_state(target: nn.Module) -> CheckpointState | None:
+    """Take the record off ``target`` and detach it (hooks removed, undo run); the attributes stay as they are."""
+    state = target.__dict__.pop(STATE_ATTRIBUTE, None)
+    if state is not None:
+        state.detach()
+    return state
+
+
+def take_back(target: nn.Module) -> AttributeSnapshot:
+    """Undo hf_ckpt's current setting on ``target``; returns the attributes the model had before hf_ckpt.
+
+    Without a (current) record, nothing changes and the model's attributes as they are now are returned.
+    """
+    state = get_state(target)
+    if state is None:
+        return AttributeSnapshot.take(target)
+    clear_state(target)
+    state.before.restore()
+    return state.before
+
+
+@contextlib.contextmanager
+def suspended(target: nn.Module) -> Iterator[None]:
+    """Run the body with hf_ckpt's record and hooks off ``target``, then put everything back as it was.
+
+    The checkpointing attributes of every module (hf_ckpt's or upstream's), the record and its hooks are
+    restored exactly, whatever the body did to them.
+    """
+    state = get_state(target)
+    snapshot = AttributeSnapshot.take(target)
+    if state is not None:
+        del target.__dict__[STATE_ATTRIBUTE]
+        state.hooks.remove()
+    try:
+        yield
+    finally:
+        leftover = target.__dict__.pop(STATE_ATTRIBUTE, None)
+        if leftover is not None and leftover is not state:
+            leftover.detach()
+        snapshot.restore()
+        if state is not None:
+            state.hooks.install()
+            target.__dict__[STATE_ATTRIBUTE] = state

@@ -1,0 +1,322 @@
+"""Op-level planning: per block, one of none / full / selective or an op-level policy, within a memory budget.
+
+1. **Profile.** :func:`hf_ckpt.planning.planner.profile_blocks` measures each block's retained bytes and recompute FLOPs
+   under the block-level strategies; :func:`profile_ops` profiles one block per twin group op by op.
+2. **Menu.** Each block's options: the block-level strategies, plus every point of its type's op-level frontier
+   (:func:`~hf_ckpt.strategies.oplevel.frontier`), predicted as ``full`` plus the kept bytes and ``full``'s recompute less the
+   avoided recompute; points that avoid no FLOPs are left out (they would trade plain checkpointing for per-op
+   selective dispatch to save elementwise work only). An option's cost is its recompute FLOPs plus its recompute elementwise output elements (one
+   each, :mod:`hf_ckpt.measure.flops`): ``none`` costs 0, ``full`` the whole block's recompute, ``selective``
+   the measured FLOPs plus the elementwise ops its policy does not keep (the op profile asks the policy).
+3. **Solve.** A multiple-choice knapsack over blocks, solved exactly: block by block, the Pareto front of (bytes
+   saved, capped at what the budget requires; cost), over the options' exact bytes (:func:`_exact_plan`). Where
+   that front grows beyond :data:`_MAX_STATES` (many blocks of many types), by dynamic programming over savings
+   quantised *down* (so memory is never understated), as the block-level planner does. Ties go to fewer
+   checkpointed blocks, then to plain ``full`` over a selective policy (less dispatch overhead).
+4. **Verify.** The plan runs one step and its retained bytes are measured; on an overshoot the solver is asked for
+   the overshoot less, up to a few times.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from typing import Any, Mapping, Sequence
+
+import torch
+from torch import nn
+
+from hf_ckpt.runtime.apply import remove
+from hf_ckpt.planning.solver import budget_bytes as in_bytes
+from hf_ckpt.runtime.target import target_model
+from hf_ckpt.runtime.blocks import find_blocks
+from hf_ckpt.runtime.plans import CheckpointPlan
+from hf_ckpt.planning.profiling import left_as_found, loss_of_sample, measured_bytes, profile_blocks, twin_groups
+from hf_ckpt.strategies.selective.policy import check_policy, policy_function
+from hf_ckpt.strategies import kind_of
+from hf_ckpt.strategies.oplevel.spec import OpLevel
+from hf_ckpt.strategies.outside.menu import outside_option
+from hf_ckpt.strategies.partition.menu import partition_options
+from hf_ckpt.strategies.oplevel.menu.profile import BlockOpProfile, capture_inputs, profile_block
+from hf_ckpt.strategies.oplevel.menu.frontier import MAX_POINTS, frontier
+
+#: Strategies of the op-level planner that are not block-level strategies.
+_FINER = ("oplevel", "partition", "outside")
+_QUANTA = 4096
+#: The exact solver gives way to the quantised one where a front holds more states than this (on a 32-layer Llama
+#: with op-level menus the fronts reach 7,000 states and an exact solve takes 5 s; there it gives way at the 8th block).
+_MAX_STATES = 2_000
+_VERIFY_ROUNDS = 4
+#: Tie-breaks between options of equal FLOPs: no checkpoint, then plain checkpointing, then selective contexts.
+_OVERHEAD = {"none": 0, "full": 1}
+
+
+def profile_ops(
+    model: nn.Module, sample_inputs: Mapping[str, Any], *, loss_fn: Any = None, policy: Any = None
+) -> list[BlockOpProfile]:
+    """Profile, op by op, the first block of each group of twin blocks (see :mod:`hf_ckpt.strategies.oplevel.menu.profile`).
+
+    ``policy`` is the block-level selective policy (default ``"matmuls_and_attention"``): each op records whether
+    it keeps the op's output. The model is left as found (checkpointing setting, mode, gradients, RNG state).
+    """
+    if not isinstance(sample_inputs, Mapping):
+        raise TypeError(
+            f"sample_inputs must be a mapping of keyword arguments for the model; got {type(sample_inputs).__name__}"
+        )
+    target = target_model(model)
+    blocks = find_blocks(target)
+    if not blocks:
+        raise ValueError(f"{type(target).__name__} has no repeated blocks to profile")
+    check_policy(policy)
+    selective_fn = policy_function(policy)
+    groups = twin_groups(blocks)
+    firsts = [blocks[group[0]] for group in groups]
+    profiles = []
+    with left_as_found(model):
+        remove(model)
+        torch.manual_seed(0)
+        inputs = dict(sample_inputs)
+        if "use_cache" in inspect.signature(target.forward).parameters:
+            inputs.setdefault("use_cache", False)  # a cache captured with the inputs would grow on each rerun
+        captured = capture_inputs(model, firsts, lambda: loss_of_sample(model(**inputs), loss_fn))
+        for block, group in zip(firsts, groups):
+            if block.index not in captured:
+                continue  # the block never ran on this batch (a decoder without decoder inputs)
+            torch.manual_seed(0)
+            args, kwargs = captured[block.index]
+            profiles.append(profile_block(block, args, kwargs, tuple(group), selective_fn))
+    return profiles
+
+
+#: One option of a block: (strategy, predicted bytes, predicted recompute cost, overhead rank, recompute FLOPs).
+Option = tuple[str, int, int, int, int]
+
+
+def _elementwise(profile: BlockOpProfile | None, strategy: str) -> int:
+    """Recompute elementwise elements of a block-level strategy, from the op profile (0 without one)."""
+    if profile is None or strategy == "none":
+        return 0
+    return profile.selective_elementwise if strategy == "selective" else profile.recompute_elementwise
+
+
+def _menu(block_profile: Any, op_profiles: list[BlockOpProfile]) -> tuple[list[list[Option]], dict[str, tuple[str, ...]]]:
+    """Per block, the options: strategy, predicted bytes, predicted recompute cost (FLOPs plus elementwise
+    elements), overhead rank and the recompute FLOPs alone."""
+    num_blocks = len(block_profile.retained["none"])
+    of_block = {i: profile for profile in op_profiles for i in profile.blocks}
+    menu: list[list[Option]] = [[] for _ in range(num_blocks)]
+    for strategy, retained in block_profile.retained.items():
+        for i in range(num_blocks):
+            flops = block_profile.recompute_flops[strategy][i]
+            cost = flops + _elementwise(of_block.get(i), strategy)
+            menu[i].append((strategy, retained[i], cost, _OVERHEAD.get(strategy, 3), flops))
+    policies: dict[str, tuple[str, ...]] = {}
+    used_names: set[str] = set()
+    for number, profile in enumerate(op_profiles):
+        prefix = profile.block_type if profile.block_type not in used_names else f"{profile.block_type}{number}"
+        used_names.add(prefix)
+        for k, point in enumerate(frontier(profile, max_points=MAX_POINTS)):
+            if not point.avoided_flops:
+                # Saving nothing is plain "full". A policy that avoids elementwise work only would swap plain
+                # checkpointing for per-op selective dispatch, which can cost more time than it saves.
+                continue
+            name = f"{prefix}-{k}"
+            policies[name] = point.saved
+            for i in profile.blocks:
+                flops = max(0, block_profile.recompute_flops["full"][i] - point.avoided_flops)
+                elementwise = profile.recompute_elementwise - point.avoided_elementwise
+                menu[i].append((
+                    OpLevel(name, point.saved).spelling, block_profile.retained["full"][i] + point.bytes,
+                    flops + elementwise, 2, flops
+                ))
+    return menu, policies
+
+
+def _solve(menu: list[list[Option]], base: int, budget_bytes: int) -> tuple[str, ...]:
+    """The options of least total (recompute cost, checkpointed blocks, overhead) whose bytes fit the budget."""
+    none = [next(option[1] for option in options if option[0] == "none") for options in menu]
+    baseline = base + sum(none)
+    required = baseline - budget_bytes
+    if required <= 0:
+        return ("none",) * len(menu)
+    smallest = base + sum(min(option[1] for option in options) for options in menu)
+    if smallest > budget_bytes:
+        raise ValueError(
+            f"no plan fits a budget of {budget_bytes / 2**20:.2f} MiB: the smallest activation memory reachable is "
+            f"{smallest / 2**20:.2f} MiB ({100 * smallest / baseline:.1f}% of no checkpointing)"
+        )
+    exact = _exact_plan(menu, none, required)
+    if exact is not None:
+        return exact
+    unit = max(1, math.ceil(required / _QUANTA))
+    target = math.ceil(required / unit)
+    infinity = (math.inf, math.inf, math.inf)
+    best: list[tuple[float, float, float]] = [(0, 0, 0)] + [infinity] * target
+    history = []
+    for i, options in enumerate(menu):
+        step = [infinity] * (target + 1)
+        picked: list[tuple[int, str] | None] = [None] * (target + 1)
+        for k, cost in enumerate(best):
+            if cost[0] == math.inf:
+                continue
+            for name, bytes_, flops, overhead, _ in options:
+                reach = min(target, k + max(0, (none[i] - bytes_) // unit))
+                candidate = (cost[0] + flops, cost[1] + (name != "none"), cost[2] + overhead)
+                if candidate < step[reach]:
+                    step[reach] = candidate
+                    picked[reach] = (k, name)
+        best = step
+        history.append(picked)
+    if best[target] == infinity:  # quantisation lost the last few bytes: the strongest option everywhere
+        return tuple(min(options, key=lambda o: (o[1], o[2]))[0] for options in menu)
+    chosen: list[str] = []
+    k = target
+    for picked in reversed(history):
+        k, name = picked[k]
+        chosen.append(name)
+    return _refine(menu, list(reversed(chosen)), base, budget_bytes)
+
+
+def _exact_plan(menu: list[list[Option]], none: list[int], required: int) -> tuple[str, ...] | None:
+    """The options of least total (recompute cost, checkpointed blocks, overhead) that save at least ``required``
+    bytes, over their exact bytes; None where a front grows beyond :data:`_MAX_STATES`.
+
+    After each block the states are the plans' savings so far (capped at ``required``: beyond it, saving more is
+    worth nothing) and their least cost; a state that saves less at no lower cost than another is dropped, since
+    whatever the later blocks add, the other does at least as well; so is an option another beats
+    (:func:`_undominated`)."""
+    front: dict[int, tuple[tuple[float, float, float], Any]] = {0: ((0, 0, 0), None)}
+    history = []
+    for i, options in enumerate(menu):
+        step: dict[int, tuple[tuple[float, float, float], Any]] = {}
+        useful = _undominated(options, none[i])
+        for saved, (cost, _) in front.items():
+            for name, bytes_, rank in useful:
+                reach = min(required, saved + none[i] - bytes_)
+                candidate = (cost[0] + rank[0], cost[1] + rank[1], cost[2] + rank[2])
+                if reach not in step or candidate < step[reach][0]:
+                    step[reach] = (candidate, (saved, name))
+        front, least = {}, None
+        for saved in sorted(step, reverse=True):  # Pareto: each state cheaper than every state saving more
+            if least is None or step[saved][0] < least:
+                front[saved], least = step[saved], step[saved][0]
+        if len(front) > _MAX_STATES:
+            return None
+        history.append(front)
+    if required not in front:
+        return None
+    chosen, saved = [], required
+    for states in reversed(history):
+        saved, name = states[saved][1]
+        chosen.append(name)
+    return tuple(reversed(chosen))
+
+
+def _rank(option: Option) -> tuple[int, bool, int]:
+    """What an option adds to a plan's total: (recompute cost, checkpointed or not, overhead), compared in order."""
+    return option[2], option[0] != "none", option[3]
+
+
+def _undominated(options: list[Option], none: int) -> list[tuple[str, int, tuple[int, bool, int]]]:
+    """(name, bytes, rank) of the options no other option beats: none keeps fewer or as many bytes at a lower or
+    equal :func:`_rank`; an option keeping more than ``none`` never pays."""
+    kept: list[tuple[str, int, tuple[int, bool, int]]] = []
+    for option in sorted((o for o in options if o[1] <= none), key=lambda o: (o[1], _rank(o))):
+        if not kept or _rank(option) < kept[-1][2]:
+            kept.append((option[0], option[1], _rank(option)))
+    return kept
+
+
+def _refine(menu: list[list[Option]], chosen: list[str], base: int, budget_bytes: int) -> tuple[str, ...]:
+    """``chosen`` with single blocks moved to cheaper options while the exact bytes fit: the dynamic programme
+    rounds each block's saving down to its byte unit, which can leave a cheaper plan unseen by a few KiB."""
+    current = [next(o for o in options if o[0] == name) for options, name in zip(menu, chosen)]
+    total = base + sum(option[1] for option in current)
+    improved = True
+    while improved:
+        improved = False
+        for i, options in enumerate(menu):
+            better = [o for o in options if _rank(o) < _rank(current[i]) and total - current[i][1] + o[1] <= budget_bytes]
+            if better:
+                best = min(better, key=_rank)
+                total += best[1] - current[i][1]
+                current[i], improved = best, True
+    return tuple(option[0] for option in current)
+
+
+def _finer_menu(model: nn.Module, sample_inputs: Mapping[str, Any], strategies: Sequence[str], block_profile: Any,
+                policy: Any, loss_fn: Any, checkpoint_kwargs: dict) -> tuple[list[list[Option]], dict, int, tuple]:
+    """(menu, op-level policies, base bytes, outside module names): the block-level options allowed, op-level
+    policies, partitions and, as one more row, the modules between the blocks (``"outside"``)."""
+    op_profiles = profile_ops(model, sample_inputs, loss_fn=loss_fn, policy=policy)  # elementwise costs too
+    menu, policies = _menu(block_profile, op_profiles)
+    allowed = set(strategies) - set(_FINER)
+    menu = [
+        [o for o in options if o[0] in allowed or (kind_of(o[0]) == OpLevel.kind and OpLevel.kind in strategies)]
+        for options in menu
+    ]
+    if "partition" in strategies:
+        for options, more in zip(menu, partition_options(model, sample_inputs, loss_fn=loss_fn, **checkpoint_kwargs)):
+            options.extend(more)
+    base_bytes, outside = block_profile.base_bytes, ()
+    if "outside" in strategies:
+        outside, row = outside_option(model, sample_inputs, loss_fn=loss_fn, **checkpoint_kwargs)
+        if row:  # one more row: keep the outside modules' tensors (bytes of the base) or recompute them
+            menu.append(row)
+            base_bytes -= row[0][1]
+    return menu, policies, base_bytes, outside
+
+
+def plan_oplevel(
+    model: nn.Module,
+    sample_inputs: Mapping[str, Any],
+    budget: int | float,
+    *,
+    strategies: Sequence[str] = ("none", "selective", "full", "oplevel"),
+    policy: Any = None,
+    loss_fn: Any = None,
+    **checkpoint_kwargs: Any,
+) -> CheckpointPlan:
+    """:func:`hf_ckpt.plan` with op-level policies (``"oplevel"`` in ``strategies``), graph partitions
+    (``"partition"``: :mod:`hf_ckpt.strategies.partition.menu`) or the modules between the blocks (``"outside"``:
+    :mod:`hf_ckpt.strategies.outside.menu`) among the options."""
+    block_strategies = tuple(dict.fromkeys(s for s in (*strategies, "full") if s not in _FINER))
+    block_profile = profile_blocks(
+        model, sample_inputs, strategies=block_strategies, policy=policy, loss_fn=loss_fn, **checkpoint_kwargs
+    )
+    budget_bytes = in_bytes(budget, block_profile.baseline_bytes)
+    menu, policies, base_bytes, outside = _finer_menu(model, sample_inputs, strategies, block_profile, policy, loss_fn,
+                                                      checkpoint_kwargs)
+    slack = 0  # what a measured step keeps beyond the per-block prediction (blocks interact a little on some releases)
+    for _ in range(_VERIFY_ROUNDS):
+        chosen = _solve(menu, base_bytes, budget_bytes - slack)
+        used = {name for name in policies if OpLevel(name, ()).spelling in chosen}
+        candidate = CheckpointPlan(strategies=chosen[:len(block_profile.retained["none"])],
+                                   policies={name: policies[name] for name in sorted(used)},
+                                   outside_blocks=outside if "outside" in chosen else ())
+        measured = measured_bytes(model, candidate, sample_inputs, loss_fn, policy, dict(checkpoint_kwargs))
+        if measured <= budget_bytes:
+            break
+        predicted = base_bytes + sum(
+            next(option[1] for option in menu[i] if option[0] == strategy) for i, strategy in enumerate(chosen)
+        )
+        # at least the overshoot more, so that the next plan differs; at least the prediction's error
+        slack = max(slack + measured - budget_bytes, measured - predicted)
+    else:
+        raise ValueError(
+            f"no plan fits a budget of {budget_bytes / 2**20:.2f} MiB: the best plan found retains "
+            f"{measured / 2**20:.2f} MiB when measured"
+        )
+    recompute = sum(next(o[4] for o in menu[i] if o[0] == strategy) for i, strategy in enumerate(chosen))
+    return CheckpointPlan(
+        strategies=candidate.strategies,
+        policies=candidate.policies,
+        outside_blocks=candidate.outside_blocks,
+        predicted_bytes=measured,
+        predicted_recompute_flops=recompute,
+        baseline_bytes=block_profile.baseline_bytes,
+        budget_bytes=budget_bytes,
+        block_bytes=block_profile.retained,
+        block_recompute_flops=block_profile.recompute_flops,
+        model_type=getattr(getattr(target_model(model), "config", None), "model_type", None),
+    )

@@ -1,0 +1,5 @@
+"""The ``"partition:<F>[:norms]"`` kind: a block's forward and backward graphs split by torch's min-cut
+partitioner, run in eager mode. ``spec`` is its registered :class:`~hf_ckpt.BlockStrategy`; ``graph``, ``norms``
+and ``boundary`` are its runtime (the split graphs, the recomputable norms, the block output remade in backward);
+``menu`` is the lab's part: the partition options each block type offers a planner, measured in real steps.
+"""
