@@ -43,7 +43,7 @@ def innermost(module: nn.Module) -> nn.Module:
     """The module at the bottom of a chain of FSDP1 units and checkpoint wrappers (``module`` when unwrapped)."""
     while True:
         for name in _WRAPPED_ATTRIBUTES:
-            inner = module._modules.get(name)
+            inner = _torch.child_modules(module).get(name)
             if isinstance(inner, nn.Module):
                 module = inner
                 break

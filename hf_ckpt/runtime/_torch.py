@@ -2,9 +2,10 @@
 
 torch keeps no promise about names with a leading underscore (``torch._C``, ``torch._functorch``,
 ``torch.utils._python_dispatch``, ``Module._forward_pre_hooks``, ...): any release may move or drop them. hf_ckpt
-names them here and nowhere else (``tests/test_torch_internals.py`` exercises each entry; ``tests/test_layers.py``
-and ``/work/shared/tools/layers.py`` count the files that name one), so that a new torch release breaks, at most,
-this file, and a maintainer sees at a glance what hf_ckpt relies on.
+names them here and nowhere else, attributes included (``tensor._version``, ``module._modules``, ...):
+``tests/test_torch_internals.py`` exercises each entry and counts, with ``ast``, every private torch name or attribute
+used in another module of the package (none allowed). A new torch release then breaks, at most, this file, and a
+maintainer sees at a glance what hf_ckpt relies on.
 
 Each entry is a small function or constant with a capability check (an import guard or ``hasattr``, never a
 version string) and a docstring that says what it is for and on which torch releases it was verified (the
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import threading
 from typing import Any, Callable, Iterator
 
 import torch
@@ -139,6 +141,70 @@ def forward_pre_hooks(module: torch.nn.Module) -> dict:
     return module._forward_pre_hooks
 
 
+# ------------------------------------------------------------------------------- tensor and module attributes
+# Moved here from their callers (#38): 2.5.1, 2.13.0 and 2.15.0 ran tests/test_torch_internals.py on them; 2.14.1 ran
+# the callers' tests, which read the same attributes, before the move.
+
+
+def version_counter(tensor: torch.Tensor) -> int:
+    """``tensor._version``: how many times the tensor (its storage, through any view) was modified in place; a
+    saved or recomputed input whose counter moved was overwritten. Verified on torch 2.5.1, 2.13.0, 2.15.0; 2.14.1
+    by the callers' tests before the move."""
+    return tensor._version
+
+
+def view_base(tensor: torch.Tensor) -> torch.Tensor | None:
+    """``tensor._base``: the tensor ``tensor`` is a view of, or None when it is no view. Verified on torch 2.5.1,
+    2.13.0, 2.15.0; 2.14.1 by the callers' tests before the move."""
+    return tensor._base
+
+
+def child_modules(module: torch.nn.Module) -> dict[str, torch.nn.Module | None]:
+    """``module._modules``: its direct submodules by attribute name, read without the attribute forwarding of FSDP1
+    units and checkpoint wrappers (``getattr`` would reach the wrapped module's). Verified on torch 2.5.1, 2.13.0,
+    2.15.0; 2.14.1 by the callers' tests before the move."""
+    return module._modules
+
+
+def own_parameters(module: torch.nn.Module) -> dict[str, torch.nn.Parameter | None]:
+    """``module._parameters``: the parameters ``module`` itself registers (not its submodules'), by name; assigning
+    an entry replaces the parameter without ``register_parameter``'s checks. Verified on torch 2.5.1, 2.13.0, 2.15.0;
+    2.14.1 by the callers' tests before the move."""
+    return module._parameters
+
+
+def own_buffers(module: torch.nn.Module) -> dict[str, torch.Tensor | None]:
+    """``module._buffers``: the buffers ``module`` itself registers, by name; assigning an entry replaces the buffer.
+    Verified on torch 2.5.1, 2.13.0, 2.15.0; 2.14.1 by the callers' tests before the move."""
+    return module._buffers
+
+
+def module_call_functions() -> set[Any]:
+    """The functions a module's ``__call__`` may be (``nn.Module.__call__``, ``_wrapped_call_impl`` where this torch
+    has it, else None, and ``_call_impl``): a bound method of one of them calls the module with its hooks. Verified
+    on torch 2.5.1, 2.13.0, 2.15.0; 2.14.1 by the callers' tests before the move."""
+    return {torch.nn.Module.__call__, getattr(torch.nn.Module, "_wrapped_call_impl", None), torch.nn.Module._call_impl}
+
+
+def call_impl(module: torch.nn.Module) -> Callable[..., Any]:
+    """``module._call_impl``: the module's call with its hooks, the function ``torch.compile`` compiles for
+    ``Module.compile``. Verified on torch 2.5.1, 2.13.0, 2.15.0; 2.14.1 by the callers' tests before the move."""
+    return module._call_impl
+
+
+def set_compiled_call(module: torch.nn.Module, compiled: Callable[..., Any] | None) -> None:
+    """Set ``module._compiled_call_impl``, what calling the module runs instead of its call (as ``Module.compile``
+    does); None restores the eager call. Verified on torch 2.5.1, 2.13.0, 2.15.0; 2.14.1 by the callers' tests before
+    the move."""
+    module._compiled_call_impl = compiled
+
+
+def op_schema(op: Any) -> Any | None:
+    """``op._schema``, an aten op's ``FunctionSchema`` (its arguments, whether it mutates), or None for anything that
+    has none. Verified on torch 2.5.1, 2.13.0, 2.15.0; 2.14.1 by the callers' tests before the move."""
+    return getattr(op, "_schema", None)
+
+
 # --------------------------------------------------------------------------------------------------- distributed
 
 
@@ -203,6 +269,33 @@ def partitioners() -> Any | None:
     except ImportError:
         return None
     return module
+
+
+_partitioner_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def extra_recomputable_ops(extra: Callable[[], set[Any]]) -> Iterator[None]:
+    """While it is entered, functorch's min-cut partitioner counts the ops ``extra()`` returns as recomputable and
+    fusible: ``torch._functorch.partitioners.get_default_op_list`` patched (under a lock), put back on exit. Call it
+    only where :func:`partitioners` is not None. Verified on torch 2.5.1, 2.13.0, 2.15.0; 2.14.1 by the callers'
+    tests before the move."""
+    module = partitioners()
+    with _partitioner_lock:
+        original = module.get_default_op_list
+
+        def extended() -> Any:
+            types = original()
+            added = extra()
+            types.recomputable_ops |= added
+            types.fusible_ops |= added
+            return types
+
+        module.get_default_op_list = extended
+        try:
+            yield
+        finally:
+            module.get_default_op_list = original
 
 
 def rng_prims() -> tuple[Any, Any] | None:
