@@ -18,7 +18,6 @@ import functools
 import os
 from typing import Any
 
-import torch
 from torch import nn
 
 from hf_ckpt.runtime import _torch
@@ -28,10 +27,6 @@ from hf_ckpt.runtime.blocks import Block, find_blocks
 
 #: Attributes under which engine and checkpoint wrappers keep the module they wrap.
 _WRAPPED_ATTRIBUTES = ("_fsdp_wrapped_module", "_checkpoint_wrapped_module")
-
-
-def distributed_available() -> bool:
-    return torch.distributed.is_available()
 
 
 def checkpoint_wrapper_module() -> Any | None:
