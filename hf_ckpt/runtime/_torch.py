@@ -142,66 +142,61 @@ def forward_pre_hooks(module: torch.nn.Module) -> dict:
 
 
 # ------------------------------------------------------------------------------- tensor and module attributes
-# Moved here from their callers (#38): 2.5.1, 2.13.0 and 2.15.0 ran tests/test_torch_internals.py on them; 2.14.1 ran
-# the callers' tests, which read the same attributes, before the move.
+# Moved from their callers (#38): "Verified on" below means tests/test_torch_internals.py ran them on 2.5.1, 2.13.0 and
+# 2.15.0; on 2.14.1 the callers' tests read the same attributes before the move.
 
 
 def version_counter(tensor: torch.Tensor) -> int:
-    """``tensor._version``: how many times the tensor (its storage, through any view) was modified in place; a
-    saved or recomputed input whose counter moved was overwritten. Verified on torch 2.5.1, 2.13.0, 2.15.0; 2.14.1
-    by the callers' tests before the move."""
+    """``tensor._version``: counts the in-place changes of its storage (through any view); a saved input whose count
+    moved was overwritten. Verified on torch 2.5.1, 2.13.0, 2.15.0 (2.14.1 before the move)."""
     return tensor._version
 
 
 def view_base(tensor: torch.Tensor) -> torch.Tensor | None:
-    """``tensor._base``: the tensor ``tensor`` is a view of, or None when it is no view. Verified on torch 2.5.1,
-    2.13.0, 2.15.0; 2.14.1 by the callers' tests before the move."""
+    """``tensor._base``: the tensor it is a view of, None for no view. Verified on torch 2.5.1, 2.13.0, 2.15.0
+    (2.14.1 before the move)."""
     return tensor._base
 
 
 def child_modules(module: torch.nn.Module) -> dict[str, torch.nn.Module | None]:
-    """``module._modules``: its direct submodules by attribute name, read without the attribute forwarding of FSDP1
-    units and checkpoint wrappers (``getattr`` would reach the wrapped module's). Verified on torch 2.5.1, 2.13.0,
-    2.15.0; 2.14.1 by the callers' tests before the move."""
+    """``module._modules``: its direct submodules by name, read past the attribute forwarding of FSDP1 units and
+    checkpoint wrappers. Verified on torch 2.5.1, 2.13.0, 2.15.0 (2.14.1 before the move)."""
     return module._modules
 
 
 def own_parameters(module: torch.nn.Module) -> dict[str, torch.nn.Parameter | None]:
-    """``module._parameters``: the parameters ``module`` itself registers (not its submodules'), by name; assigning
-    an entry replaces the parameter without ``register_parameter``'s checks. Verified on torch 2.5.1, 2.13.0, 2.15.0;
-    2.14.1 by the callers' tests before the move."""
+    """``module._parameters``: its own parameters by name (an entry set replaces one, unchecked). Verified on torch
+    2.5.1, 2.13.0, 2.15.0 (2.14.1 before the move)."""
     return module._parameters
 
 
 def own_buffers(module: torch.nn.Module) -> dict[str, torch.Tensor | None]:
-    """``module._buffers``: the buffers ``module`` itself registers, by name; assigning an entry replaces the buffer.
-    Verified on torch 2.5.1, 2.13.0, 2.15.0; 2.14.1 by the callers' tests before the move."""
+    """``module._buffers``: its own buffers by name (an entry set replaces one). Verified on torch 2.5.1, 2.13.0,
+    2.15.0 (2.14.1 before the move)."""
     return module._buffers
 
 
 def module_call_functions() -> set[Any]:
-    """The functions a module's ``__call__`` may be (``nn.Module.__call__``, ``_wrapped_call_impl`` where this torch
-    has it, else None, and ``_call_impl``): a bound method of one of them calls the module with its hooks. Verified
-    on torch 2.5.1, 2.13.0, 2.15.0; 2.14.1 by the callers' tests before the move."""
+    """What a module's bound ``__call__`` may wrap: ``Module.__call__``, ``_wrapped_call_impl`` (None where missing),
+    ``_call_impl``. Verified on torch 2.5.1, 2.13.0, 2.15.0 (2.14.1 before the move)."""
     return {torch.nn.Module.__call__, getattr(torch.nn.Module, "_wrapped_call_impl", None), torch.nn.Module._call_impl}
 
 
 def call_impl(module: torch.nn.Module) -> Callable[..., Any]:
-    """``module._call_impl``: the module's call with its hooks, the function ``torch.compile`` compiles for
-    ``Module.compile``. Verified on torch 2.5.1, 2.13.0, 2.15.0; 2.14.1 by the callers' tests before the move."""
+    """``module._call_impl``: its call with hooks, what ``Module.compile`` compiles. Verified on torch 2.5.1, 2.13.0,
+    2.15.0 (2.14.1 before the move)."""
     return module._call_impl
 
 
 def set_compiled_call(module: torch.nn.Module, compiled: Callable[..., Any] | None) -> None:
-    """Set ``module._compiled_call_impl``, what calling the module runs instead of its call (as ``Module.compile``
-    does); None restores the eager call. Verified on torch 2.5.1, 2.13.0, 2.15.0; 2.14.1 by the callers' tests before
-    the move."""
+    """Set ``module._compiled_call_impl`` (run instead of its call, as ``Module.compile`` does; None: eager again).
+    Verified on torch 2.5.1, 2.13.0, 2.15.0 (2.14.1 before the move)."""
     module._compiled_call_impl = compiled
 
 
 def op_schema(op: Any) -> Any | None:
-    """``op._schema``, an aten op's ``FunctionSchema`` (its arguments, whether it mutates), or None for anything that
-    has none. Verified on torch 2.5.1, 2.13.0, 2.15.0; 2.14.1 by the callers' tests before the move."""
+    """``op._schema``: an aten op's ``FunctionSchema`` (arguments, mutation), None for what has none. Verified on
+    torch 2.5.1, 2.13.0, 2.15.0 (2.14.1 before the move)."""
     return getattr(op, "_schema", None)
 
 
@@ -276,17 +271,15 @@ _partitioner_lock = threading.Lock()
 
 @contextlib.contextmanager
 def extra_recomputable_ops(extra: Callable[[], set[Any]]) -> Iterator[None]:
-    """While it is entered, functorch's min-cut partitioner counts the ops ``extra()`` returns as recomputable and
-    fusible: ``torch._functorch.partitioners.get_default_op_list`` patched (under a lock), put back on exit. Call it
-    only where :func:`partitioners` is not None. Verified on torch 2.5.1, 2.13.0, 2.15.0; 2.14.1 by the callers'
-    tests before the move."""
+    """While entered (under a lock), functorch's min-cut partitioner counts ``extra()``'s ops as recomputable and
+    fusible: :func:`partitioners`' ``get_default_op_list`` patched. Verified on torch 2.5.1, 2.13.0, 2.15.0 (2.14.1
+    before the move)."""
     module = partitioners()
     with _partitioner_lock:
         original = module.get_default_op_list
 
         def extended() -> Any:
-            types = original()
-            added = extra()
+            types, added = original(), extra()
             types.recomputable_ops |= added
             types.fusible_ops |= added
             return types
