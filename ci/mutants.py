@@ -218,8 +218,8 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "norms_banned",
         "partition:<F>:norms lets the partitioner recompute norms and softmaxes",
-        "hf_ckpt/strategies/partition/norms.py",
-        "            types.recomputable_ops |= extra\n",
+        "hf_ckpt/runtime/_torch.py",
+        "            types.recomputable_ops |= added\n",
         "            pass  # mutant: norms stay banned from recompute\n",
         ("tests/test_norms.py",),
     ),

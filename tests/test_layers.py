@@ -8,13 +8,27 @@ deferred into a function is an edge like any other (deferring hides a cycle, it 
 from __future__ import annotations
 
 import ast
+import importlib.util
 import json
+import sys
 from pathlib import Path
 
 import pytest
 from fresh import run_fresh
 
 PACKAGE = Path(__file__).resolve().parents[1] / "hf_ckpt"
+
+
+def _load_climbs():
+    """``ci/climbs.py``, which holds the layer rule (:func:`_layer`) and measures the calls into a higher layer."""
+    spec = importlib.util.spec_from_file_location("hf_ckpt_ci_climbs", PACKAGE.parent / "ci" / "climbs.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+_CLIMBS = _load_climbs()
 
 #: Every import of a package module made inside a function, (importer, imported): why it waits for the call.
 DEFERRED = {
@@ -28,11 +42,12 @@ DEFERRED = {
 #: Each strategy kind's ``menu`` (module or package) is the lab's part of that kind. The layer of a module is read
 #: from its path alone: the runtime (``runtime``, ``strategies`` but their menus, ``distributed``, ``integrations``)
 #: never loads the lab.
-LAB_PACKAGES = ("planning", "budget", "estimate", "measure", "verification", "cli")
+LAB_PACKAGES = _CLIMBS.LAB_PACKAGES
 #: The public layer: the package's top level (enable/disable, the mixin, the patch). At most 12 modules live there.
 TOP_LEVEL_MODULES = 12
-#: The most lines of hf_ckpt source a training step with a runtime setting may load.
-RUNTIME_LINES = 4500
+#: The most lines of hf_ckpt source a training step with a runtime setting may load (4500 before #38 moved every
+#: private torch attribute behind runtime/_torch.py: about 90 lines of documented entries).
+RUNTIME_LINES = 4600
 
 
 def _module_name(path: Path) -> str:
@@ -143,11 +158,8 @@ def test_every_import_inside_a_function_is_listed_with_its_reason():
 
 
 def _layer(module: str) -> str:
-    """``"lab"``, ``"public"`` or ``"runtime"``, read from the module's dotted path alone."""
-    parts = module.split(".")[1:]
-    if (parts and parts[0] in LAB_PACKAGES) or "menu" in parts or parts == ["__main__"]:
-        return "lab"
-    return "public" if len(parts) <= 1 else "runtime"
+    """``"lab"``, ``"public"`` or ``"runtime"``, read from the module's dotted path alone (``ci/climbs.py``'s rule)."""
+    return _CLIMBS.layer(module)
 
 
 def _lab(module: str) -> bool:
@@ -241,6 +253,38 @@ def test_a_training_step_with_a_runtime_setting_loads_no_lab_module(setting, loa
     assert sorted(name for name in loaded if _lab(name)) == []
     lines = sum(len(Path(file).read_text().splitlines()) for file in loaded.values() if file)
     assert lines <= RUNTIME_LINES, f"{lines} lines of hf_ckpt loaded"
+
+
+#: The most distinct calls into a higher layer (runtime < lab < public) that ``hf_ckpt.enable(model,
+#: every_n_layers=2)``, a training step and ``hf_ckpt.disable`` may make (``ci/climbs.py``).
+CLIMBS_BACK = 5
+
+
+def test_enable_a_step_and_disable_climb_back_to_a_higher_layer_at_most_five_times():
+    phases = _CLIMBS.measure()
+    climbs = set().union(*(followed.climbs for followed in phases.values()))
+    assert len(climbs) <= CLIMBS_BACK, _CLIMBS.report(phases)
+    assert phases["enable"].files and phases["step"].files
+
+
+@pytest.mark.any_release
+def test_the_climb_count_sees_a_runtime_function_calling_the_top_level(tmp_path, monkeypatch):
+    package = tmp_path / "toy"
+    (package / "runtime").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "top.py").write_text("def api():\n    return 1\n")
+    (package / "runtime" / "__init__.py").write_text("")
+    (package / "runtime" / "low.py").write_text("from toy import top\n\n\ndef call():\n    return top.api()\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from toy.runtime import low
+
+    try:
+        followed = _CLIMBS.follow(lambda: [low.call(), low.call()], package)
+    finally:
+        for name in [name for name in sys.modules if name == "toy" or name.startswith("toy.")]:
+            del sys.modules[name]
+    assert dict(followed.climbs) == {("toy.runtime.low:call", "toy.top:api"): 2}
+    assert len(followed.files) == 2
 
 
 @pytest.mark.any_release

@@ -18,7 +18,6 @@ import functools
 import os
 from typing import Any
 
-import torch
 from torch import nn
 
 from hf_ckpt.runtime import _torch
@@ -30,10 +29,6 @@ from hf_ckpt.runtime.blocks import Block, find_blocks
 _WRAPPED_ATTRIBUTES = ("_fsdp_wrapped_module", "_checkpoint_wrapped_module")
 
 
-def distributed_available() -> bool:
-    return torch.distributed.is_available()
-
-
 def checkpoint_wrapper_module() -> Any | None:
     """torch.distributed's checkpoint_wrapper module, or None where it cannot be imported (:mod:`hf_ckpt.runtime._torch`)."""
     return _torch.checkpoint_wrapper_module()
@@ -43,7 +38,7 @@ def innermost(module: nn.Module) -> nn.Module:
     """The module at the bottom of a chain of FSDP1 units and checkpoint wrappers (``module`` when unwrapped)."""
     while True:
         for name in _WRAPPED_ATTRIBUTES:
-            inner = module._modules.get(name)
+            inner = _torch.child_modules(module).get(name)
             if isinstance(inner, nn.Module):
                 module = inner
                 break

@@ -202,19 +202,20 @@ def to_fake(model: nn.Module, mode: Any, device: str = "cpu") -> nn.Module:
     made: dict[int, torch.Tensor] = {}
     with mode:
         for module in model.modules():
-            for name, parameter in list(module._parameters.items()):
+            parameters, buffers = _torch.own_parameters(module), _torch.own_buffers(module)
+            for name, parameter in list(parameters.items()):
                 if parameter is None:
                     continue
                 if id(parameter) not in made:
                     data = torch.empty(parameter.shape, dtype=parameter.dtype, device=device)
                     made[id(parameter)] = nn.Parameter(data, requires_grad=parameter.requires_grad)
-                module._parameters[name] = made[id(parameter)]
-            for name, buffer in list(module._buffers.items()):
+                parameters[name] = made[id(parameter)]
+            for name, buffer in list(buffers.items()):
                 if buffer is None:
                     continue
                 if id(buffer) not in made:
                     made[id(buffer)] = torch.zeros(buffer.shape, dtype=buffer.dtype, device=device)
-                module._buffers[name] = made[id(buffer)]
+                buffers[name] = made[id(buffer)]
     return model
 
 

@@ -173,7 +173,7 @@ class CompiledReference:
         self.graph_flops.clear()
         self.graph_elementwise.clear()
         self.backward_random = 0
-        self._compiled[model] = torch.compile(model._call_impl, backend=self._backend)
+        self._compiled[model] = torch.compile(_torch.call_impl(model), backend=self._backend)
         self.apply(model)
         try:
             step()
@@ -191,10 +191,10 @@ class CompiledReference:
     def apply(self, model: nn.Module) -> None:
         if model not in self._compiled:
             raise RuntimeError(f"{self.name} was applied before it was prepared on a batch")
-        model._compiled_call_impl = self._compiled[model]
+        _torch.set_compiled_call(model, self._compiled[model])
 
     def remove(self, model: nn.Module) -> None:
-        model._compiled_call_impl = None
+        _torch.set_compiled_call(model, None)
 
     def measure(self, model: nn.Module, batch: Mapping[str, Any], loss_fn: Any = None) -> tuple[int, int]:
         """(bytes saved for backward, step FLOPs of the compiled graphs) of one step of the compiled model."""

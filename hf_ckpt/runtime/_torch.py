@@ -2,9 +2,10 @@
 
 torch keeps no promise about names with a leading underscore (``torch._C``, ``torch._functorch``,
 ``torch.utils._python_dispatch``, ``Module._forward_pre_hooks``, ...): any release may move or drop them. hf_ckpt
-names them here and nowhere else (``tests/test_torch_internals.py`` exercises each entry; ``tests/test_layers.py``
-and ``/work/shared/tools/layers.py`` count the files that name one), so that a new torch release breaks, at most,
-this file, and a maintainer sees at a glance what hf_ckpt relies on.
+names them here and nowhere else, attributes included (``tensor._version``, ``module._modules``, ...):
+``tests/test_torch_internals.py`` exercises each entry and counts, with ``ast``, every private torch name or attribute
+used in another module of the package (none allowed). A new torch release then breaks, at most, this file, and a
+maintainer sees at a glance what hf_ckpt relies on.
 
 Each entry is a small function or constant with a capability check (an import guard or ``hasattr``, never a
 version string) and a docstring that says what it is for and on which torch releases it was verified (the
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import threading
 from typing import Any, Callable, Iterator
 
 import torch
@@ -139,6 +141,65 @@ def forward_pre_hooks(module: torch.nn.Module) -> dict:
     return module._forward_pre_hooks
 
 
+# ------------------------------------------------------------------------------- tensor and module attributes
+# Moved from their callers (#38): "Verified on" below means tests/test_torch_internals.py ran them on 2.5.1, 2.13.0 and
+# 2.15.0; on 2.14.1 the callers' tests read the same attributes before the move.
+
+
+def version_counter(tensor: torch.Tensor) -> int:
+    """``tensor._version``: counts the in-place changes of its storage (through any view); a saved input whose count
+    moved was overwritten. Verified on torch 2.5.1, 2.13.0, 2.15.0 (2.14.1 before the move)."""
+    return tensor._version
+
+
+def view_base(tensor: torch.Tensor) -> torch.Tensor | None:
+    """``tensor._base``: the tensor it is a view of, None for no view. Verified on torch 2.5.1, 2.13.0, 2.15.0
+    (2.14.1 before the move)."""
+    return tensor._base
+
+
+def child_modules(module: torch.nn.Module) -> dict[str, torch.nn.Module | None]:
+    """``module._modules``: its direct submodules by name, read past the attribute forwarding of FSDP1 units and
+    checkpoint wrappers. Verified on torch 2.5.1, 2.13.0, 2.15.0 (2.14.1 before the move)."""
+    return module._modules
+
+
+def own_parameters(module: torch.nn.Module) -> dict[str, torch.nn.Parameter | None]:
+    """``module._parameters``: its own parameters by name (an entry set replaces one, unchecked). Verified on torch
+    2.5.1, 2.13.0, 2.15.0 (2.14.1 before the move)."""
+    return module._parameters
+
+
+def own_buffers(module: torch.nn.Module) -> dict[str, torch.Tensor | None]:
+    """``module._buffers``: its own buffers by name (an entry set replaces one). Verified on torch 2.5.1, 2.13.0,
+    2.15.0 (2.14.1 before the move)."""
+    return module._buffers
+
+
+def module_call_functions() -> set[Any]:
+    """What a module's bound ``__call__`` may wrap: ``Module.__call__``, ``_wrapped_call_impl`` (None where missing),
+    ``_call_impl``. Verified on torch 2.5.1, 2.13.0, 2.15.0 (2.14.1 before the move)."""
+    return {torch.nn.Module.__call__, getattr(torch.nn.Module, "_wrapped_call_impl", None), torch.nn.Module._call_impl}
+
+
+def call_impl(module: torch.nn.Module) -> Callable[..., Any]:
+    """``module._call_impl``: its call with hooks, what ``Module.compile`` compiles. Verified on torch 2.5.1, 2.13.0,
+    2.15.0 (2.14.1 before the move)."""
+    return module._call_impl
+
+
+def set_compiled_call(module: torch.nn.Module, compiled: Callable[..., Any] | None) -> None:
+    """Set ``module._compiled_call_impl`` (run instead of its call, as ``Module.compile`` does; None: eager again).
+    Verified on torch 2.5.1, 2.13.0, 2.15.0 (2.14.1 before the move)."""
+    module._compiled_call_impl = compiled
+
+
+def op_schema(op: Any) -> Any | None:
+    """``op._schema``: an aten op's ``FunctionSchema`` (arguments, mutation), None for what has none. Verified on
+    torch 2.5.1, 2.13.0, 2.15.0 (2.14.1 before the move)."""
+    return getattr(op, "_schema", None)
+
+
 # --------------------------------------------------------------------------------------------------- distributed
 
 
@@ -203,6 +264,31 @@ def partitioners() -> Any | None:
     except ImportError:
         return None
     return module
+
+
+_partitioner_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def extra_recomputable_ops(extra: Callable[[], set[Any]]) -> Iterator[None]:
+    """While entered (under a lock), functorch's min-cut partitioner counts ``extra()``'s ops as recomputable and
+    fusible: :func:`partitioners`' ``get_default_op_list`` patched. Verified on torch 2.5.1, 2.13.0, 2.15.0 (2.14.1
+    before the move)."""
+    module = partitioners()
+    with _partitioner_lock:
+        original = module.get_default_op_list
+
+        def extended() -> Any:
+            types, added = original(), extra()
+            types.recomputable_ops |= added
+            types.fusible_ops |= added
+            return types
+
+        module.get_default_op_list = extended
+        try:
+            yield
+        finally:
+            module.get_default_op_list = original
 
 
 def rng_prims() -> tuple[Any, Any] | None:

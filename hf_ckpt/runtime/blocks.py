@@ -31,6 +31,7 @@ from typing import Any, Callable
 from torch import nn
 
 from hf_ckpt.runtime.compat import is_gradient_checkpointing_layer
+from hf_ckpt.runtime._torch import child_modules
 
 #: Attribute hf_ckpt sets on the blocks of a stack-flag model to say whether the stack should recompute them.
 SELECTED_ATTRIBUTE = "_hf_ckpt_selected"
@@ -72,8 +73,9 @@ def unwrapped(module: nn.Module) -> nn.Module:
     ``GradientCheckpointingLayer`` would pass for a stack-flag block, and one around a block for a stack.
     """
     while True:
+        children = child_modules(module)
         inner = next(
-            (module._modules[name] for name in _WRAPPED_ATTRIBUTES if isinstance(module._modules.get(name), nn.Module)),
+            (children[name] for name in _WRAPPED_ATTRIBUTES if isinstance(children.get(name), nn.Module)),
             None,
         )
         if inner is None:

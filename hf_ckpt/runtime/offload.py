@@ -27,6 +27,8 @@ from typing import Any
 
 import torch
 
+from hf_ckpt.runtime._torch import version_counter
+
 
 def offload_unavailable(device_type: str) -> str | None:
     """Why :class:`OverlappedOffload` cannot run on ``device_type`` with this torch, or None when it can: it needs
@@ -88,7 +90,7 @@ class OverlappedOffload(torch.autograd.graph.saved_tensors_hooks):
     # -- forward ----------------------------------------------------------------------------------------------
 
     def _key(self, tensor: torch.Tensor) -> tuple:
-        return (tensor.data_ptr(), tensor._version, tuple(tensor.shape), tuple(tensor.stride()), tensor.dtype)
+        return (tensor.data_ptr(), version_counter(tensor), tuple(tensor.shape), tuple(tensor.stride()), tensor.dtype)
 
     def _pack(self, tensor: torch.Tensor) -> Any:
         if tensor.device.type != self.device_type or tensor.numel() * tensor.element_size() < self.min_bytes:

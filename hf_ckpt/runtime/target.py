@@ -16,7 +16,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from hf_ckpt import integrations
+import hf_ckpt.integrations as integrations
 from hf_ckpt.runtime.compat import peft_model_base
 
 Unwrapper = Callable[[nn.Module], "nn.Module | None"]

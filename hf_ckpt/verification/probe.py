@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from hf_ckpt.runtime.blocks import Block
+from hf_ckpt.runtime._torch import version_counter
 from hf_ckpt.verification.report import InplaceInput
 
 
@@ -94,7 +95,7 @@ class StepProbe:
             if index in self.entry_rng:
                 return  # a stack-flag recompute calls the block again
             self.entry_rng[index] = _rng_state(self._devices)
-            self.inputs[index] = [(name, t, t._version) for name, t in _named_tensors(module, args, kwargs)]
+            self.inputs[index] = [(name, t, version_counter(t)) for name, t in _named_tensors(module, args, kwargs)]
 
         return hook
 
@@ -117,7 +118,7 @@ class StepProbe:
 
     def _check_versions(self, index: int) -> None:
         for name, tensor, version in self.inputs.get(index, []):
-            if tensor._version != version and not any(
+            if version_counter(tensor) != version and not any(
                 item.block == index and item.argument == name for item in self.inplace
             ):
-                self.inplace.append(InplaceInput(index, name, version, tensor._version))
+                self.inplace.append(InplaceInput(index, name, version, version_counter(tensor)))

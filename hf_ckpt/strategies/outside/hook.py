@@ -43,7 +43,7 @@ from hf_ckpt.strategies.partition.boundary import pack as boundary_pack
 from hf_ckpt.strategies.partition.boundary import unpack as _unpack
 from hf_ckpt.runtime.rng import rng_state, set_rng_state
 from hf_ckpt.runtime.storage import storage_of
-from hf_ckpt.runtime._torch import saved_tensors_hook_active
+from hf_ckpt.runtime._torch import saved_tensors_hook_active, version_counter, view_base
 from hf_ckpt.runtime.warn import warn_once
 
 #: A module's recompute counts as cheap up to this many matmul-class FLOPs per element of its output.
@@ -107,13 +107,14 @@ class _Call:
         self.autocast = _autocast_state(self.device_type)
         held = (lambda value: pack(value) if isinstance(value, torch.Tensor) else value) if pack else (lambda v: v)
         self.args, self.kwargs = tuple(held(a) for a in args), {k: held(v) for k, v in kwargs.items()}
-        self.versions = [(t, t._version) for t in (*self.args, *self.kwargs.values()) if isinstance(t, torch.Tensor)]
+        self.versions = [(t, version_counter(t)) for t in (*self.args, *self.kwargs.values())
+                         if isinstance(t, torch.Tensor)]
         self.outputs: tuple | None = None
 
     def output(self, index: int) -> torch.Tensor:
         if self.outputs is None:
             for tensor, version in self.versions:
-                if tensor._version != version:
+                if version_counter(tensor) != version:
                     raise RuntimeError(
                         f"hf_ckpt: an input of {self.name} was modified in place after its forward; its output cannot "
                         "be recomputed in backward. Leave the module out of the plan's outside_blocks."
@@ -160,7 +161,8 @@ class OutsideRecompute:
         for index, tensor in enumerate(output if isinstance(output, tuple) else (output,)):
             ref = _storage_ref(tensor)
             if ref is not None:
-                self._outputs[ref] = (call, index, tensor._version, tensor.dtype, tensor.untyped_storage().nbytes(), ref)
+                self._outputs[ref] = (call, index, version_counter(tensor), tensor.dtype,
+                                      tensor.untyped_storage().nbytes(), ref)
             if isinstance(tensor, torch.Tensor) and tensor.grad_fn is not None:
                 self._nodes[(tensor.grad_fn, tensor.output_nr)] = (call, index)
 
@@ -168,7 +170,7 @@ class OutsideRecompute:
         ref = _storage_ref(tensor)
         entry = self._outputs.get(ref) if ref is not None else None
         if entry is None:
-            made = _sum_of_outputs(self._nodes, tensor.grad_fn, tensor.output_nr) if tensor._base is None else None
+            made = _sum_of_outputs(self._nodes, tensor.grad_fn, tensor.output_nr) if view_base(tensor) is None else None
             # a sum of recomputed outputs (GPT-2's token and position embeddings), a partitioned block's output, or kept
             return MadeAgain(made, tensor) if made is not None else boundary_pack(tensor)
         call, index, version, dtype, nbytes, key = entry

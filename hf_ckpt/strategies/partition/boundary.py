@@ -32,7 +32,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 
 from hf_ckpt.runtime.flop_formulas import flop_registry
 from hf_ckpt.runtime.storage import storage_of
-from hf_ckpt.runtime._torch import is_op_overload
+from hf_ckpt.runtime._torch import is_op_overload, version_counter
 
 #: A tail of more ops than this is not worth a graph of its own; the output is kept.
 MAX_TAIL_OPS = 32
@@ -116,12 +116,12 @@ class _TailCall:
 
     def __init__(self, graph: Any, inputs: list[torch.Tensor]) -> None:
         self.graph, self.inputs = graph, inputs
-        self.versions = [tensor._version for tensor in inputs]
+        self.versions = [version_counter(tensor) for tensor in inputs]
         self.output: torch.Tensor | None = None
 
     def made(self) -> torch.Tensor:
         if self.output is None:
-            if any(tensor._version != version for tensor, version in zip(self.inputs, self.versions)):
+            if any(version_counter(tensor) != version for tensor, version in zip(self.inputs, self.versions)):
                 raise RuntimeError(
                     "hf_ckpt: a tensor a partitioned block saved was modified in place after its forward; the block's "
                     "output cannot be made again in backward."
@@ -157,14 +157,14 @@ def register(output: torch.Tensor, graph: Any, inputs: list[torch.Tensor]) -> No
     if storage is None:
         return
     key = StorageWeakRef(storage)
-    _noted[key] = [graph, [weakref.ref(tensor) for tensor in inputs], output._version, output.dtype,
+    _noted[key] = [graph, [weakref.ref(tensor) for tensor in inputs], version_counter(output), output.dtype,
                    storage.nbytes(), None, key]
 
 
 def still_noted(tensor: torch.Tensor, key: Any, version: int, dtype: torch.dtype, nbytes: int) -> bool:
     """Whether ``tensor`` is still what was noted under ``key``: the noted storage alive (a key compares equal to a
     new storage at a freed one's address), unchanged in place since, same dtype and storage size."""
-    return (not key.expired() and tensor._version == version and tensor.dtype == dtype
+    return (not key.expired() and version_counter(tensor) == version and tensor.dtype == dtype
             and tensor.untyped_storage().nbytes() == nbytes)
 
 

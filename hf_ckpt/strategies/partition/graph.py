@@ -130,7 +130,7 @@ def draws_random(node: Any) -> bool:
     """Whether ``node`` draws random numbers: a seeded op, unless its ``dropout_p`` argument is 0 (attention)."""
     if node.op != "call_function" or torch.Tag.nondeterministic_seeded not in getattr(node.target, "tags", ()):
         return False
-    schema = getattr(node.target, "_schema", None)
+    schema = _torch.op_schema(node.target)
     for position, argument in enumerate(schema.arguments if schema is not None else ()):
         if argument.name == "dropout_p":
             given = node.args[position] if position < len(node.args) else node.kwargs.get("dropout_p", 0.0)
@@ -364,7 +364,7 @@ def _rebuilt(trace: _Trace, tensors: tuple[torch.Tensor, ...]) -> Any:
 def _forward_of_call(module: nn.Module, core: Callable[..., Any]) -> Callable[..., Any] | None:
     """``module.forward`` when ``core`` is the module's ``__call__`` (a stack hands ``layer.__call__`` over): the
     trace leaves the module's hooks out; they run around the graphs instead."""
-    calls = {nn.Module.__call__, getattr(nn.Module, "_wrapped_call_impl", None), nn.Module._call_impl}
+    calls = _torch.module_call_functions()
     if getattr(core, "__self__", None) is module and getattr(core, "__func__", None) in calls and "forward" not in vars(module):
         return module.forward
     return None

@@ -12,7 +12,6 @@ matmul recompute. Batch norm is left out: its training forward updates running s
 from __future__ import annotations
 
 import contextlib
-import threading
 from typing import Any, Iterator
 
 import torch
@@ -22,8 +21,6 @@ from hf_ckpt.runtime import _torch
 #: The ops added to the partitioner's recomputable ops (those this torch has).
 NORM_OPS: tuple[str, ...] = ("native_layer_norm", "_fused_rms_norm", "native_group_norm", "_softmax", "_safe_softmax",
                              "_log_softmax")
-
-_lock = threading.Lock()
 
 
 def _packets() -> set[Any]:
@@ -52,19 +49,5 @@ def norms_unavailable() -> str | None:
 @contextlib.contextmanager
 def recomputable_norms() -> Iterator[None]:
     """While it is entered, the partitioner counts :data:`NORM_OPS` as recomputable (and fusible) ops."""
-    partitioners = _torch.partitioners()
-    with _lock:
-        original = partitioners.get_default_op_list
-
-        def extended() -> Any:
-            types = original()
-            extra = _packets()
-            types.recomputable_ops |= extra
-            types.fusible_ops |= extra
-            return types
-
-        partitioners.get_default_op_list = extended
-        try:
-            yield
-        finally:
-            partitioners.get_default_op_list = original
+    with _torch.extra_recomputable_ops(_packets):
+        yield

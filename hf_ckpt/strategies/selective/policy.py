@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterable, Union
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
-from hf_ckpt.runtime._torch import TorchDispatchMode, is_op, set_sac_respects_saved_tensors_hooks
+from hf_ckpt.runtime._torch import TorchDispatchMode, is_op, op_schema, set_sac_respects_saved_tensors_hooks
 
 aten = torch.ops.aten
 
@@ -129,7 +129,7 @@ class SelectiveRecomputeError(RuntimeError):
 
 def written_tensors(func: Any, args: tuple, kwargs: dict) -> list[torch.Tensor]:
     written = []
-    for position, argument in enumerate(func._schema.arguments):
+    for position, argument in enumerate(op_schema(func).arguments):
         if argument.alias_info is not None and argument.alias_info.is_write:
             value = args[position] if position < len(args) else kwargs.get(argument.name)
             if isinstance(value, torch.Tensor):

@@ -36,7 +36,7 @@ from torch import nn
 
 from hf_ckpt.runtime.flop_formulas import flop_registry
 from hf_ckpt.runtime.storage import storage_of
-from hf_ckpt.runtime._torch import TorchDispatchMode, tree_leaves, tree_map
+from hf_ckpt.runtime._torch import TorchDispatchMode, op_schema, tree_leaves, tree_map
 from hf_ckpt.runtime.blocks import Block
 from hf_ckpt.measure.flops import elementwise_elements
 from hf_ckpt.strategies.selective.policy import written_tensors
@@ -184,7 +184,7 @@ class _ForwardRecorder(TorchDispatchMode):
             "module": self.module_name(),
             "storages": tuple(dict.fromkeys(storages)),
             "written": False,
-            "mutates": bool(getattr(getattr(func, "_schema", None), "is_mutable", False)),
+            "mutates": bool(getattr(op_schema(func), "is_mutable", False)),
             "selective": self._selective(func, args, kwargs),
         })
         return out
