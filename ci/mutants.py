@@ -194,10 +194,10 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "oplevel_plan_rounded",
         "the op-level planner finds the cheapest plan whose exact bytes fit, not only those its rounding sees",
-        "hf_ckpt/strategies/oplevel/menu/__init__.py",
-        "    exact = _exact_plan(menu, none, required)\n",
-        "    exact = None  # mutant: savings rounded to a byte unit\n",
-        ("tests/test_oplevel.py",),
+        "hf_ckpt/planning/solver.py",
+        "        found = _exact_plan(menu, none, required, max_states)\n",
+        "        found = None  # mutant: savings rounded to a byte unit\n",
+        ("tests/test_solver.py",),
     ),
     Mutant(
         "boundary_outputs_kept",

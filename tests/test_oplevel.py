@@ -263,38 +263,3 @@ def test_a_policy_keeping_nothing_is_plain_checkpointing():
     assert measured["empty"][:3] == measured["full"][:3]
     assert measured["empty"][2] == [0, 1]
     assert max_grad_diff(measured["full"][3], measured["empty"][3]) == 0.0
-
-
-@pytest.mark.any_release
-def test_the_plan_solver_finds_the_cheapest_plan_whose_exact_bytes_fit():
-    """Savings rounded to a byte unit lost plans that fit to the byte (BERT at the correct compile's bytes + 65,632:
-    two blocks at `partition:0.9:norms` and two at `partition:0.5` fit exactly, and were not seen). Against brute
-    force on random menus: the plan fits, and no plan that fits costs less."""
-    import itertools
-    import random
-
-    from hf_ckpt.strategies.oplevel.menu import _solve
-
-    block = [("none", 10_000, 0, 0, 0), ("a", 10_000 - 4_097, 10, 2, 10), ("b", 10_000 - 9_000, 100, 2, 100)]
-    assert _solve([block, block], 0, 20_000 - 8_194) == ("a", "a")  # saves 8,194 exactly; rounded, 'b' was taken
-    rng = random.Random(0)
-    for _ in range(200):
-        menu = []
-        for _ in range(rng.randint(1, 4)):
-            none = rng.randint(1_000, 50_000)
-            options = [("none", none, 0, 0, 0)]
-            for k in range(rng.randint(1, 5)):
-                cost = rng.randint(1, 1_000)
-                options.append((f"o{k}", rng.randint(0, none), cost, rng.randint(1, 2), cost))
-            menu.append(options)
-        base = rng.randint(0, 10_000)
-        smallest = base + sum(min(o[1] for o in options) for options in menu)
-        budget = rng.randint(smallest, base + sum(options[0][1] for options in menu))
-
-        def cost(plan):
-            return (sum(o[2] for o in plan), sum(o[0] != "none" for o in plan), sum(o[3] for o in plan))
-
-        fitting = [plan for plan in itertools.product(*menu) if base + sum(o[1] for o in plan) <= budget]
-        chosen = [next(o for o in options if o[0] == name) for options, name in zip(menu, _solve(menu, base, budget))]
-        assert base + sum(o[1] for o in chosen) <= budget
-        assert cost(chosen) == min(cost(plan) for plan in fitting)

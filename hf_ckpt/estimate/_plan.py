@@ -1,4 +1,5 @@
-"""A :class:`~hf_ckpt.CheckpointPlan` from an estimate: the planner's solver on the estimated per-block profile."""
+"""A :class:`~hf_ckpt.CheckpointPlan` from an estimate: the one solver (:func:`hf_ckpt.planning.solver.solve`) on the
+estimated per-block profile's menu."""
 
 from __future__ import annotations
 

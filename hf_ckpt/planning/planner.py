@@ -12,8 +12,9 @@ block retains at the end of forward and what its recompute costs, then picks a s
    decoder blocks of a T5), less the step without checkpointing, shared among the group.
 2. **Solve.** Retained bytes add up over blocks (a block's retention depends on its own strategy only: its output
    is kept whatever the next block does), so the plan is a multiple-choice knapsack: reach the required savings at
-   the least recompute FLOPs. It is solved exactly by dynamic programming over savings quantised *down* (so the
-   predicted memory never understates), with ties going to fewer checkpointed blocks.
+   the least recompute FLOPs. The profile's menu (per block, an option per strategy) goes to the one solver,
+   :func:`hf_ckpt.planning.solver.solve`: dynamic programming over savings quantised *down* (so the predicted memory
+   never understates), with ties going to fewer checkpointed blocks.
 3. **Verify.** The chosen plan runs one more step and its retained bytes are measured; that figure is the plan's
    ``predicted_bytes``. Where blocks interact (on some releases a mask or position tensor is kept once more when
    checkpointed and plain blocks mix) and the plan overshoots, the solver is asked for the overshoot less, up to

@@ -23,12 +23,11 @@ from hf_ckpt.runtime._torch import TorchDispatchMode
 from hf_ckpt.runtime.blocks import find_blocks
 from hf_ckpt.runtime.plans import CheckpointPlan
 from hf_ckpt.planning.profiling import apply_setting, left_as_found, measured_step
+from hf_ckpt.planning.solver import Option
 
 #: The most FLOPs per output element a module between the blocks may spend to be recomputed (norms, activations,
 #: rotary tables, embeddings lookups: a few; a projection: thousands).
 MAX_FLOPS_PER_ELEMENT = 4
-#: One option: (strategy, bytes, recompute cost (FLOPs plus elementwise elements), overhead rank, recompute FLOPs).
-Option = tuple[str, int, int, int, int]
 
 
 def outside_option(model: nn.Module, sample_inputs: Mapping[str, Any], *, loss_fn: Any = None,
@@ -53,7 +52,7 @@ def outside_option(model: nn.Module, sample_inputs: Mapping[str, Any], *, loss_f
         return (), []
     extra_flops = max(0, outside_flops - flops)
     extra = extra_flops + max(0, outside_elementwise - elementwise)
-    return names, [("none", kept - recomputed, 0, 0, 0), ("outside", 0, extra, 1, extra_flops)]
+    return names, [Option("none", kept - recomputed, 0, 0, 0), Option("outside", 0, extra, 1, extra_flops)]
 
 
 class _CallCosts(TorchDispatchMode):

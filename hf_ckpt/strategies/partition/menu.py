@@ -22,11 +22,9 @@ from hf_ckpt.runtime.target import target_model
 from hf_ckpt.runtime.blocks import find_blocks
 from hf_ckpt.runtime.plans import CheckpointPlan
 from hf_ckpt.planning.profiling import apply_setting, left_as_found, measured_step, twin_groups
+from hf_ckpt.planning.solver import Option
 from hf_ckpt.strategies.partition.spec import Partition
 from hf_ckpt.strategies.partition.graph import traced_norm_ops
-
-#: One option: (strategy, bytes, recompute cost (FLOPs plus elementwise elements), overhead rank, recompute FLOPs).
-Option = tuple[str, int, int, int, int]
 
 #: The partitioner budgets profiled for the planner: its default choice (1), full recompute (0) and between.
 PARTITION_BUDGETS: tuple[float, ...] = (1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1, 0.0)
@@ -36,8 +34,8 @@ def partition_options(
     model: nn.Module, sample_inputs: Mapping[str, Any], *, loss_fn: Any = None,
     budgets: tuple[float, ...] = PARTITION_BUDGETS, **checkpoint_kwargs: Any,
 ) -> list[list[Option]]:
-    """Per block, its measured ``"partition:<F>[:norms]"`` options (one per budget and variant, equal measurements
-    once)."""
+    """Per block, its measured ``"partition:<F>[:norms]"`` options for the solver (one per budget and variant, equal
+    measurements once), costing recompute FLOPs plus elementwise elements, overhead rank 2."""
     blocks = find_blocks(target_model(model))
     options: list[list[Option]] = [[] for _ in blocks]
     with left_as_found(model):
@@ -60,6 +58,6 @@ def partition_options(
                     continue  # the partitioner made the same choice at another budget
                 seen.add(measured)
                 for i in group:
-                    options[i].append((strategy, per_block[i], extra_flops + extra_elementwise, 2, extra_flops))
+                    options[i].append(Option(strategy, per_block[i], extra_flops + extra_elementwise, 2, extra_flops))
         remove(model)
     return options

@@ -8,11 +8,11 @@
    selective dispatch to save elementwise work only). An option's cost is its recompute FLOPs plus its recompute elementwise output elements (one
    each, :mod:`hf_ckpt.measure.flops`): ``none`` costs 0, ``full`` the whole block's recompute, ``selective``
    the measured FLOPs plus the elementwise ops its policy does not keep (the op profile asks the policy).
-3. **Solve.** A multiple-choice knapsack over blocks, solved exactly: block by block, the Pareto front of (bytes
-   saved, capped at what the budget requires; cost), over the options' exact bytes (:func:`_exact_plan`). Where
-   that front grows beyond :data:`_MAX_STATES` (many blocks of many types), by dynamic programming over savings
-   quantised *down* (so memory is never understated), as the block-level planner does. Ties go to fewer
-   checkpointed blocks, then to plain ``full`` over a selective policy (less dispatch overhead).
+3. **Solve.** The one solver, :func:`hf_ckpt.planning.solver.solve_menu` with ``exact=True``: a multiple-choice
+   knapsack over blocks, solved exactly over the options' exact bytes (a Pareto front, block by block) or, where
+   that front grows too large (many blocks of many types), by dynamic programming over savings quantised *down*
+   (so memory is never understated), as the block-level planner does. Ties go to fewer checkpointed blocks, then
+   to plain ``full`` over a selective policy (the options' overhead ranks: less dispatch overhead).
 4. **Verify.** The plan runs one step and its retained bytes are measured; on an overshoot the solver is asked for
    the overshoot less, up to a few times.
 """
@@ -20,13 +20,13 @@
 from __future__ import annotations
 
 import inspect
-import math
 from typing import Any, Mapping, Sequence
 
 import torch
 from torch import nn
 
 from hf_ckpt.runtime.apply import remove
+from hf_ckpt.planning.solver import Option, solve_menu
 from hf_ckpt.planning.solver import budget_bytes as in_bytes
 from hf_ckpt.runtime.target import target_model
 from hf_ckpt.runtime.blocks import find_blocks
@@ -42,10 +42,6 @@ from hf_ckpt.strategies.oplevel.menu.frontier import MAX_POINTS, frontier
 
 #: Strategies of the op-level planner that are not block-level strategies.
 _FINER = ("oplevel", "partition", "outside")
-_QUANTA = 4096
-#: The exact solver gives way to the quantised one where a front holds more states than this (on a 32-layer Llama
-#: with op-level menus the fronts reach 7,000 states and an exact solve takes 5 s; there it gives way at the 8th block).
-_MAX_STATES = 2_000
 _VERIFY_ROUNDS = 4
 #: Tie-breaks between options of equal FLOPs: no checkpoint, then plain checkpointing, then selective contexts.
 _OVERHEAD = {"none": 0, "full": 1}
@@ -88,10 +84,6 @@ def profile_ops(
     return profiles
 
 
-#: One option of a block: (strategy, predicted bytes, predicted recompute cost, overhead rank, recompute FLOPs).
-Option = tuple[str, int, int, int, int]
-
-
 def _elementwise(profile: BlockOpProfile | None, strategy: str) -> int:
     """Recompute elementwise elements of a block-level strategy, from the op profile (0 without one)."""
     if profile is None or strategy == "none":
@@ -109,7 +101,7 @@ def _menu(block_profile: Any, op_profiles: list[BlockOpProfile]) -> tuple[list[l
         for i in range(num_blocks):
             flops = block_profile.recompute_flops[strategy][i]
             cost = flops + _elementwise(of_block.get(i), strategy)
-            menu[i].append((strategy, retained[i], cost, _OVERHEAD.get(strategy, 3), flops))
+            menu[i].append(Option(strategy, retained[i], cost, _OVERHEAD.get(strategy, 3), flops))
     policies: dict[str, tuple[str, ...]] = {}
     used_names: set[str] = set()
     for number, profile in enumerate(op_profiles):
@@ -125,123 +117,11 @@ def _menu(block_profile: Any, op_profiles: list[BlockOpProfile]) -> tuple[list[l
             for i in profile.blocks:
                 flops = max(0, block_profile.recompute_flops["full"][i] - point.avoided_flops)
                 elementwise = profile.recompute_elementwise - point.avoided_elementwise
-                menu[i].append((
+                menu[i].append(Option(
                     OpLevel(name, point.saved).spelling, block_profile.retained["full"][i] + point.bytes,
                     flops + elementwise, 2, flops
                 ))
     return menu, policies
-
-
-def _solve(menu: list[list[Option]], base: int, budget_bytes: int) -> tuple[str, ...]:
-    """The options of least total (recompute cost, checkpointed blocks, overhead) whose bytes fit the budget."""
-    none = [next(option[1] for option in options if option[0] == "none") for options in menu]
-    baseline = base + sum(none)
-    required = baseline - budget_bytes
-    if required <= 0:
-        return ("none",) * len(menu)
-    smallest = base + sum(min(option[1] for option in options) for options in menu)
-    if smallest > budget_bytes:
-        raise ValueError(
-            f"no plan fits a budget of {budget_bytes / 2**20:.2f} MiB: the smallest activation memory reachable is "
-            f"{smallest / 2**20:.2f} MiB ({100 * smallest / baseline:.1f}% of no checkpointing)"
-        )
-    exact = _exact_plan(menu, none, required)
-    if exact is not None:
-        return exact
-    unit = max(1, math.ceil(required / _QUANTA))
-    target = math.ceil(required / unit)
-    infinity = (math.inf, math.inf, math.inf)
-    best: list[tuple[float, float, float]] = [(0, 0, 0)] + [infinity] * target
-    history = []
-    for i, options in enumerate(menu):
-        step = [infinity] * (target + 1)
-        picked: list[tuple[int, str] | None] = [None] * (target + 1)
-        for k, cost in enumerate(best):
-            if cost[0] == math.inf:
-                continue
-            for name, bytes_, flops, overhead, _ in options:
-                reach = min(target, k + max(0, (none[i] - bytes_) // unit))
-                candidate = (cost[0] + flops, cost[1] + (name != "none"), cost[2] + overhead)
-                if candidate < step[reach]:
-                    step[reach] = candidate
-                    picked[reach] = (k, name)
-        best = step
-        history.append(picked)
-    if best[target] == infinity:  # quantisation lost the last few bytes: the strongest option everywhere
-        return tuple(min(options, key=lambda o: (o[1], o[2]))[0] for options in menu)
-    chosen: list[str] = []
-    k = target
-    for picked in reversed(history):
-        k, name = picked[k]
-        chosen.append(name)
-    return _refine(menu, list(reversed(chosen)), base, budget_bytes)
-
-
-def _exact_plan(menu: list[list[Option]], none: list[int], required: int) -> tuple[str, ...] | None:
-    """The options of least total (recompute cost, checkpointed blocks, overhead) that save at least ``required``
-    bytes, over their exact bytes; None where a front grows beyond :data:`_MAX_STATES`.
-
-    After each block the states are the plans' savings so far (capped at ``required``: beyond it, saving more is
-    worth nothing) and their least cost; a state that saves less at no lower cost than another is dropped, since
-    whatever the later blocks add, the other does at least as well; so is an option another beats
-    (:func:`_undominated`)."""
-    front: dict[int, tuple[tuple[float, float, float], Any]] = {0: ((0, 0, 0), None)}
-    history = []
-    for i, options in enumerate(menu):
-        step: dict[int, tuple[tuple[float, float, float], Any]] = {}
-        useful = _undominated(options, none[i])
-        for saved, (cost, _) in front.items():
-            for name, bytes_, rank in useful:
-                reach = min(required, saved + none[i] - bytes_)
-                candidate = (cost[0] + rank[0], cost[1] + rank[1], cost[2] + rank[2])
-                if reach not in step or candidate < step[reach][0]:
-                    step[reach] = (candidate, (saved, name))
-        front, least = {}, None
-        for saved in sorted(step, reverse=True):  # Pareto: each state cheaper than every state saving more
-            if least is None or step[saved][0] < least:
-                front[saved], least = step[saved], step[saved][0]
-        if len(front) > _MAX_STATES:
-            return None
-        history.append(front)
-    if required not in front:
-        return None
-    chosen, saved = [], required
-    for states in reversed(history):
-        saved, name = states[saved][1]
-        chosen.append(name)
-    return tuple(reversed(chosen))
-
-
-def _rank(option: Option) -> tuple[int, bool, int]:
-    """What an option adds to a plan's total: (recompute cost, checkpointed or not, overhead), compared in order."""
-    return option[2], option[0] != "none", option[3]
-
-
-def _undominated(options: list[Option], none: int) -> list[tuple[str, int, tuple[int, bool, int]]]:
-    """(name, bytes, rank) of the options no other option beats: none keeps fewer or as many bytes at a lower or
-    equal :func:`_rank`; an option keeping more than ``none`` never pays."""
-    kept: list[tuple[str, int, tuple[int, bool, int]]] = []
-    for option in sorted((o for o in options if o[1] <= none), key=lambda o: (o[1], _rank(o))):
-        if not kept or _rank(option) < kept[-1][2]:
-            kept.append((option[0], option[1], _rank(option)))
-    return kept
-
-
-def _refine(menu: list[list[Option]], chosen: list[str], base: int, budget_bytes: int) -> tuple[str, ...]:
-    """``chosen`` with single blocks moved to cheaper options while the exact bytes fit: the dynamic programme
-    rounds each block's saving down to its byte unit, which can leave a cheaper plan unseen by a few KiB."""
-    current = [next(o for o in options if o[0] == name) for options, name in zip(menu, chosen)]
-    total = base + sum(option[1] for option in current)
-    improved = True
-    while improved:
-        improved = False
-        for i, options in enumerate(menu):
-            better = [o for o in options if _rank(o) < _rank(current[i]) and total - current[i][1] + o[1] <= budget_bytes]
-            if better:
-                best = min(better, key=_rank)
-                total += best[1] - current[i][1]
-                current[i], improved = best, True
-    return tuple(option[0] for option in current)
 
 
 def _finer_menu(model: nn.Module, sample_inputs: Mapping[str, Any], strategies: Sequence[str], block_profile: Any,
@@ -252,7 +132,7 @@ def _finer_menu(model: nn.Module, sample_inputs: Mapping[str, Any], strategies: 
     menu, policies = _menu(block_profile, op_profiles)
     allowed = set(strategies) - set(_FINER)
     menu = [
-        [o for o in options if o[0] in allowed or (kind_of(o[0]) == OpLevel.kind and OpLevel.kind in strategies)]
+        [o for o in options if o.name in allowed or (kind_of(o.name) == OpLevel.kind and OpLevel.kind in strategies)]
         for options in menu
     ]
     if "partition" in strategies:
@@ -263,7 +143,7 @@ def _finer_menu(model: nn.Module, sample_inputs: Mapping[str, Any], strategies: 
         outside, row = outside_option(model, sample_inputs, loss_fn=loss_fn, **checkpoint_kwargs)
         if row:  # one more row: keep the outside modules' tensors (bytes of the base) or recompute them
             menu.append(row)
-            base_bytes -= row[0][1]
+            base_bytes -= row[0].retained
     return menu, policies, base_bytes, outside
 
 
@@ -289,7 +169,7 @@ def plan_oplevel(
                                                       checkpoint_kwargs)
     slack = 0  # what a measured step keeps beyond the per-block prediction (blocks interact a little on some releases)
     for _ in range(_VERIFY_ROUNDS):
-        chosen = _solve(menu, base_bytes, budget_bytes - slack)
+        chosen = solve_menu(menu, base_bytes, budget_bytes - slack, exact=True)
         used = {name for name in policies if OpLevel(name, ()).spelling in chosen}
         candidate = CheckpointPlan(strategies=chosen[:len(block_profile.retained["none"])],
                                    policies={name: policies[name] for name in sorted(used)},
@@ -298,7 +178,7 @@ def plan_oplevel(
         if measured <= budget_bytes:
             break
         predicted = base_bytes + sum(
-            next(option[1] for option in menu[i] if option[0] == strategy) for i, strategy in enumerate(chosen)
+            next(option.retained for option in menu[i] if option.name == strategy) for i, strategy in enumerate(chosen)
         )
         # at least the overshoot more, so that the next plan differs; at least the prediction's error
         slack = max(slack + measured - budget_bytes, measured - predicted)
@@ -307,7 +187,7 @@ def plan_oplevel(
             f"no plan fits a budget of {budget_bytes / 2**20:.2f} MiB: the best plan found retains "
             f"{measured / 2**20:.2f} MiB when measured"
         )
-    recompute = sum(next(o[4] for o in menu[i] if o[0] == strategy) for i, strategy in enumerate(chosen))
+    recompute = sum(next(o.flops for o in menu[i] if o.name == strategy) for i, strategy in enumerate(chosen))
     return CheckpointPlan(
         strategies=candidate.strategies,
         policies=candidate.policies,
