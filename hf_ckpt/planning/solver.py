@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from hf_ckpt.runtime.units import format_bytes as _mib
-from hf_ckpt.strategies import ALL_STRATEGIES
+from hf_ckpt.strategies import ALL_STRATEGIES, kind_class
 
 _QUANTA = 4096
 
@@ -76,7 +76,7 @@ def solve(profile: BlockProfile, budget_bytes: int) -> tuple[str, ...]:
             for strategy in options:
                 saved = (profile.retained["none"][i] - profile.retained[strategy][i]) // unit
                 reach = min(target, k + max(0, saved))
-                cost = (flops + profile.recompute_flops[strategy][i], count + (strategy != "none"))
+                cost = (flops + profile.recompute_flops[strategy][i], count + kind_class(strategy).recomputes)
                 if cost < step[reach]:
                     step[reach] = cost
                     picked[reach] = (k, strategy)
