@@ -31,8 +31,9 @@ DEFERRED = {
 LAB_PACKAGES = ("planning", "budget", "estimate", "measure", "verification", "cli")
 #: The public layer: the package's top level (enable/disable, the mixin, the patch). At most 12 modules live there.
 TOP_LEVEL_MODULES = 12
-#: The most lines of hf_ckpt source a training step with a runtime setting may load.
-RUNTIME_LINES = 4500
+#: The most lines of hf_ckpt source a training step with a runtime setting may load (4,500 before the kinds answered
+#: the registry's questions themselves: the modifier table, ``refuses``, ``takes_policy``, ``summary_order``).
+RUNTIME_LINES = 4550
 
 
 def _module_name(path: Path) -> str:
