@@ -138,8 +138,8 @@ def enable(
     """
     return configure(
         model, checkpoint_kwargs, "checkpoint_kwargs", every_n_layers=every_n_layers, layers=layers,
-        num_layers=num_layers, method=method, strategy=None if strategy == "full" else strategy, policy=policy,
-        plan=plan, budget=budget, sample_inputs=sample_inputs, offload=offload, checkpoint_fn=checkpoint_fn,
+        num_layers=num_layers, method=method, strategy=None if strategy == CheckpointConfig.strategy else strategy,
+        policy=policy, plan=plan, budget=budget, sample_inputs=sample_inputs, offload=offload, checkpoint_fn=checkpoint_fn,
         head_chunk_size=head_chunk_size,
         **({} if keep_outputs is False else {"keep_outputs": keep_outputs}),
     )

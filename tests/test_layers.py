@@ -45,8 +45,7 @@ DEFERRED = {
 LAB_PACKAGES = _CLIMBS.LAB_PACKAGES
 #: The public layer: the package's top level (enable/disable, the mixin, the patch). At most 12 modules live there.
 TOP_LEVEL_MODULES = 12
-#: The most lines of hf_ckpt source a training step with a runtime setting may load (4500 before #38 moved every
-#: private torch attribute behind runtime/_torch.py: about 90 lines of documented entries).
+#: The most lines of hf_ckpt source a training step with a runtime setting may load.
 RUNTIME_LINES = 4600
 
 

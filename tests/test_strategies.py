@@ -3,8 +3,10 @@ one class, and a kind's module loads only when a setting uses it."""
 
 from __future__ import annotations
 
+import ast
 import functools
 import json
+from pathlib import Path
 
 import pytest
 import torch.utils.checkpoint
@@ -12,6 +14,7 @@ import torch.utils.checkpoint
 import hf_ckpt
 from hf_ckpt import strategies
 from hf_ckpt.strategies import Strategy, parse, register
+from hf_ckpt.strategies import FINER_CHOICES, OUTSIDE, PLANNER_CHOICES
 from fresh import run_fresh
 from helpers import batch_for, max_grad_diff, recomputed_in_step, tiny_llama, train_step
 
@@ -119,3 +122,86 @@ def loaded_by_plan() -> dict[str, list[str]]:
 def test_a_kinds_module_loads_only_when_a_setting_uses_it(plan, loaded, not_loaded, loaded_by_plan):
     modules = set(loaded_by_plan[plan])
     assert set(loaded) <= modules and not set(not_loaded) & modules
+
+
+_PACKAGE = Path(hf_ckpt.__file__).parent
+#: The registry's names for kinds and planner choices, and its constants that hold them (comparing with
+#: ``CheckpointConfig.strategy``, the default, asks whether a strategy was given, whatever its kind).
+_NAMES = {*strategies.KIND_MODULES, *FINER_CHOICES}
+_CONSTANTS = {"NONE", "FULL", "SELECTIVE"}
+#: Comparisons with the same words that are not about a strategy kind: (file, expression) -> why.
+_OTHER_WORDS = {
+    ("cli/_bench_run.py", "setting.name == 'none'"): "the bench's baseline setting (measure.settings' own names)",
+    ("measure/report.py", "'full' in report"): "a bench setting named full",
+    ("measure/report.py", "'selective' not in report"): "a bench setting named selective",
+    ("measure/report.py", "result.setting in ('full', 'none')"): "bench settings named full and none",
+    ("measure/settings.py", "inner == 'full'"): "the argument of the bench setting upstream:full",
+    ("estimate/_estimate.py", "'full' not in activation"): "the estimate's row named full (a JSON key)",
+    ("estimate/_estimate.py", "'full' not in traced.chunked_base"): "the traced row named full",
+    ("estimate/_sharding.py", "name == 'none'"): "a sharding named none",
+    ("integrations/deepspeed.py", "value not in (None, False, 0, 'none', 'auto')"): "a DeepSpeed config value",
+}
+
+
+def _names_a_kind(node: ast.AST) -> bool:
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value.partition(":")[0] in _NAMES
+    if isinstance(node, (ast.Name, ast.Attribute)):
+        return (node.id if isinstance(node, ast.Name) else node.attr) in _CONSTANTS
+    return isinstance(node, (ast.Tuple, ast.List, ast.Set)) and any(_names_a_kind(e) for e in node.elts)
+
+
+def _kind_comparisons(source: str) -> list[tuple[int, str]]:
+    """(line, expression) of each comparison in ``source`` with a kind's name: ``==``, ``!=``, ``in`` (either
+    side, literal collections included) and ``startswith``/``endswith``, against a literal or a registry constant.
+    A sharding's ``"none"`` (an operand that names ``shard``) is another word."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Compare):
+            operands = (node.left, *node.comparators)
+            if any(map(_names_a_kind, operands)) and "shard" not in ast.unparse(node):
+                found.append((node.lineno, ast.unparse(node)))
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+              and node.func.attr in ("startswith", "endswith") and node.args and _names_a_kind(node.args[0])):
+            found.append((node.lineno, ast.unparse(node)))
+    return found
+
+
+def test_no_strategy_name_is_compared_outside_the_registry():
+    """Adding a kind is one folder and one registration: outside ``hf_ckpt/strategies/`` the package asks the
+    registry or the kind (``recomputes``, ``takes_policy``, ``refuses``, ...), never compares a spelling."""
+    found = []
+    for path in sorted(_PACKAGE.rglob("*.py")):
+        relative = path.relative_to(_PACKAGE).as_posix()
+        if relative.startswith("strategies/"):
+            continue
+        found += [f"hf_ckpt/{relative}:{line}: {text}" for line, text in _kind_comparisons(path.read_text())
+                  if (relative, text) not in _OTHER_WORDS]
+    assert not found, "strategy names compared outside hf_ckpt/strategies/:\n" + "\n".join(found)
+
+
+@pytest.mark.parametrize("line", [
+    'x = 1 if self.strategy == "selective" else 0', "x = s != 'none'", 'x = s in ("none", "full")',
+    "x = s.startswith('partition:')", 'x = "oplevel" in strategies', "x = self.strategy != FULL",
+])
+def test_the_comparison_check_sees_each_form(line):
+    assert _kind_comparisons(line)
+    for kind, other in (("selective", "uniform"), ("none", "zero3"), ("full", "auto"), ("partition", "every_n"),
+                        ("oplevel", "policy"), ("FULL", "TWO")):
+        line = line.replace(kind, other)
+    assert not _kind_comparisons(line)
+
+
+def test_every_kind_names_only_known_modifiers_and_partition_refuses_them_all():
+    """The one table of which kind takes which modifier: each kind's ``refuses``, read by every check."""
+    for kind in strategies.KIND_MODULES:
+        assert strategies.strategy_class(kind).refuses <= set(strategies.MODIFIERS), kind
+    assert strategies.strategy_class("partition").refuses == set(strategies.MODIFIERS)
+    assert strategies.strategy_class("selective").refuses == {"use_reentrant=True", "checkpoint_fn", "context_fn"}
+    assert not strategies.strategy_class("full").refuses
+
+
+def test_outside_is_a_planner_choice_and_no_kind():
+    assert OUTSIDE in PLANNER_CHOICES and OUTSIDE not in strategies.KIND_MODULES
+    with pytest.raises(ValueError, match="each plan strategy must be one of"):
+        hf_ckpt.CheckpointPlan(("outside",))

@@ -60,7 +60,7 @@ from hf_ckpt.estimate._engine import detected_sharding, still_allocated
 from hf_ckpt.estimate._model import build_on_meta
 from hf_ckpt.planning.planner import plan as make_plan
 from hf_ckpt.strategies.selective.policy import selective_supported
-from hf_ckpt.strategies import FULL, NONE, SELECTIVE
+from hf_ckpt.strategies import FULL, NONE, SELECTIVE, kind_class, strategy_class, summary_order
 
 logger = logging.getLogger("hf_ckpt")
 
@@ -155,7 +155,7 @@ def _check_options(config: CheckpointConfig) -> None:
     chosen = [name for name, active in (
         ("every_n_layers", config.every_n_layers != 1), ("layers", config.layers is not None),
         ("num_layers", config.num_layers is not None), ("plan", config.plan is not None),
-        ("strategy", config.strategy != "full"),
+        ("strategy", config.strategy != CheckpointConfig.strategy),
     ) if active]
     if chosen:
         raise ValueError(f"budget makes the plan itself: give it without {', '.join(chosen)}")
@@ -183,7 +183,7 @@ def enable_within(model: nn.Module, budget: Any, kwargs_dict: Mapping[str, Any] 
     CheckpointConfig.from_arguments(kwargs_dict, dict_name=dict_name, **options)  # bad options fail before profiling
     policy = options.get("policy")
     made = make_plan(model, sample_inputs, budget, policy=policy, **dict(kwargs_dict or {}))
-    options.update(plan=made, policy=policy if SELECTIVE in made.strategies else None)
+    options.update(plan=made, policy=policy if any(kind_class(s).takes_policy for s in made.strategies) else None)
     return apply_config(model, CheckpointConfig.from_arguments(kwargs_dict, dict_name=dict_name, **options))
 
 
@@ -378,7 +378,7 @@ def _peft_config(target: nn.Module) -> Any:
 
 def _strategies(request: DeferredBudget) -> tuple[str, ...]:
     config = request.config()
-    selective = config.checkpoint_fn is None and not config.use_reentrant and selective_supported()
+    selective = not strategy_class(SELECTIVE)().refused(config) and selective_supported()
     return (NONE, FULL, SELECTIVE) if selective else (NONE, FULL)
 
 
@@ -471,7 +471,7 @@ def _request_of(model: nn.Module) -> "DeferredBudget | None":
 
 def _summary(plan: Any) -> str:
     counts = Counter(plan.strategies)
-    return ", ".join(f"{counts[s]} {s}" for s in (FULL, SELECTIVE, NONE) if counts[s])
+    return ", ".join(f"{counts[s]} {s}" for s in summary_order(plan.strategies))
 
 
 def _log(request: DeferredBudget, where: str, replanned: str) -> None:

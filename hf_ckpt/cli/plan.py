@@ -14,15 +14,16 @@ import os
 from hf_ckpt.runtime.units import BUDGET_FORMS, parse_budget
 from hf_ckpt.cli._lazy import runner
 from hf_ckpt.cli.arguments import add_workload_arguments, output_file
+from hf_ckpt.strategies import ALL_STRATEGIES, FINER_CHOICES
 
 NAME = "plan"
 HELP = "the cheapest per-block checkpointing plan that fits an activation-memory budget"
 
 #: The per-block strategies a plan may assign (``hf_ckpt.plan``'s ``strategies``; a test keeps them equal).
-PLAN_STRATEGIES = ("none", "selective", "full")
+PLAN_STRATEGIES = ALL_STRATEGIES
 #: The finer options ``hf_ckpt.plan`` also takes when asked: op-level policies, graph partitions, and the cheap
-#: modules between the blocks recomputed.
-FINER_STRATEGIES = ("oplevel", "partition", "outside")
+#: modules between the blocks recomputed (:data:`hf_ckpt.strategies.FINER_CHOICES`).
+FINER_STRATEGIES = FINER_CHOICES
 
 
 def budget(text: str) -> float | int:

@@ -11,6 +11,7 @@ from torch import nn
 from hf_ckpt.runtime.plans import CheckpointPlan
 from hf_ckpt.estimate._attention import DEVICES
 from hf_ckpt.estimate._states import OPTIMIZERS
+from hf_ckpt.strategies import ALL_STRATEGIES
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16", "float": "float32"}
@@ -91,7 +92,7 @@ def check_strategies(value: Any) -> tuple[Any, ...]:
             continue
         if isinstance(strategy, str):
             spelled = strategy.strip()
-            if spelled in ("none", "full", "selective"):
+            if spelled in ALL_STRATEGIES:
                 checked.append(spelled)
                 continue
             if spelled.startswith("every_n:"):

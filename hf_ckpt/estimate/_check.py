@@ -19,6 +19,7 @@ from hf_ckpt.runtime.units import format_bytes, format_flops
 from hf_ckpt.measure.step import measure_step
 from hf_ckpt.estimate._estimate import estimate
 from hf_ckpt.estimate._model import load_config, model_class
+from hf_ckpt.strategies import kind_class
 
 #: Tiny sizes by config attribute name.
 _SIZES = {
@@ -93,7 +94,7 @@ def run_check(source: Any, strategies: tuple[str, ...] = ("none", "full", "every
         remove(model)
         if strategy.startswith("every_n:"):
             apply_options(model, every_n_layers=int(strategy.split(":")[1]))
-        elif strategy != "none":
+        elif kind_class(strategy).recomputes:
             apply_options(model, strategy=strategy)
         measured = measure_step(model, batch)
         memory = 100.0 * (predicted.activation_bytes[strategy] - measured.retained_bytes) / max(1, measured.retained_bytes)

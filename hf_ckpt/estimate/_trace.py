@@ -41,6 +41,7 @@ from hf_ckpt.measure.memory import StorageTracker, block_labels
 from hf_ckpt.measure.step import loss_of
 from hf_ckpt.runtime.plans import CheckpointPlan
 from hf_ckpt.strategies.selective.policy import SelectiveRecomputeError
+from hf_ckpt.strategies import kind_class
 from hf_ckpt.estimate._attention import attention_for
 from hf_ckpt.estimate._model import block_key
 
@@ -233,7 +234,7 @@ def _apply(model: nn.Module, strategies: tuple[str, ...], head_chunk: int | None
     """Set one strategy per block (a :class:`~hf_ckpt.CheckpointPlan`) and the chunked head if ``head_chunk``, or
     remove checkpointing for all-none without it."""
     remove(model)
-    if any(s != "none" for s in strategies) or head_chunk:
+    if any(kind_class(s).recomputes for s in strategies) or head_chunk:
         config = CheckpointConfig.from_arguments({}, dict_name="checkpoint_kwargs", plan=CheckpointPlan(strategies),
                                                  head_chunk_size=head_chunk)
         apply_config(model, config)
@@ -449,12 +450,12 @@ def trace(
             try:
                 outside, per_block, above = _memory_step(model, blocks, inputs, mode, device, autocast, keep_outputs)
             except SelectiveRecomputeError as error:
-                unusable[next(s for s in pattern if s != "none")] = str(error)
+                unusable[next(s for s in pattern if kind_class(s).recomputes)] = str(error)
                 continue
             except RuntimeError as error:  # selective recompute that cannot replay on fake tensors (4.57's Llama)
-                if "selective" not in pattern:
+                if not (by_context := [s for s in pattern if kind_class(s).uses_context_fn]):
                     raise
-                unusable["selective"] = f"selective recompute could not be traced on this model: {error}"
+                unusable[by_context[0]] = f"{by_context[0]} recompute could not be traced on this model: {error}"
                 continue
             if len(set(pattern)) == 1:
                 base[pattern[0]], transient[pattern[0]] = outside, above
@@ -474,7 +475,7 @@ def trace(
         for strategy in usable:
             if strategy in unusable:
                 continue
-            if strategy == "none":
+            if not kind_class(strategy).recomputes:
                 recompute[strategy] = (0,) * count
                 continue
             per_block = [0] * count

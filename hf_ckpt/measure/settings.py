@@ -26,6 +26,7 @@ from hf_ckpt.runtime.warn import warn_once
 from hf_ckpt.patch import original
 from hf_ckpt.planning.planner import plan as make_plan
 from hf_ckpt.strategies.selective.policy import SELECTIVE_POLICIES
+from hf_ckpt.strategies.oplevel.spec import OpLevel
 from hf_ckpt.measure._compiled import CompiledReference, compile_unavailable, seeded_unavailable
 from hf_ckpt.measure.step import training_step
 
@@ -281,7 +282,7 @@ def _planned(name: str, fraction: float, description: str, strategies: tuple[str
         options = {} if strategies is None else {"strategies": strategies}
         plan = made["plan"] = make_plan(model, batch, fraction, **options)
         details.update(strategies=list(plan.strategies))
-        if strategies is not None and "oplevel" in strategies:
+        if strategies is not None and OpLevel.kind in strategies:
             details.update(policies={key: list(saved) for key, saved in plan.policies.items()})
         if plan.outside_blocks:
             details.update(outside_blocks=list(plan.outside_blocks))

@@ -36,11 +36,10 @@ from hf_ckpt.runtime.units import parse_budget
 from hf_ckpt.runtime.config import CheckpointConfig
 from hf_ckpt.estimate import plan_for
 from hf_ckpt.measure.step import LossFn
-from hf_ckpt.strategies.partition.graph import partition_unavailable
 from hf_ckpt.strategies.oplevel.menu import plan_oplevel
 from hf_ckpt.runtime.plans import CheckpointPlan, model_signature
 from hf_ckpt.planning.profiling import measured_bytes, profile_blocks
-from hf_ckpt.strategies import ALL_STRATEGIES
+from hf_ckpt.strategies import FINER_CHOICES, KIND_MODULES, PLANNER_CHOICES, strategy_class
 
 __all__ = ["BlockProfile", "plan", "profile_blocks", "solve"]
 
@@ -112,19 +111,17 @@ def plan(
         raise ValueError("give either sample_inputs (profile real steps) or batch_size and seq_len (estimate), not both")
     budget = parse_budget(budget)
     _check_sample_inputs(sample_inputs)
-    bad = [s for s in strategies if s not in (*ALL_STRATEGIES, "oplevel", "partition", "outside")]
+    bad = [s for s in strategies if s not in PLANNER_CHOICES]
     if bad or not strategies or isinstance(strategies, str):
-        raise ValueError(
-            "strategies must be a non-empty subset of none, selective, full, oplevel, partition, outside; got "
-            f"{list(strategies)}"
-        )
-    if "partition" in strategies:
-        if partition_unavailable() is not None:
-            raise ValueError(f"strategies: 'partition' cannot run here: {partition_unavailable()}")
+        raise ValueError(f"strategies must be a non-empty subset of {', '.join(PLANNER_CHOICES)}; got {list(strategies)}")
+    for kind in (s for s in strategies if s in KIND_MODULES):
+        reason = strategy_class(kind).unavailable()
+        if reason is not None:
+            raise ValueError(f"strategies: {kind!r} cannot run here: {reason}")
     check_trainable(target_model(model), "plan: ")
     CheckpointConfig.from_arguments(checkpoint_kwargs, dict_name="checkpoint_kwargs", policy=policy,
                                     strategy="selective" if policy is not None else None)
-    if {"oplevel", "partition", "outside"} & set(strategies):  # finer options: hf_ckpt.strategies.oplevel plans
+    if set(FINER_CHOICES) & set(strategies):  # finer options: hf_ckpt.strategies.oplevel plans
         return plan_oplevel(model, sample_inputs, budget, strategies=strategies, policy=policy, loss_fn=loss_fn,
                             **checkpoint_kwargs)
     profile = profile_blocks(

@@ -33,6 +33,7 @@ from hf_ckpt.measure.memory import StorageTracker, block_labels
 from hf_ckpt.measure.step import LossFn, loss_of, model_device, run_forward
 from hf_ckpt.runtime.plans import CheckpointPlan
 from hf_ckpt.strategies.selective.policy import SelectiveRecomputeError
+from hf_ckpt.strategies import kind_class
 
 
 def loss_of_sample(output: Any, loss_fn: LossFn | None) -> torch.Tensor:
@@ -126,7 +127,7 @@ def measured_bytes(
     plan = strategies if isinstance(strategies, CheckpointPlan) else CheckpointPlan(strategies)
     blocks = find_blocks(target_model(model))
     with left_as_found(model):
-        options = {"policy": policy} if "selective" in plan.strategies else {}
+        options = {"policy": policy} if any(kind_class(s).takes_policy for s in plan.strategies) else {}
         apply_setting(model, checkpoint_kwargs, plan=plan, **options)
         torch.manual_seed(0)
         base, per_block = retained_per_block(model, blocks, inputs, loss_fn)
@@ -160,8 +161,8 @@ def profile_blocks(
         none_flops = step_flops(model, sample_inputs, loss_fn)
         for strategy in dict.fromkeys(("none", *strategies)):
             remove(model)
-            options = {"policy": policy} if strategy == "selective" else {}
-            if strategy != "none":
+            options = {"policy": policy} if kind_class(strategy).takes_policy else {}
+            if kind_class(strategy).recomputes:
                 apply_setting(model, checkpoint_kwargs, strategy=strategy, **options)
             try:
                 torch.manual_seed(0)
@@ -170,7 +171,7 @@ def profile_blocks(
             except SelectiveRecomputeError as error:
                 unusable[strategy] = str(error)
                 continue
-            if strategy == "none":
+            if not kind_class(strategy).recomputes:
                 base_bytes = base
                 recompute[strategy] = (0,) * len(blocks)
             else:

@@ -22,7 +22,7 @@ from hf_ckpt.runtime.selection import (
     check_num_layers_in_range,
     every_nth,
 )
-from hf_ckpt.strategies import FULL, NONE, SELECTIVE, WHOLE_MODEL_STRATEGIES, Strategy, parse, strategy_class
+from hf_ckpt.strategies import SELECTIVE, WHOLE_MODEL_STRATEGIES, Strategy, parse, strategy_class
 
 #: Keys of a checkpointing kwargs dict that hf_ckpt consumes itself; every other key goes to
 #: ``torch.utils.checkpoint.checkpoint``.
@@ -251,26 +251,28 @@ class CheckpointConfig:
             strategy.check(self)
 
     def strategies(self) -> tuple[Strategy, ...]:
-        """The distinct strategies of the checkpointed blocks, as the plan (or ``strategy``) spells them."""
-        spellings = set(self.plan.strategies) - {NONE} if self.plan is not None else {self.strategy}
+        """The distinct strategies of the checkpointed (recomputed) blocks, as the plan (or ``strategy``) spells them."""
+        spellings = set(self.plan.strategies) if self.plan is not None else {self.strategy}
         policies = self.plan.policies if self.plan is not None else None
-        return tuple(parse(spelling, policies) for spelling in sorted(spellings))
+        parsed = (parse(spelling, policies) for spelling in sorted(spellings))
+        return tuple(strategy for strategy in parsed if strategy.recomputes)
 
     def _check_policy(self, kinds: tuple[Strategy, ...]) -> None:
-        if self.policy is not None and not any(s.kind == SELECTIVE for s in kinds):
+        if self.policy is not None and not any(s.takes_policy for s in kinds):
             raise ValueError('policy only applies to strategy="selective"; set strategy="selective" or drop policy')
 
     def _check_checkpoint_fn(self, kinds: tuple[Strategy, ...]) -> None:
         if self.checkpoint_fn is None:
             return
         _check_checkpoint_fn(self.checkpoint_fn, {}, "checkpoint_kwargs")
-        by_context = sorted(s.kind for s in kinds if s.uses_context_fn)
+        # the kinds that refuse checkpoint_fn and leave naming it to this check (Strategy.refuses, names_refusals)
+        by_kind = sorted(s.kind for s in kinds if "checkpoint_fn" in s.refused(self) and not s.names_refusals)
+        named = [f'strategy="{self.strategy}"' if self.plan is None else f"a plan with {kind} blocks" for kind in by_kind]
         refused = [
             name
             for name, active in (
                 ("offload=True", self.offload),
-                ('strategy="selective"', self.strategy == SELECTIVE),
-                *((f"a plan with {kind} blocks", self.plan is not None) for kind in by_context),
+                *((name, True) for name in named),
                 ("context_fn", "context_fn" in self.checkpoint_kwargs),
             )
             if active
@@ -293,7 +295,7 @@ class CheckpointConfig:
             )
             if active
         ]
-        if self.plan is not None and self.strategy != FULL:
+        if self.plan is not None and self.strategy != CheckpointConfig.strategy:  # given, with a plan
             given.append("strategy")
         if len(given) > 1:
             raise ValueError(
@@ -312,7 +314,7 @@ class CheckpointConfig:
             value = getattr(self, name)
             if value is not None:
                 parts.append(f"{name}={list(value) if name == 'layers' else value!r}")
-        if self.strategy != FULL:
+        if self.strategy != CheckpointConfig.strategy:
             parts.append(f"strategy={self.strategy!r}")
         if self.plan is not None:
             parts.append(f"plan=<{self.plan.summary()}>")
@@ -328,7 +330,7 @@ class CheckpointConfig:
         if self.plan is not None:
             self.plan.check_fits(num_blocks)
             kinds = {s.spelling: s for s in self.strategies()}
-            return {i: kinds[s] for i, s in enumerate(self.plan.strategies) if s != NONE}
+            return {i: kinds[s] for i, s in enumerate(self.plan.strategies) if s in kinds}
         if self.layers is not None:
             check_layers_in_range(self.layers, num_blocks)
             indices = list(self.layers)

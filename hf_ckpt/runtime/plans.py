@@ -20,7 +20,7 @@ from hf_ckpt.runtime.units import format_bytes as _mib
 from hf_ckpt.runtime.units import format_flops
 from hf_ckpt.runtime.warn import HfCkptWarning
 from hf_ckpt.runtime.blocks import find_blocks
-from hf_ckpt.strategies import FULL, NONE, SELECTIVE, kind_of, parse, strategy_class
+from hf_ckpt.strategies import parse, strategy_class, summary_order
 
 _FORMAT_VERSION = 1
 
@@ -178,9 +178,7 @@ class CheckpointPlan:
     def summary(self) -> str:
         """One line: how many blocks run each strategy, and how many modules between the blocks are recomputed
         (``"2 full, 2 none"``, ``"4 partition:0.9, outside 3 modules"``)."""
-        order = [FULL, SELECTIVE, *sorted({s for s in self.strategies if kind_of(s) not in (FULL, SELECTIVE, NONE)}),
-                 NONE]
-        counts = {s: self.strategies.count(s) for s in order if s in self.strategies}
+        counts = {s: self.strategies.count(s) for s in summary_order(self.strategies)}
         parts = [f"{n} {s}" for s, n in counts.items()]
         if self.outside_blocks:
             parts.append(f"outside {len(self.outside_blocks)} module{'s' if len(self.outside_blocks) > 1 else ''}")

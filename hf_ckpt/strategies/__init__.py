@@ -15,15 +15,17 @@ The kinds, and the module that defines each (loaded the first time a setting use
     oplevel:<name>   hf_ckpt.strategies.oplevel.spec     (a plan's op-level policy: which op outputs are kept)
     partition:<F>    hf_ckpt.strategies.partition.spec   (the block's graph split by torch's min-cut partitioner)
 
-A new kind is a subclass with a ``kind``, registered with :func:`register` in its module, and a line in
-:data:`KIND_MODULES`; nothing else in the package matches spellings.
+A new kind is a folder ``strategies/<kind>/`` whose ``spec.py`` holds a subclass with a ``kind``, registered with
+:func:`register`, and a line in :data:`KIND_MODULES`. Code outside this package asks a kind (``recomputes``,
+``takes_policy``, ``refuses``, ...) or this module, never compares a spelling with a kind's name (a test reads the
+package for that). The planner's ``"outside"`` is no kind (:data:`OUTSIDE`).
 """
 
 from __future__ import annotations
 
 from enum import Enum
 from importlib import import_module
-from typing import Any, Callable, ClassVar, Mapping, Protocol
+from typing import Any, Callable, ClassVar, Iterable, Mapping, Protocol
 
 
 class BlockStrategy(str, Enum):
@@ -52,6 +54,12 @@ ALL_STRATEGIES: tuple[str, ...] = (NONE, SELECTIVE, FULL)
 #: What ``hf_ckpt.enable(strategy=...)`` accepts: a strategy for every selected block.
 WHOLE_MODEL_STRATEGIES: tuple[str, ...] = (FULL, SELECTIVE)
 
+#: The planner's option of recomputing the modules between the blocks: no kind (:mod:`hf_ckpt.strategies.outside`).
+OUTSIDE = "outside"
+#: What ``hf_ckpt.plan(strategies=...)`` takes beyond the above (the op-level planner's options), and all it takes.
+FINER_CHOICES: tuple[str, ...] = ("oplevel", "partition", OUTSIDE)
+PLANNER_CHOICES: tuple[str, ...] = (*ALL_STRATEGIES, *FINER_CHOICES)
+
 #: Kind -> the module that defines (and registers) it.
 KIND_MODULES: dict[str, str] = {
     NONE: __name__,
@@ -64,6 +72,16 @@ _registered: dict[str, type["Strategy"]] = {}
 #: Builds a kind's checkpoint function from the checkpoint keyword arguments: the modifiers (offload,
 #: ``checkpoint_fn``) around ``torch.utils.checkpoint.checkpoint``.
 Wrap = Callable[[dict[str, Any]], Callable[..., Any]]
+
+
+#: The modifiers of a kind's checkpoint function, in the order messages name them, and whether a setting turns
+#: each on. A kind names those it cannot take in :attr:`Strategy.refuses`, the one table every check reads.
+MODIFIERS: dict[str, Callable[["Setting"], bool]] = {
+    "use_reentrant=True": lambda config: config.use_reentrant,
+    "offload=True": lambda config: bool(config.offload),
+    "checkpoint_fn": lambda config: config.checkpoint_fn is not None,
+    "context_fn": lambda config: "context_fn" in config.checkpoint_kwargs,
+}
 
 
 class Setting(Protocol):
@@ -89,12 +107,18 @@ class Strategy:
             ``checkpoint_fn`` of the user's.
         saved_tensor_hook: Its blocks' outputs are made again from what they keep, by the one saved-tensor hook
             :mod:`hf_ckpt.strategies.outside.hook` installs (partitions).
+        takes_policy: It reads the config's ``policy`` (checked by its ``check_policy``).
+        refuses: The :data:`MODIFIERS` it cannot take, read by every check (:meth:`refused`).
+        names_refusals: Its :meth:`check` names all it refuses; else ``checkpoint_fn``'s check names the kind.
     """
 
     kind: ClassVar[str]
     recomputes: ClassVar[bool] = True
     uses_context_fn: ClassVar[bool] = False
     saved_tensor_hook: ClassVar[bool] = False
+    takes_policy: ClassVar[bool] = False
+    refuses: ClassVar[frozenset[str]] = frozenset()
+    names_refusals: ClassVar[bool] = False
 
     @classmethod
     def from_argument(cls, argument: str | None, spelling: str, policies: Mapping[str, Any]) -> "Strategy":
@@ -103,6 +127,11 @@ class Strategy:
             raise ValueError(_unknown(spelling))
         return cls()
 
+    @classmethod
+    def unavailable(cls) -> str | None:
+        """Why this kind cannot run here (this torch), or None; the planner asks before measuring."""
+        return None
+
     @property
     def spelling(self) -> str:
         """The form plans and JSON carry."""
@@ -110,6 +139,10 @@ class Strategy:
 
     def check(self, config: Setting) -> None:
         """Raise ValueError when ``config`` asks for something this strategy cannot do (at the enable call)."""
+
+    def refused(self, config: Setting) -> list[str]:
+        """The modifiers ``config`` turns on that this kind refuses (:attr:`refuses`), in :data:`MODIFIERS` order."""
+        return [name for name, active in MODIFIERS.items() if name in self.refuses and active(config)]
 
     def context_fn(self, config: Setting) -> Callable[[], Any] | None:
         """The ``context_fn`` for ``torch.utils.checkpoint.checkpoint``, or None."""
@@ -143,6 +176,17 @@ def register(cls: type[Strategy]) -> type[Strategy]:
 def kind_of(spelling: str) -> str:
     """The kind of a spelling: ``"partition"`` for ``"partition:0.5"``."""
     return spelling.partition(":")[0]
+
+
+def kind_class(spelling: str) -> type["Strategy"]:
+    """The class of ``spelling``'s kind, to ask it (``kind_class(s).recomputes``) without parsing its argument."""
+    return strategy_class(kind_of(spelling))
+
+
+def summary_order(spellings: Iterable[str]) -> list[str]:
+    """The distinct ``spellings`` as a plan's summary counts them: full, selective, the others sorted, none."""
+    rank = {FULL: 0, SELECTIVE: 1, NONE: 3}
+    return sorted(set(spellings), key=lambda spelling: (rank.get(spelling, 2), spelling))
 
 
 def _unknown(value: Any) -> str:

@@ -7,7 +7,7 @@ from typing import Any, Callable, Mapping
 
 from hf_ckpt.strategies.oplevel.policy import OpPolicy
 from hf_ckpt.strategies import Setting, Strategy, register
-from hf_ckpt.strategies.selective.spec import check_selective_contexts, respected_hooks
+from hf_ckpt.strategies.selective.spec import CONTEXT_FN_REFUSES, check_selective_contexts, respected_hooks
 
 
 @register
@@ -21,6 +21,7 @@ class OpLevel(Strategy):
 
     kind = "oplevel"
     uses_context_fn = True
+    refuses = CONTEXT_FN_REFUSES
 
     def __init__(self, name: str, saved: tuple[str, ...]) -> None:
         self.name, self.saved = name, tuple(saved)
@@ -46,7 +47,7 @@ class OpLevel(Strategy):
         return f"{self.kind}:{self.name}"
 
     def check(self, config: Setting) -> None:
-        check_selective_contexts(config)
+        check_selective_contexts(self, config)
 
     def context_fn(self, config: Setting) -> Callable[[], Any]:
         return OpPolicy(self.saved).context_fn(respected_hooks(config))

@@ -24,6 +24,7 @@ from hf_ckpt.runtime.blocks import find_blocks
 from hf_ckpt.runtime.plans import CheckpointPlan
 from hf_ckpt.planning.profiling import apply_setting, left_as_found, measured_step
 from hf_ckpt.planning.solver import Option
+from hf_ckpt.strategies import OUTSIDE
 
 #: The most FLOPs per output element a module between the blocks may spend to be recomputed (norms, activations,
 #: rotary tables, embeddings lookups: a few; a projection: thousands).
@@ -52,7 +53,7 @@ def outside_option(model: nn.Module, sample_inputs: Mapping[str, Any], *, loss_f
         return (), []
     extra_flops = max(0, outside_flops - flops)
     extra = extra_flops + max(0, outside_elementwise - elementwise)
-    return names, [Option("none", kept - recomputed, 0, 0, 0), Option("outside", 0, extra, 1, extra_flops)]
+    return names, [Option("none", kept - recomputed, 0, 0, 0), Option(OUTSIDE, 0, extra, 1, extra_flops)]
 
 
 class _CallCosts(TorchDispatchMode):

@@ -7,7 +7,7 @@ import functools
 from typing import Any, Callable, Mapping
 
 from hf_ckpt.strategies.partition.graph import check_budget, partition_unavailable, partitioned_checkpoint
-from hf_ckpt.strategies import Setting, Strategy, Wrap, register
+from hf_ckpt.strategies import MODIFIERS, Setting, Strategy, Wrap, register
 
 #: Suffix of a partition whose partitioner may also recompute norms and softmaxes: ``"partition:0.5:norms"``.
 NORMS = ":norms"
@@ -25,6 +25,13 @@ class Partition(Strategy):
 
     kind = "partition"
     saved_tensor_hook = True
+    #: Every modifier: a partitioned block runs its own graphs, not ``torch.utils.checkpoint``.
+    refuses = frozenset(MODIFIERS)
+    names_refusals = True
+
+    @classmethod
+    def unavailable(cls) -> str | None:
+        return partition_unavailable()
 
     def __init__(self, budget: float, norms: bool = False) -> None:
         self.budget, self.norms = float(budget), bool(norms)
@@ -46,15 +53,10 @@ class Partition(Strategy):
         return f"{self.kind}:{self.budget:g}{NORMS if self.norms else ''}"
 
     def check(self, config: Setting) -> None:
-        reason = partition_unavailable()
+        reason = self.unavailable()
         if reason is not None:
             raise ValueError(f"a plan with 'partition:<F>' blocks cannot run: {reason}")
-        refused = [name for name, active in (
-            ("use_reentrant=True", config.use_reentrant),
-            ("offload=True", config.offload),
-            ("checkpoint_fn", config.checkpoint_fn is not None),
-            ("context_fn", "context_fn" in config.checkpoint_kwargs),
-        ) if active]
+        refused = self.refused(config)
         if refused:
             raise ValueError(
                 f"a plan with 'partition:<F>' blocks cannot be combined with {' and '.join(refused)}: a partitioned "

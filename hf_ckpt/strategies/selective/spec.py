@@ -8,16 +8,23 @@ from hf_ckpt.strategies.selective.policy import check_policy, selective_context_
 from hf_ckpt.strategies import SELECTIVE, Setting, Strategy, register
 
 
-def check_selective_contexts(config: Setting) -> None:
-    """What every kind that works through torch's selective checkpoint contexts needs (``context_fn``)."""
+#: What a kind that works through torch's selective checkpoint contexts cannot take: reentrant checkpointing, a
+#: ``context_fn`` of the user's (it sets its own) and a ``checkpoint_fn`` (which has no ``context_fn``).
+CONTEXT_FN_REFUSES = frozenset({"use_reentrant=True", "checkpoint_fn", "context_fn"})
+
+
+def check_selective_contexts(strategy: Strategy, config: Setting) -> None:
+    """What every kind that works through torch's selective checkpoint contexts needs (``context_fn``). Of the
+    modifiers it refuses, ``checkpoint_fn`` is named by ``checkpoint_fn``'s own check (in the config)."""
     if not selective_supported():
         raise ValueError(
             'strategy="selective" needs torch.utils.checkpoint.create_selective_checkpoint_contexts and '
             "CheckpointPolicy, which this torch lacks (torch >= 2.5 has them)"
         )
-    if config.checkpoint_kwargs["use_reentrant"]:
+    refused = strategy.refused(config)
+    if "use_reentrant=True" in refused:
         raise ValueError('strategy="selective" needs use_reentrant=False (selective recompute is non-reentrant only)')
-    if "context_fn" in config.checkpoint_kwargs:
+    if "context_fn" in refused:
         raise ValueError('strategy="selective" sets context_fn itself; drop context_fn or use strategy="full"')
 
 
@@ -34,11 +41,13 @@ class Selective(Strategy):
 
     kind = SELECTIVE
     uses_context_fn = True
+    takes_policy = True
+    refuses = CONTEXT_FN_REFUSES
     #: Checks ``hf_ckpt.enable(policy=...)``: a name, a list of aten ops, or a callable.
     check_policy = staticmethod(check_policy)
 
     def check(self, config: Setting) -> None:
-        check_selective_contexts(config)
+        check_selective_contexts(self, config)
 
     def context_fn(self, config: Setting) -> Callable[[], Any]:
         return selective_context_fn(config.policy, respected_hooks(config))

@@ -33,15 +33,14 @@ from hf_ckpt.runtime.blocks import find_blocks
 from hf_ckpt.runtime.plans import CheckpointPlan
 from hf_ckpt.planning.profiling import left_as_found, loss_of_sample, measured_bytes, profile_blocks, twin_groups
 from hf_ckpt.strategies.selective.policy import check_policy, policy_function
-from hf_ckpt.strategies import kind_of
+from hf_ckpt.strategies import FINER_CHOICES, OUTSIDE, kind_class, kind_of
 from hf_ckpt.strategies.oplevel.spec import OpLevel
 from hf_ckpt.strategies.outside.menu import outside_option
 from hf_ckpt.strategies.partition.menu import partition_options
+from hf_ckpt.strategies.partition.spec import Partition
 from hf_ckpt.strategies.oplevel.menu.profile import BlockOpProfile, capture_inputs, profile_block
 from hf_ckpt.strategies.oplevel.menu.frontier import MAX_POINTS, frontier
 
-#: Strategies of the op-level planner that are not block-level strategies.
-_FINER = ("oplevel", "partition", "outside")
 _VERIFY_ROUNDS = 4
 #: Tie-breaks between options of equal FLOPs: no checkpoint, then plain checkpointing, then selective contexts.
 _OVERHEAD = {"none": 0, "full": 1}
@@ -86,9 +85,9 @@ def profile_ops(
 
 def _elementwise(profile: BlockOpProfile | None, strategy: str) -> int:
     """Recompute elementwise elements of a block-level strategy, from the op profile (0 without one)."""
-    if profile is None or strategy == "none":
+    if profile is None or not kind_class(strategy).recomputes:
         return 0
-    return profile.selective_elementwise if strategy == "selective" else profile.recompute_elementwise
+    return profile.selective_elementwise if kind_class(strategy).takes_policy else profile.recompute_elementwise
 
 
 def _menu(block_profile: Any, op_profiles: list[BlockOpProfile]) -> tuple[list[list[Option]], dict[str, tuple[str, ...]]]:
@@ -130,16 +129,16 @@ def _finer_menu(model: nn.Module, sample_inputs: Mapping[str, Any], strategies: 
     policies, partitions and, as one more row, the modules between the blocks (``"outside"``)."""
     op_profiles = profile_ops(model, sample_inputs, loss_fn=loss_fn, policy=policy)  # elementwise costs too
     menu, policies = _menu(block_profile, op_profiles)
-    allowed = set(strategies) - set(_FINER)
+    allowed = set(strategies) - set(FINER_CHOICES)
     menu = [
         [o for o in options if o.name in allowed or (kind_of(o.name) == OpLevel.kind and OpLevel.kind in strategies)]
         for options in menu
     ]
-    if "partition" in strategies:
+    if Partition.kind in strategies:
         for options, more in zip(menu, partition_options(model, sample_inputs, loss_fn=loss_fn, **checkpoint_kwargs)):
             options.extend(more)
     base_bytes, outside = block_profile.base_bytes, ()
-    if "outside" in strategies:
+    if OUTSIDE in strategies:
         outside, row = outside_option(model, sample_inputs, loss_fn=loss_fn, **checkpoint_kwargs)
         if row:  # one more row: keep the outside modules' tensors (bytes of the base) or recompute them
             menu.append(row)
@@ -160,7 +159,7 @@ def plan_oplevel(
     """:func:`hf_ckpt.plan` with op-level policies (``"oplevel"`` in ``strategies``), graph partitions
     (``"partition"``: :mod:`hf_ckpt.strategies.partition.menu`) or the modules between the blocks (``"outside"``:
     :mod:`hf_ckpt.strategies.outside.menu`) among the options."""
-    block_strategies = tuple(dict.fromkeys(s for s in (*strategies, "full") if s not in _FINER))
+    block_strategies = tuple(dict.fromkeys(s for s in (*strategies, "full") if s not in FINER_CHOICES))
     block_profile = profile_blocks(
         model, sample_inputs, strategies=block_strategies, policy=policy, loss_fn=loss_fn, **checkpoint_kwargs
     )
@@ -173,7 +172,7 @@ def plan_oplevel(
         used = {name for name in policies if OpLevel(name, ()).spelling in chosen}
         candidate = CheckpointPlan(strategies=chosen[:len(block_profile.retained["none"])],
                                    policies={name: policies[name] for name in sorted(used)},
-                                   outside_blocks=outside if "outside" in chosen else ())
+                                   outside_blocks=outside if OUTSIDE in chosen else ())
         measured = measured_bytes(model, candidate, sample_inputs, loss_fn, policy, dict(checkpoint_kwargs))
         if measured <= budget_bytes:
             break
