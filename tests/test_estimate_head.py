@@ -12,7 +12,7 @@ import torch
 import transformers
 
 import hf_ckpt
-from hf_ckpt import CheckpointPlan, cli
+from hf_ckpt import CheckpointPlan, _head, cli
 from hf_ckpt.estimate import estimate, plan_from_estimate, profile_of
 from hf_ckpt.estimate._estimate import head_chunk_for
 from hf_ckpt.measure import measure_step
@@ -43,15 +43,24 @@ def _smallest(made, chunked: bool) -> int:
     return profile.base_bytes + sum(min(r[i] for r in profile.retained.values()) for i in range(made.num_blocks))
 
 
-def test_the_chunk_chosen_holds_about_as_many_logits_as_hidden_states():
-    assert head_chunk_for(4 * 4096, 4096, 128_256) == 512  # ceil(128256 / 4096) = 32; 16384 / 32 = 512
+def test_the_chunk_chosen_holds_about_as_many_logits_as_hidden_states_but_no_fewer_than_128_tokens():
+    assert head_chunk_for(4 * 4096, 4096, 128_256, 4096) == 512  # ceil(128256 / 4096) = 32; 16384 / 32 = 512
     assert head_chunk_for(100, 64, 64) == 100  # never more than the step's tokens
-    assert head_chunk_for(1000, 64, 6400) == 16  # 1000 / 100 = 10, up to a power of two
+    assert head_chunk_for(4 * 1000, 64, 6400, 1000) == 128  # 4000 / 100 = 40, up to 64: below the floor of 128
+    assert head_chunk_for(4 * 100, 64, 6400, 100) == 100  # the floor is the sequence where shorter than 128
+    assert head_chunk_for(4 * 1000, 8, 6400, 1000) == 128  # 4000 / 800 = 5 -> 8 tokens: the floor's 128
+    assert _head.default_chunk_size(4 * 1000, 1000, 64, 6400, floor=False) == 64  # the memory rule alone
+
+
+def test_the_estimate_and_the_planners_share_the_rule():
+    config = _config()
+    assert _head.default_chunk_of(config, BATCH, SEQ) == head_chunk_for(BATCH * SEQ, HIDDEN, VOCAB, SEQ) == 64
+    assert _head.default_chunk_of(config, 1, 16) == 16  # one short sequence: all its tokens in one chunk
 
 
 @needs_loss_function
 def test_the_row_full_plus_chunked_head(made):
-    chunk = head_chunk_for(BATCH * SEQ, HIDDEN, VOCAB)
+    chunk = head_chunk_for(BATCH * SEQ, HIDDEN, VOCAB, SEQ)
     name = f"full+head:{chunk}"
     assert made.head_chunk_size == chunk
     assert made.activation_bytes[name] < made.activation_bytes["full"]
@@ -123,7 +132,7 @@ def test_a_model_that_refuses_the_chunked_head_gets_the_reason_instead_of_the_ro
     config = transformers.Gemma2Config(hidden_size=HIDDEN, intermediate_size=128, num_attention_heads=4,
                                        num_key_value_heads=2, head_dim=16, num_hidden_layers=2, vocab_size=VOCAB)
     made = _estimate(config, strategies=("none", "full"))
-    name = f"full+head:{head_chunk_for(BATCH * SEQ, HIDDEN, VOCAB)}"
+    name = f"full+head:{head_chunk_for(BATCH * SEQ, HIDDEN, VOCAB, SEQ)}"
     assert made.head_chunk_size is None and name not in made.activation_bytes
     assert made.unusable[name].startswith("head_chunk_size cannot apply to Gemma2ForCausalLM: its forward does not")
 
@@ -175,21 +184,23 @@ def test_measured_memory_drops_by_what_the_estimate_predicts(made):
 
 
 @needs_loss_function
-@pytest.mark.parametrize("chunked_short", [False, True], ids=["whole-short", "chunked-short-but-transients-freed"])
+@pytest.mark.parametrize("chunked_short", [False, True], ids=["whole-short", "default-chunk-short-smaller-fits"])
 def test_auto_chunks_the_head_when_nothing_fits_without(chunked_short):
     """``budget="auto"``: free memory less the headroom and what the step still allocates (its transients among
-    them) leaves one byte too few for any plan with the head whole (or, ``chunked_short``, even with it chunked);
-    what the chunked head's smaller transients free is given to its plan."""
+    them) leaves one byte too few for any plan with the head whole (or, ``chunked_short``, even with it in the
+    default chunks, whose transients at 64 tokens are no smaller than the whole head's): the plan takes the default
+    chunk, or else the memory rule's smaller one, whose smaller transients the budget gives back to its plan."""
     from hf_ckpt import _budget, _deferred
     from hf_ckpt._state import get_state
 
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(_config()).train()
     made = _deferred.estimate_for(model, (BATCH, SEQ), ("none", "full", "selective"))[0]
+    assert (made.head_chunk_size, made.head_smaller_chunk_size) == (64, 4)  # 128 / 32 = 4 tokens; the floor: 64
+    assert max(made.head_smaller_transient_bytes.values()) < max(made.transient_bytes.values())
     total = 8 * 2**30
     still = made.gradients_bytes + made.optimizer_bytes + max(made.transient_bytes.values())
     auto = _smallest(made, True) - 1 if chunked_short else _smallest(made, False) - 1
-    assert max(made.transient_bytes.values()) - max(made.head_transient_bytes.values()) > 1
     previous = _budget.set_free_memory_source(lambda device: (_budget.headroom(total) + still + auto, total))
     try:
         hf_ckpt.enable(model, budget="auto")
@@ -199,5 +210,19 @@ def test_auto_chunks_the_head_when_nothing_fits_without(chunked_short):
     finally:
         _budget.set_free_memory_source(previous)
     assert get_state(model).budget.auto_bytes == auto
-    assert get_state(model).config.head_chunk_size == made.head_chunk_size
+    assert get_state(model).config.head_chunk_size == (4 if chunked_short else 64)
     assert output.logits is None
+
+
+@needs_loss_function
+def test_a_whole_step_budget_falls_back_to_the_smaller_chunk_only_when_it_needs_it(made):
+    """Device memory one byte short of the default chunk's plan: the smaller chunk's transients make it fit."""
+    at_default = made.fixed_bytes + _smallest(made, True) + max(made.head_transient_bytes.values())
+    assert plan_from_estimate(made, at_default, whole_step=True).head_chunk_size == 64
+    smaller = plan_from_estimate(made, at_default - 1, whole_step=True)
+    assert smaller.head_chunk_size == 4
+    room = at_default - 1 - made.fixed_bytes - max(made.head_smaller_transient_bytes.values())
+    assert smaller.predicted_bytes <= smaller.budget_bytes == room
+    assert smaller.predicted_bytes == profile_of(made, 4).predicted_bytes(smaller.strategies)
+    assert smaller.predicted_recompute_flops == (profile_of(made, 4).predicted_recompute_flops(smaller.strategies)
+                                                 + made.head_smaller_recompute_flops)
