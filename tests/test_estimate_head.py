@@ -7,6 +7,8 @@ the model; a model that refuses the chunked head gets no such row, the reason sa
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 import transformers
@@ -226,3 +228,34 @@ def test_a_whole_step_budget_falls_back_to_the_smaller_chunk_only_when_it_needs_
     assert smaller.predicted_bytes == profile_of(made, 4).predicted_bytes(smaller.strategies)
     assert smaller.predicted_recompute_flops == (profile_of(made, 4).predicted_recompute_flops(smaller.strategies)
                                                  + made.head_smaller_recompute_flops)
+
+
+@needs_loss_function
+@pytest.mark.filterwarnings("ignore")
+def test_estimate_check_measures_the_chunked_head_row(tmp_path, capsys):
+    """``hf-ckpt estimate --check``: the row ``full+head:<chunk>`` of the tiny copy (hidden 64, vocab 256, batch 2 x
+    seq 32: the chunk's floor, the sequence, 32 tokens) measured against its prediction like every other row."""
+    _config().save_pretrained(tmp_path)
+    code = cli.main(["estimate", str(tmp_path / "config.json"), "--batch", "1", "--seq", "8", "--check"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    row = next(line for line in out.splitlines() if line.startswith("  full+head:"))
+    assert row.startswith("  full+head:32 retained ") and row.endswith("  ok"), row
+    measured, predicted = (float(x) for x in re.search(r"retained ([\d.]+) MiB, predicted ([\d.]+) MiB", row).groups())
+    assert measured < float(re.search(r"  full +retained ([\d.]+) MiB", out).group(1))  # below full's: the head's saving
+    assert abs(predicted - measured) <= 0.03 * measured
+    assert out.rstrip().endswith("check passed")
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_estimate_check_names_why_a_model_has_no_chunked_head_row(tmp_path, capsys):
+    """A causal LM that refuses the chunked head (Gemma-2 soft-caps its logits; on releases without
+    ``loss_function`` every causal LM computes its loss inline): the row is not measured, the reason said."""
+    transformers.Gemma2Config(hidden_size=HIDDEN, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
+                              head_dim=16, num_hidden_layers=6, vocab_size=VOCAB).save_pretrained(tmp_path)
+    code = cli.main(["estimate", str(tmp_path / "config.json"), "--batch", "1", "--seq", "8", "--check"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    row = next(line for line in out.splitlines() if line.startswith("  full+head:"))
+    reason = "its forward does not hand" if HAS_LOSS_FUNCTION else "it computes its loss its own way"
+    assert row.startswith(f"  full+head:32 not estimated: head_chunk_size cannot apply to Gemma2ForCausalLM: {reason}"), row
