@@ -259,3 +259,20 @@ def test_estimate_check_names_why_a_model_has_no_chunked_head_row(tmp_path, caps
     row = next(line for line in out.splitlines() if line.startswith("  full+head:"))
     reason = "its forward does not hand" if HAS_LOSS_FUNCTION else "it computes its loss its own way"
     assert row.startswith(f"  full+head:32 not estimated: head_chunk_size cannot apply to Gemma2ForCausalLM: {reason}"), row
+
+
+@needs_loss_function
+def test_no_plan_even_with_either_chunk_is_the_error_without_it(made):
+    """A whole-step budget short even of the smaller chunk's plan: the error is the unchunked one, raised."""
+    short = made.fixed_bytes + _smallest(made, 4) + max(made.head_smaller_transient_bytes.values()) - 1
+    with pytest.raises(ValueError) as raised:
+        plan_from_estimate(made, short, whole_step=True)
+    transients = f"{max(made.transient_bytes.values()) / 2**20:.2f} MiB"  # the head whole: the unchunked error
+    assert str(raised.value).startswith(f"no plan fits a budget of {short / 2**20:.2f} MiB: parameters, gradients "
+                                        f"and optimizer states alone take {made.fixed_bytes / 2**20:.2f} MiB, and "
+                                        f"the step's transients {transients};"), str(raised.value)
+    # an estimate whose floor did not raise the chunk has no smaller one: the same error, not None
+    single = _estimate(head_chunk_size=16, strategies=("none", "full"))
+    assert single.head_smaller_chunk_size is None
+    with pytest.raises(ValueError, match=r"^no plan fits a budget of "):
+        plan_from_estimate(single, 1000)

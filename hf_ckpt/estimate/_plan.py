@@ -130,9 +130,9 @@ def plan_from_estimate(estimate: MemoryEstimate, budget: Any, *, whole_step: boo
         if estimate.head_chunk_size is None or estimate.keep_outputs:
             raise
         unchunked = error
-    for chunk in (estimate.head_chunk_size, estimate.head_smaller_chunk_size):
+    for chunk in (c for c in (estimate.head_chunk_size, estimate.head_smaller_chunk_size) if c is not None):
         try:
-            return _plan(estimate, budget, whole_step, chunk, transient_in_budget) if chunk else None
+            return _plan(estimate, budget, whole_step, chunk, transient_in_budget)
         except ValueError:
             continue
     raise unchunked from None
