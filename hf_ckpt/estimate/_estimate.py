@@ -287,7 +287,9 @@ def estimate(
             the host (``host_bytes``).
         head_chunk_size: The chunk (tokens) the chunked head (``hf_ckpt.enable(head_chunk_size=...)``) is
             estimated with, as the row ``full+head:<chunk>`` and the ``head_*`` fields; None: chosen by
-            :func:`head_chunk_for`. Not estimated where the model refuses it (the reason is in ``unusable``).
+            :func:`head_chunk_for` (at least 128 tokens, or ``seq_len`` where shorter), and where that floor raised
+            it, the memory rule's smaller chunk traced too (the ``head_smaller_*`` fields), for plans whose budget
+            needs its smaller transients. Not estimated where the model refuses it (the reason is in ``unusable``).
 
     Returns:
         A :class:`MemoryEstimate`.
