@@ -95,7 +95,9 @@ def enable(
             ``(0, 1]``, or ``"50%"``), or, without ``sample_inputs``, ``"auto"`` (the device's free memory minus
             a headroom, see :mod:`hf_ckpt.budget.forms`). With ``sample_inputs`` the plan is profiled on that batch
             now; without, it is estimated from the first training batch's shapes just before that step runs,
-            logged, and re-made when a later batch is larger (see :mod:`hf_ckpt.budget.deferred`).
+            logged, and re-made when a later batch is larger (see :mod:`hf_ckpt.budget.deferred`). Either way, where no
+            plan of the blocks fits, a causal LM's plan may run its head in chunks (``head_chunk_size``, chosen
+            by :func:`hf_ckpt.runtime.head.default_chunk_size`).
         sample_inputs: A representative batch (a dict of the model's keyword arguments) for ``budget``'s
             profiling step.
         keep_outputs: With ``budget`` and no ``sample_inputs``: plan for a loop that keeps the model's outputs

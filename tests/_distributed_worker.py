@@ -12,7 +12,9 @@ A scenario is ``ENGINE:METHOD``: the engine (``ddp``, ``fsdp2``, ``fsdp1``) and 
 wrapper) / ``enable-layers``; ``apply-before`` / ``apply-after`` / ``apply-layers`` (``hf_ckpt.distributed.apply``);
 ``double`` / ``double-unguarded`` (``hf_ckpt.enable``, with or without an explicit guard, then the engine wraps every
 block in a reentrant ``checkpoint_wrapper``); ``reentrant-unused`` / ``reentrant-static`` (reentrant checkpointing
-under DDP with ``find_unused_parameters=True``, without or with ``static_graph``).
+under DDP with ``find_unused_parameters=True``, without or with ``static_graph``); ``head-before`` / ``head-wrapped``
+(``every_n_layers=2`` with the head and loss in checkpointed chunks, ``head_chunk_size``, enabled on the model
+before the engine wraps it or on the engine's wrapper).
 """
 
 from __future__ import annotations
@@ -43,6 +45,8 @@ VOCAB = 64
 #: The selection every checkpointed scenario uses, unless its name says otherwise.
 SELECTION = {"every_n_layers": 2}
 LAYERS_SELECTION = {"layers": [1, 2]}
+#: ``head_chunk_size`` of the ``head-*`` scenarios: 5 does not divide a rank's 2 x 8 tokens (the last chunk is short).
+HEAD_CHUNK = 5
 WRAPPER_PREFIXES = ("_fsdp_wrapped_module.", "_checkpoint_wrapped_module.", "module.")
 
 
@@ -118,6 +122,8 @@ def build(scenario: str, model: nn.Module) -> nn.Module:
     block_class = _block_class_of(model)
     if method == "enable-before":
         hf_ckpt.enable(model, **SELECTION)
+    elif method == "head-before":
+        hf_ckpt.enable(model, head_chunk_size=HEAD_CHUNK, **SELECTION)
     elif method == "enable-layers":
         hf_ckpt.enable(model, **LAYERS_SELECTION)
     elif method in ("apply-before", "apply-layers"):
@@ -147,6 +153,8 @@ def build(scenario: str, model: nn.Module) -> nn.Module:
 
     if method == "enable-after":
         hf_ckpt.enable(inner, **SELECTION)
+    elif method == "head-wrapped":
+        hf_ckpt.enable(wrapped, head_chunk_size=HEAD_CHUNK, **SELECTION)
     elif method == "enable-wrapped":
         hf_ckpt.enable(wrapped, **SELECTION)
     elif method == "apply-after":
@@ -199,7 +207,9 @@ def run(scenario: str, rank: int, world_size: int) -> dict:
             comm = CommDebugMode()
             comm.advanced_module_tracker = _NoModuleTracker()  # only the counts are read
             with runs, comm, StorageTracker() as tracker:
-                loss = wrapped(input_ids=ids, labels=ids).loss
+                output = wrapped(input_ids=ids, labels=ids)
+                loss = output.loss
+                result["logits"] = None if output.logits is None else tuple(output.logits.shape)
                 result["retained_bytes"] = tracker.live_bytes().get("cpu", 0)
                 loss.backward()
         except Exception as error:  # recorded for the test to assert on; both ranks fail alike

@@ -30,6 +30,7 @@ from hf_ckpt import HfCkptWarning
 from hf_ckpt.runtime.counting import BlockRunCounter
 from hf_ckpt.distributed.checks import DDP_REENTRANT_MESSAGE
 from helpers import MODEL_BUILDERS, batch_for, max_grad_diff, tiny_llama
+from test_head import HAS_LOSS_FUNCTION
 from torch_capabilities import has, requires
 
 WORKER = Path(__file__).with_name("_distributed_worker.py")
@@ -79,10 +80,10 @@ def _double_checkpointing(messages: list[str], blocks: str, whose: str = "torch.
     return True
 
 
-def _launch(out_dir: Path) -> list[dict]:
+def _launch(out_dir: Path, scenarios: list[str] = RUNNABLE) -> list[dict]:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p), OMP_NUM_THREADS="1")
     init_file = out_dir / "rendezvous"
-    command = [sys.executable, str(WORKER), "{rank}", "2", str(init_file), str(out_dir), ",".join(RUNNABLE)]
+    command = [sys.executable, str(WORKER), "{rank}", "2", str(init_file), str(out_dir), ",".join(scenarios)]
     processes = [
         subprocess.Popen(
             [part.format(rank=rank) for part in command],
@@ -430,3 +431,30 @@ def test_accelerate_example_config_is_fsdp2_without_accelerates_own_checkpointin
     assert config.fsdp_config["fsdp_version"] == 2
     assert config.fsdp_config["fsdp_transformer_layer_cls_to_wrap"] == "LlamaDecoderLayer"
     assert config.fsdp_config["fsdp_activation_checkpointing"] is False  # hf_ckpt checkpoints: never both
+
+
+# --- the chunked head (head_chunk_size) under the engines -----------------------------------------------------------
+
+HEAD_SCENARIOS = ["ddp:head-before", "ddp:head-wrapped", "fsdp2:head-before", "fsdp1:head-before", "fsdp1:head-wrapped"]
+
+
+@pytest.fixture(scope="module")
+def chunked_head_ranks(tmp_path_factory) -> list[dict]:
+    """The ``head-*`` scenarios on two ranks (a launch of their own: ``-k head`` runs only these)."""
+    runnable = [s for s in HEAD_SCENARIOS if has("distributed.fsdp.fully_shard") or not s.startswith("fsdp2")]
+    return _launch(tmp_path_factory.mktemp("distributed-head"), runnable)
+
+
+@pytest.mark.skipif(not HAS_LOSS_FUNCTION, reason="no PreTrainedModel.loss_function: the chunked head is refused")
+@pytest.mark.parametrize("scenario", _scenarios(HEAD_SCENARIOS))
+def test_chunked_head_loss_and_gradients_equal_single_process(chunked_head_ranks, single_process, scenario):
+    """Each rank runs its 2 x 8 tokens' head and loss in chunks of 5 under the engine: the global loss and every
+    gradient equal one process's unchunked step on the whole batch; the selection is recomputed as without it."""
+    results = _ok(chunked_head_ranks, scenario)
+    loss, grads = single_process
+    assert results[0]["loss"] == pytest.approx(loss, abs=1e-5)
+    assert results[1]["loss"] == pytest.approx(loss, abs=1e-5)
+    assert max_grad_diff(grads, results[0]["grads"]) <= 1e-5
+    for result in results:
+        assert result["recomputed"] == EVERY_OTHER
+        assert result["logits"] is None  # the head ran in chunks on this rank

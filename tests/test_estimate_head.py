@@ -7,6 +7,8 @@ the model; a model that refuses the chunked head gets no such row, the reason sa
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 import transformers
@@ -14,6 +16,7 @@ import transformers
 import hf_ckpt
 from hf_ckpt import CheckpointPlan
 from hf_ckpt import cli
+from hf_ckpt.runtime import head as _head
 from hf_ckpt.estimate import estimate, plan_from_estimate, profile_of
 from hf_ckpt.estimate._estimate import head_chunk_for
 from hf_ckpt.measure import measure_step
@@ -44,15 +47,24 @@ def _smallest(made, chunked: bool) -> int:
     return profile.base_bytes + sum(min(r[i] for r in profile.retained.values()) for i in range(made.num_blocks))
 
 
-def test_the_chunk_chosen_holds_about_as_many_logits_as_hidden_states():
-    assert head_chunk_for(4 * 4096, 4096, 128_256) == 512  # ceil(128256 / 4096) = 32; 16384 / 32 = 512
+def test_the_chunk_chosen_holds_about_as_many_logits_as_hidden_states_but_no_fewer_than_128_tokens():
+    assert head_chunk_for(4 * 4096, 4096, 128_256, 4096) == 512  # ceil(128256 / 4096) = 32; 16384 / 32 = 512
     assert head_chunk_for(100, 64, 64) == 100  # never more than the step's tokens
-    assert head_chunk_for(1000, 64, 6400) == 16  # 1000 / 100 = 10, up to a power of two
+    assert head_chunk_for(4 * 1000, 64, 6400, 1000) == 128  # 4000 / 100 = 40, up to 64: below the floor of 128
+    assert head_chunk_for(4 * 100, 64, 6400, 100) == 100  # the floor is the sequence where shorter than 128
+    assert head_chunk_for(4 * 1000, 8, 6400, 1000) == 128  # 4000 / 800 = 5 -> 8 tokens: the floor's 128
+    assert _head.default_chunk_size(4 * 1000, 1000, 64, 6400, floor=False) == 64  # the memory rule alone
+
+
+def test_the_estimate_and_the_planners_share_the_rule():
+    config = _config()
+    assert _head.default_chunk_of(config, BATCH, SEQ) == head_chunk_for(BATCH * SEQ, HIDDEN, VOCAB, SEQ) == 64
+    assert _head.default_chunk_of(config, 1, 16) == 16  # one short sequence: all its tokens in one chunk
 
 
 @needs_loss_function
 def test_the_row_full_plus_chunked_head(made):
-    chunk = head_chunk_for(BATCH * SEQ, HIDDEN, VOCAB)
+    chunk = head_chunk_for(BATCH * SEQ, HIDDEN, VOCAB, SEQ)
     name = f"full+head:{chunk}"
     assert made.head_chunk_size == chunk
     assert made.activation_bytes[name] < made.activation_bytes["full"]
@@ -124,7 +136,7 @@ def test_a_model_that_refuses_the_chunked_head_gets_the_reason_instead_of_the_ro
     config = transformers.Gemma2Config(hidden_size=HIDDEN, intermediate_size=128, num_attention_heads=4,
                                        num_key_value_heads=2, head_dim=16, num_hidden_layers=2, vocab_size=VOCAB)
     made = _estimate(config, strategies=("none", "full"))
-    name = f"full+head:{head_chunk_for(BATCH * SEQ, HIDDEN, VOCAB)}"
+    name = f"full+head:{head_chunk_for(BATCH * SEQ, HIDDEN, VOCAB, SEQ)}"
     assert made.head_chunk_size is None and name not in made.activation_bytes
     assert made.unusable[name].startswith("head_chunk_size cannot apply to Gemma2ForCausalLM: its forward does not")
 
@@ -176,21 +188,23 @@ def test_measured_memory_drops_by_what_the_estimate_predicts(made):
 
 
 @needs_loss_function
-@pytest.mark.parametrize("chunked_short", [False, True], ids=["whole-short", "chunked-short-but-transients-freed"])
+@pytest.mark.parametrize("chunked_short", [False, True], ids=["whole-short", "default-chunk-short-smaller-fits"])
 def test_auto_chunks_the_head_when_nothing_fits_without(chunked_short):
     """``budget="auto"``: free memory less the headroom and what the step still allocates (its transients among
-    them) leaves one byte too few for any plan with the head whole (or, ``chunked_short``, even with it chunked);
-    what the chunked head's smaller transients free is given to its plan."""
+    them) leaves one byte too few for any plan with the head whole (or, ``chunked_short``, even with it in the
+    default chunks, whose transients at 64 tokens are no smaller than the whole head's): the plan takes the default
+    chunk, or else the memory rule's smaller one, whose smaller transients the budget gives back to its plan."""
     from hf_ckpt.budget import forms as _budget, deferred as _deferred
     from hf_ckpt.runtime.state import get_state
 
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(_config()).train()
     made = _deferred.estimate_for(model, (BATCH, SEQ), ("none", "full", "selective"))[0]
+    assert (made.head_chunk_size, made.head_smaller_chunk_size) == (64, 4)  # 128 / 32 = 4 tokens; the floor: 64
+    assert max(made.head_smaller_transient_bytes.values()) < max(made.transient_bytes.values())
     total = 8 * 2**30
     still = made.gradients_bytes + made.optimizer_bytes + max(made.transient_bytes.values())
     auto = _smallest(made, True) - 1 if chunked_short else _smallest(made, False) - 1
-    assert max(made.transient_bytes.values()) - max(made.head_transient_bytes.values()) > 1
     previous = _budget.set_free_memory_source(lambda device: (_budget.headroom(total) + still + auto, total))
     try:
         hf_ckpt.enable(model, budget="auto")
@@ -200,5 +214,67 @@ def test_auto_chunks_the_head_when_nothing_fits_without(chunked_short):
     finally:
         _budget.set_free_memory_source(previous)
     assert get_state(model).budget.auto_bytes == auto
-    assert get_state(model).config.head_chunk_size == made.head_chunk_size
+    assert get_state(model).config.head_chunk_size == (4 if chunked_short else 64)
     assert output.logits is None
+
+
+@needs_loss_function
+def test_a_whole_step_budget_falls_back_to_the_smaller_chunk_only_when_it_needs_it(made):
+    """Device memory one byte short of the default chunk's plan: the smaller chunk's transients make it fit."""
+    at_default = made.fixed_bytes + _smallest(made, True) + max(made.head_transient_bytes.values())
+    assert plan_from_estimate(made, at_default, whole_step=True).head_chunk_size == 64
+    smaller = plan_from_estimate(made, at_default - 1, whole_step=True)
+    assert smaller.head_chunk_size == 4
+    room = at_default - 1 - made.fixed_bytes - max(made.head_smaller_transient_bytes.values())
+    assert smaller.predicted_bytes <= smaller.budget_bytes == room
+    assert smaller.predicted_bytes == profile_of(made, 4).predicted_bytes(smaller.strategies)
+    assert smaller.predicted_recompute_flops == (profile_of(made, 4).predicted_recompute_flops(smaller.strategies)
+                                                 + made.head_smaller_recompute_flops)
+
+
+@needs_loss_function
+@pytest.mark.filterwarnings("ignore")
+def test_estimate_check_measures_the_chunked_head_row(tmp_path, capsys):
+    """``hf-ckpt estimate --check``: the row ``full+head:<chunk>`` of the tiny copy (hidden 64, vocab 256, batch 2 x
+    seq 32: the chunk's floor, the sequence, 32 tokens) measured against its prediction like every other row."""
+    _config().save_pretrained(tmp_path)
+    code = cli.main(["estimate", str(tmp_path / "config.json"), "--batch", "1", "--seq", "8", "--check"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    row = next(line for line in out.splitlines() if line.startswith("  full+head:"))
+    assert row.startswith("  full+head:32 retained ") and row.endswith("  ok"), row
+    measured, predicted = (float(x) for x in re.search(r"retained ([\d.]+) MiB, predicted ([\d.]+) MiB", row).groups())
+    assert measured < float(re.search(r"  full +retained ([\d.]+) MiB", out).group(1))  # below full's: the head's saving
+    assert abs(predicted - measured) <= 0.03 * measured
+    assert out.rstrip().endswith("check passed")
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_estimate_check_names_why_a_model_has_no_chunked_head_row(tmp_path, capsys):
+    """A causal LM that refuses the chunked head (Gemma-2 soft-caps its logits; on releases without
+    ``loss_function`` every causal LM computes its loss inline): the row is not measured, the reason said."""
+    transformers.Gemma2Config(hidden_size=HIDDEN, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
+                              head_dim=16, num_hidden_layers=6, vocab_size=VOCAB).save_pretrained(tmp_path)
+    code = cli.main(["estimate", str(tmp_path / "config.json"), "--batch", "1", "--seq", "8", "--check"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    row = next(line for line in out.splitlines() if line.startswith("  full+head:"))
+    reason = "its forward does not hand" if HAS_LOSS_FUNCTION else "it computes its loss its own way"
+    assert row.startswith(f"  full+head:32 not estimated: head_chunk_size cannot apply to Gemma2ForCausalLM: {reason}"), row
+
+
+@needs_loss_function
+def test_no_plan_even_with_either_chunk_is_the_error_without_it(made):
+    """A whole-step budget short even of the smaller chunk's plan: the error is the unchunked one, raised."""
+    short = made.fixed_bytes + _smallest(made, 4) + max(made.head_smaller_transient_bytes.values()) - 1
+    with pytest.raises(ValueError) as raised:
+        plan_from_estimate(made, short, whole_step=True)
+    transients = f"{max(made.transient_bytes.values()) / 2**20:.2f} MiB"  # the head whole: the unchunked error
+    assert str(raised.value).startswith(f"no plan fits a budget of {short / 2**20:.2f} MiB: parameters, gradients "
+                                        f"and optimizer states alone take {made.fixed_bytes / 2**20:.2f} MiB, and "
+                                        f"the step's transients {transients};"), str(raised.value)
+    # an estimate whose floor did not raise the chunk has no smaller one: the same error, not None
+    single = _estimate(head_chunk_size=16, strategies=("none", "full"))
+    assert single.head_smaller_chunk_size is None
+    with pytest.raises(ValueError, match=r"^no plan fits a budget of "):
+        plan_from_estimate(single, 1000)

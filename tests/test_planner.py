@@ -10,6 +10,7 @@ import hf_ckpt
 from hf_ckpt.measure import measure_step
 from hf_ckpt.planning.planner import profile_blocks, solve
 from helpers import VOCAB, tiny_llama
+from test_head import needs_loss_function
 
 
 @pytest.fixture(scope="module")
@@ -182,3 +183,90 @@ def test_under_the_callers_autocast_steps_and_plans_are_measured_as_a_training_l
     assert inside == loop
     assert plan.predicted_bytes == planned <= plan.budget_bytes
     assert plan.baseline_bytes == loop["none"] != hf_ckpt.plan(model, batch, 0.5).baseline_bytes  # not float32's
+
+
+# --- the LM head, chunked when blocks alone cannot fit --------------------------------------------------------------
+
+HEAD_VOCAB, HEAD_HIDDEN = 32_000, 64  # a vocabulary 500 times the width: the head's logits dominate
+
+
+@pytest.fixture(scope="module")
+def head_workload():
+    import transformers
+
+    config = transformers.LlamaConfig(hidden_size=HEAD_HIDDEN, intermediate_size=128, num_attention_heads=4,
+                                      num_key_value_heads=2, num_hidden_layers=2, vocab_size=HEAD_VOCAB,
+                                      max_position_embeddings=128)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).train()
+    ids = torch.randint(0, HEAD_VOCAB, (2, 64), generator=torch.Generator().manual_seed(0))
+    profile = profile_blocks(model, {"input_ids": ids, "labels": ids})
+    smallest = profile.base_bytes + sum(min(v[i] for v in profile.retained.values()) for i in range(2))
+    return model, {"input_ids": ids, "labels": ids}, smallest
+
+
+def _gradients(model, batch):
+    model.zero_grad(set_to_none=True)
+    output = model(**batch)
+    output.loss.backward()
+    return output, {name: p.grad.clone() for name, p in model.named_parameters()}
+
+
+@needs_loss_function
+def test_plan_chunks_the_head_when_no_plan_of_the_blocks_fits(head_workload):
+    model, batch, smallest = head_workload
+    plan = hf_ckpt.plan(model, batch, smallest - 1)
+    # the default chunk: 128 tokens' logits vs hidden states (1 token) rises to the floor, the sequence (64)
+    assert plan.head_chunk_size == 64
+    assert plan.strategies == ("none", "none")  # the head's logits were the memory: no block needs checkpointing
+    assert plan.predicted_bytes <= plan.budget_bytes == smallest - 1
+    plain = _measured(model, batch)
+    planned = _measured(model, batch, plan=plan)
+    assert planned.retained_bytes == plan.predicted_bytes  # measured by the same tracker, on the same batch
+    assert planned.flops - plain.flops == plan.predicted_recompute_flops > 0  # the head's projection, recomputed
+    assert "head in chunks of 64 tokens" in plan.summary()
+
+
+@needs_loss_function
+def test_plan_leaves_the_head_whole_when_the_blocks_fit(head_workload):
+    model, batch, smallest = head_workload
+    plan = hf_ckpt.plan(model, batch, smallest + 2**16)  # blocks interact by a few bytes: a little room
+    assert plan.head_chunk_size is None and plan.strategies == ("full", "full")
+    assert plan.predicted_recompute_flops == sum(plan.block_recompute_flops["full"])  # no head's FLOPs added
+
+
+@needs_loss_function
+def test_no_plan_even_with_the_chunked_head_says_both_figures(head_workload):
+    model, batch, _ = head_workload
+    with pytest.raises(ValueError) as raised:
+        hf_ckpt.plan(model, batch, 1000)
+    assert re.fullmatch(r"no plan fits a budget of 0\.00 MiB \(0\.0% of the 16\.80 MiB retained without checkpointing\): "
+                        r"the smallest activation memory reachable with none, selective, full is 15\.80 MiB \(94\.1%\); "
+                        r"with the head in chunks of 64 tokens \(head_chunk_size\), the smallest is 0\.\d\d MiB",
+                        str(raised.value)), str(raised.value)
+
+
+@needs_loss_function
+def test_a_loss_fn_keeps_the_head_whole(head_workload):
+    """A ``loss_fn`` may read the logits, which the chunked head does not return: no plan then, as before."""
+    model, batch, smallest = head_workload
+    with pytest.raises(ValueError, match=r"^no plan fits a budget of .* full is 15\.80 MiB \(94\.1%\)$"):
+        hf_ckpt.plan(model, batch, smallest - 1, loss_fn=lambda output: output.loss)
+
+
+@needs_loss_function
+def test_enable_with_a_budget_only_the_chunked_head_meets_trains_with_equal_gradients(head_workload):
+    model, batch, smallest = head_workload
+    hf_ckpt.disable(model)
+    reference, expected = _gradients(model, batch)
+    hf_ckpt.enable(model, budget=smallest - 1, sample_inputs=batch)
+    try:
+        assert hf_ckpt.checkpointed_layers(model) == []
+        output, grads = _gradients(model, batch)
+        retained = measure_step(model, batch).retained_bytes
+    finally:
+        hf_ckpt.disable(model)
+    assert output.logits is None  # the head ran in chunks
+    assert torch.allclose(output.loss, reference.loss, rtol=1e-6, atol=0)
+    assert all(torch.allclose(grads[name], expected[name], rtol=1e-5, atol=1e-7) for name in expected)
+    assert retained <= smallest - 1

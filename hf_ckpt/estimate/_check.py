@@ -3,7 +3,8 @@
 The config's sizes are shrunk (hidden 64, 4 heads, 6 blocks per stack, vocab 256, ...; its structure, layer
 types and options kept), a model is built with random weights, and for each strategy one real step is measured
 by :func:`hf_ckpt.measure.measure_step` and compared with :func:`hf_ckpt.estimate.estimate` (``device="cpu"``,
-fp32): retained activation bytes within 3%, FLOPs within 1%.
+fp32): retained activation bytes within 3%, FLOPs within 1%. For a causal LM the row ``full+head:<chunk>`` (every
+block full, the head and loss in checkpointed chunks of the estimate's default chunk) is checked the same way.
 """
 
 from __future__ import annotations
@@ -87,13 +88,15 @@ def run_check(source: Any, strategies: tuple[str, ...] = ("none", "full", "every
     print(f"check: {cls.__name__}, tiny copy ({predicted.num_blocks} blocks, {predicted.traced_blocks} traced), "
           f"batch {BATCH} x seq {SEQ}, float32, a real CPU step per strategy")
     ok = True
-    for strategy in strategies:
+    for strategy in (*strategies, *_chunked_head_row(predicted, strategies)):
         if strategy not in predicted.activation_bytes:
-            print(f"  {strategy:10s} not estimated: {predicted.unusable.get(strategy, '')[:120]}")
+            print(f"  {strategy:12s} not estimated: {predicted.unusable.get(strategy, '')[:120]}")
             continue
         remove(model)
         if strategy.startswith("every_n:"):
             apply_options(model, every_n_layers=int(strategy.split(":")[1]))
+        elif strategy.startswith("full+head:"):
+            apply_options(model, head_chunk_size=int(strategy.split(":")[1]))
         elif kind_class(strategy).recomputes:
             apply_options(model, strategy=strategy)
         measured = measure_step(model, batch)
@@ -101,10 +104,18 @@ def run_check(source: Any, strategies: tuple[str, ...] = ("none", "full", "every
         flops = 100.0 * (predicted.step_flops[strategy] - measured.flops) / max(1, measured.flops)
         good = abs(memory) <= 3.0 and abs(flops) <= 1.0
         ok = ok and good
-        print(f"  {strategy:10s} retained {format_bytes(measured.retained_bytes)}, predicted "
+        print(f"  {strategy:12s} retained {format_bytes(measured.retained_bytes)}, predicted "
               f"{format_bytes(predicted.activation_bytes[strategy])} ({memory:+.2f}%); FLOPs "
               f"{format_flops(measured.flops)} predicted {format_flops(predicted.step_flops[strategy])} "
               f"({flops:+.2f}%)  {'ok' if good else 'OUT OF TOLERANCE'}")
     remove(model)
     print("check passed" if ok else "check FAILED (tolerance: 3% memory, 1% FLOPs)")
     return 0 if ok else 1
+
+
+def _chunked_head_row(predicted: Any, strategies: tuple[str, ...]) -> tuple[str, ...]:
+    """The row ``full+head:<chunk>`` of a causal LM (estimated, or listed in ``unusable`` with the reason), after
+    ``full``; none for a model with no chunked head to estimate."""
+    if "full" not in strategies:
+        return ()
+    return tuple(name for name in (*predicted.activation_bytes, *predicted.unusable) if name.startswith("full+head:"))

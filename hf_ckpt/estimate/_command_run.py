@@ -47,7 +47,7 @@ def _option_names(message: str) -> str:
 def _plan_line(plan, made) -> str:
     counts = {s: plan.strategies.count(s) for s in ("full", "selective", "none")}
     ratio = (made.step_flops["none"] + plan.predicted_recompute_flops) / made.step_flops["none"]
-    peak = made.fixed_bytes + plan.predicted_bytes + step_transient(made, plan.head_chunk_size is not None)
+    peak = made.fixed_bytes + plan.predicted_bytes + step_transient(made, plan.head_chunk_size or False)
     head = "" if plan.head_chunk_size is None else f", head in chunks of {plan.head_chunk_size} tokens"
     return (f"cheapest plan that fits: {counts['full']} full, {counts['selective']} selective, {counts['none']} none"
             f"{head}; "

@@ -8,6 +8,7 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
+from hf_ckpt.runtime import head as _head
 from hf_ckpt.runtime.plans import CheckpointPlan
 from hf_ckpt.estimate import _arguments as arguments
 from hf_ckpt.estimate._attention import attention_model
@@ -160,19 +161,22 @@ def _per_strategy(traced: Trace, rep: Sequence[int], strategies: Sequence[Any], 
     return figures
 
 
-def head_chunk_for(tokens: int, hidden: int, vocab: int) -> int:
-    """The chunk (tokens) a chunked head is estimated with when none is given: the tokens whose logits hold about
-    as many values as the step's hidden states (``tokens / ceil(vocab / hidden)``), up to a power of two."""
-    per_chunk = -(-tokens // max(1, -(-vocab // hidden)))
-    return min(tokens, 1 << (per_chunk - 1).bit_length())
+def head_chunk_for(tokens: int, hidden: int, vocab: int, seq_len: int | None = None) -> int:
+    """The chunk (tokens) a chunked head is estimated with when none is given (:func:`hf_ckpt.runtime.head.default_chunk_size`,
+    the planners' rule too): the tokens whose logits hold about as many values as the step's hidden states
+    (``tokens / ceil(vocab / hidden)``), up to a power of two, but no fewer than 128 tokens or ``seq_len`` (default
+    ``tokens``) where shorter."""
+    return _head.default_chunk_size(tokens, tokens if seq_len is None else seq_len, hidden, vocab)
 
 
-def _head_chunk(config: Any, tokens: int, given: int | None) -> int | None:
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    vocab, hidden = getattr(text, "vocab_size", None), getattr(text, "hidden_size", None)
-    if given is not None or not isinstance(vocab, int) or not isinstance(hidden, int):
-        return given
-    return head_chunk_for(tokens, hidden, vocab)
+def _head_chunks(config: Any, batch_size: int, seq_len: int, given: int | None) -> tuple[int | None, int | None]:
+    """(the chunk the head is estimated with, a smaller one to trace too or None): ``given``, else the default and,
+    where its floor raised it, the memory rule's."""
+    if given is not None:
+        return given, None
+    chunk = _head.default_chunk_of(config, batch_size, seq_len)
+    smaller = _head.default_chunk_of(config, batch_size, seq_len, floor=False)
+    return chunk, smaller if chunk is not None and smaller < chunk else None
 
 
 def _with_chunked_head(traced: Trace, figures: tuple, fixed: int, step_peak: int) -> None:
@@ -192,10 +196,16 @@ def _with_chunked_head(traced: Trace, figures: tuple, fixed: int, step_peak: int
 
 
 def _head_fields(traced: Trace) -> dict[str, Any]:
-    """The estimate's ``head_*`` fields: the chunked head as traced."""
-    return {"head_chunk_size": traced.head_chunk if traced.chunked_base else None,
-            "head_base_bytes": max(traced.chunked_base.values(), default=0),
-            "head_transient_bytes": dict(traced.chunked_transient), "head_recompute_flops": traced.chunked_flops}
+    """The estimate's ``head_*`` fields: the chunked head as traced (and in a smaller chunk, where traced)."""
+    fields = {"head_chunk_size": traced.head_chunk if traced.chunked_base else None,
+              "head_base_bytes": max(traced.chunked_base.values(), default=0),
+              "head_transient_bytes": dict(traced.chunked_transient), "head_recompute_flops": traced.chunked_flops}
+    if traced.smaller_chunked and traced.smaller_chunked[0] and traced.chunked_base:
+        base, transient, flops, _, chunk = traced.smaller_chunked
+        fields.update(head_smaller_chunk_size=chunk, head_smaller_base_bytes=max(base.values()),
+                      head_smaller_transient_bytes=dict(transient),
+                      head_smaller_recompute_flops=flops)
+    return fields
 
 
 def _checked(model_or_config, batch_size, seq_len, dtype, autocast, device, optimizer, peft_config, strategies,
@@ -219,7 +229,7 @@ def _checked(model_or_config, batch_size, seq_len, dtype, autocast, device, opti
 
 def _trace_reduced(reduced: nn.Module, traced_blocks: list, strategies: Sequence[Any], num_blocks: int,
                    batch_size: int, seq_len: int, device: str, autocast: torch.dtype | None,
-                   keep_outputs: bool = False, head_chunk: int | None = None) -> Trace:
+                   keep_outputs: bool = False, head_chunks: tuple[int | None, int | None] = (None, None)) -> Trace:
     """The reduced model traced on fake tensors under every per-block strategy the asked strategies use."""
     mode = fake_mode()
     to_fake(reduced, mode)
@@ -227,7 +237,7 @@ def _trace_reduced(reduced: nn.Module, traced_blocks: list, strategies: Sequence
     mixed = any(len(set(_per_block(strategy, num_blocks))) > 1 for strategy in strategies) or set(TRACED) <= needed
     return trace(reduced, traced_blocks, _inputs(reduced, batch_size, seq_len, mode), mode, device,
                  tuple(s for s in TRACED if s in needed), mixed=mixed, autocast=autocast, keep_outputs=keep_outputs,
-                 head_chunk=head_chunk)
+                 head_chunk=head_chunks[0], smaller_chunk=head_chunks[1])
 
 
 def estimate(
@@ -284,7 +294,9 @@ def estimate(
             the host (``host_bytes``).
         head_chunk_size: The chunk (tokens) the chunked head (``hf_ckpt.enable(head_chunk_size=...)``) is
             estimated with, as the row ``full+head:<chunk>`` and the ``head_*`` fields; None: chosen by
-            :func:`head_chunk_for`. Not estimated where the model refuses it (the reason is in ``unusable``).
+            :func:`head_chunk_for` (at least 128 tokens, or ``seq_len`` where shorter), and where that floor raised
+            it, the memory rule's smaller chunk traced too (the ``head_smaller_*`` fields), for plans whose budget
+            needs its smaller transients. Not estimated where the model refuses it (the reason is in ``unusable``).
 
     Returns:
         A :class:`MemoryEstimate`.
@@ -304,7 +316,7 @@ def estimate(
     mapping = map_blocks(full_blocks, traced_blocks)
     num_blocks = len(full_blocks)
     traced = _trace_reduced(reduced, traced_blocks, strategies, num_blocks, batch_size, seq_len, device,
-                            autocast_dtype, keep_outputs, _head_chunk(config, batch_size * seq_len, head_chunk_size))
+                            autocast_dtype, keep_outputs, _head_chunks(config, batch_size, seq_len, head_chunk_size))
     renamed = _traced_name(full_blocks, traced_blocks, mapping.representative)
     per_device = shard_estimate(full, full_blocks, sharding, optimizer, device,
                                 lambda name: renamed(name) in traced.used_parameters)

@@ -15,35 +15,52 @@ from hf_ckpt.estimate._result import MemoryEstimate
 _PLANNED = ("none", "selective", "full")
 
 
-def profile_of(estimate: MemoryEstimate, chunked_head: bool = False) -> BlockProfile:
-    """The estimate as the planner's :class:`~hf_ckpt.planning.planner.BlockProfile` (none, selective, full per block);
-    with ``chunked_head``, the base (outside the blocks) of a step whose head is chunked."""
+def profile_of(estimate: MemoryEstimate, chunked_head: bool | int = False) -> BlockProfile:
+    """The estimate as the planner's :class:`~hf_ckpt.planning.solver.BlockProfile` (none, selective, full per block);
+    with ``chunked_head``, the base (outside the blocks) of a step whose head is chunked (``True``: in chunks of
+    ``estimate.head_chunk_size`` tokens; an int: in chunks of that many, one of the chunks the estimate traced)."""
     kept = [s for s in _PLANNED if s in estimate.block_bytes]
+    chunk = _chunk(estimate, chunked_head)
     return BlockProfile(
-        base_bytes=estimate.head_base_bytes if chunked_head else estimate.base_bytes,
+        base_bytes=_head_figures(estimate, chunk)[0] if chunk else estimate.base_bytes,
         retained={s: tuple(estimate.block_bytes[s]) for s in kept},
         recompute_flops={s: tuple(estimate.block_recompute_flops[s]) for s in kept},
         unusable=dict(estimate.unusable),
     )
 
 
-def step_transient(estimate: MemoryEstimate, chunked_head: bool = False) -> int:
-    """The largest transient of the step, with or without the chunked head."""
-    return max((estimate.head_transient_bytes if chunked_head else estimate.transient_bytes).values())
+def step_transient(estimate: MemoryEstimate, chunked_head: bool | int = False) -> int:
+    """The largest transient of the step, with the head whole, or chunked (as :func:`profile_of` reads
+    ``chunked_head``)."""
+    chunk = _chunk(estimate, chunked_head)
+    return max((_head_figures(estimate, chunk)[1] if chunk else estimate.transient_bytes).values())
 
 
-def _activation_budget(estimate: MemoryEstimate, budget: Any, whole_step: bool, chunked_head: bool,
+def _chunk(estimate: MemoryEstimate, chunked_head: bool | int | None) -> int | None:
+    return estimate.head_chunk_size if chunked_head is True else (chunked_head or None)
+
+
+def _head_figures(estimate: MemoryEstimate, chunk: int) -> tuple[int, dict[str, int], int]:
+    """(base bytes, transients per strategy, recompute FLOPs) of the head in chunks of ``chunk`` tokens: the
+    estimate's default chunk, or the smaller one traced for budgets that need it."""
+    if chunk == estimate.head_smaller_chunk_size:
+        return (estimate.head_smaller_base_bytes, estimate.head_smaller_transient_bytes,
+                estimate.head_smaller_recompute_flops)
+    return estimate.head_base_bytes, estimate.head_transient_bytes, estimate.head_recompute_flops
+
+
+def _activation_budget(estimate: MemoryEstimate, budget: Any, whole_step: bool, chunk: int | None,
                        transient_in_budget: bool) -> int:
     profile = profile_of(estimate)
     parsed = parse_budget(budget)
-    freed = step_transient(estimate) - step_transient(estimate, True) if chunked_head and transient_in_budget else 0
+    freed = step_transient(estimate) - step_transient(estimate, chunk) if chunk and transient_in_budget else 0
     if isinstance(parsed, float):
         if whole_step:
             raise ValueError("budget: with whole_step=True the budget is device memory: give a size such as 80GiB")
         return int(parsed * profile.baseline_bytes)
     if not whole_step:
         return parsed + freed
-    transient = step_transient(estimate, chunked_head)
+    transient = step_transient(estimate, chunk or False)
     available = parsed - estimate.fixed_bytes - transient
     if available <= 0:
         raise ValueError(
@@ -63,22 +80,22 @@ def _way_out(estimate: MemoryEstimate) -> str:
     return "; shard them over devices (world_size and shard, --world-size and --shard)"
 
 
-def _plan(estimate: MemoryEstimate, budget: Any, whole_step: bool, chunked_head: bool,
+def _plan(estimate: MemoryEstimate, budget: Any, whole_step: bool, chunk: int | None,
           transient_in_budget: bool) -> CheckpointPlan:
-    profile = profile_of(estimate, chunked_head)
-    budget_bytes = _activation_budget(estimate, budget, whole_step, chunked_head, transient_in_budget)
+    profile = profile_of(estimate, chunk or False)
+    budget_bytes = _activation_budget(estimate, budget, whole_step, chunk, transient_in_budget)
     chosen = solve(profile, budget_bytes)
     return CheckpointPlan(
         strategies=chosen,
         predicted_bytes=profile.predicted_bytes(chosen),
         predicted_recompute_flops=profile.predicted_recompute_flops(chosen)
-        + (estimate.head_recompute_flops if chunked_head else 0),
+        + (_head_figures(estimate, chunk)[2] if chunk else 0),
         baseline_bytes=profile_of(estimate).baseline_bytes,
         budget_bytes=budget_bytes,
         block_bytes=profile.retained,
         block_recompute_flops=profile.recompute_flops,
         model_type=estimate.model_type,
-        head_chunk_size=estimate.head_chunk_size if chunked_head else None,
+        head_chunk_size=chunk,
     )
 
 
@@ -90,7 +107,9 @@ def plan_from_estimate(estimate: MemoryEstimate, budget: Any, *, whole_step: boo
     keeps the outputs, which may read the logits), the plan is made for a step with the head chunked: its base
     (outside the blocks) and transients are smaller, its recompute FLOPs include the head's, and the plan
     carries ``head_chunk_size``. The head is chunked only when that is what makes the step fit: a training step
-    with it returns no logits.
+    with it returns no logits. The chunk is the estimate's (:func:`hf_ckpt.runtime.head.default_chunk_size`: at least 128
+    tokens, or the sequence), or, where a whole-step budget needs smaller transients still, the memory rule's smaller
+    chunk the estimate traced too (``estimate.head_smaller_chunk_size``).
 
     Args:
         estimate: A :class:`MemoryEstimate` (its ``block_bytes`` / ``block_recompute_flops`` are the profile).
@@ -107,15 +126,17 @@ def plan_from_estimate(estimate: MemoryEstimate, budget: Any, *, whole_step: boo
         ValueError: no plan fits; the message gives the smallest activation memory reachable.
     """
     try:
-        return _plan(estimate, budget, whole_step, False, transient_in_budget)
+        return _plan(estimate, budget, whole_step, None, transient_in_budget)
     except ValueError as error:
         if estimate.head_chunk_size is None or estimate.keep_outputs:
             raise
         unchunked = error
-    try:
-        return _plan(estimate, budget, whole_step, True, transient_in_budget)
-    except ValueError:
-        raise unchunked from None
+    for chunk in (c for c in (estimate.head_chunk_size, estimate.head_smaller_chunk_size) if c is not None):
+        try:
+            return _plan(estimate, budget, whole_step, chunk, transient_in_budget)
+        except ValueError:
+            continue
+    raise unchunked from None
 
 
 def plan_for(

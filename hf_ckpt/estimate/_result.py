@@ -77,6 +77,12 @@ class MemoryEstimate:
         head_base_bytes: ``base_bytes`` with the head chunked (its logits and their float32 copy not retained).
         head_transient_bytes: ``transient_bytes`` per base strategy with the head chunked.
         head_recompute_flops: FLOPs the chunked head adds (its projection recomputed in backward).
+        head_smaller_chunk_size: Where ``head_chunk_size`` was chosen (not given) and raised to its floor (128
+            tokens, or the sequence), the memory rule's smaller chunk, traced too: a plan falls back to it where a
+            whole-step budget needs its smaller transients; None otherwise.
+        head_smaller_base_bytes, head_smaller_transient_bytes, head_smaller_recompute_flops: ``head_base_bytes``,
+            ``head_transient_bytes`` and ``head_recompute_flops`` for ``head_smaller_chunk_size`` (more chunks
+            retain a little more: each keeps its loss share and its checkpoint's record).
     """
 
     model_type: str | None
@@ -124,6 +130,10 @@ class MemoryEstimate:
     head_base_bytes: int = 0
     head_transient_bytes: dict[str, int] = field(default_factory=dict)
     head_recompute_flops: int = 0
+    head_smaller_chunk_size: int | None = None
+    head_smaller_base_bytes: int = 0
+    head_smaller_transient_bytes: dict[str, int] = field(default_factory=dict)
+    head_smaller_recompute_flops: int = 0
 
     @property
     def fixed_bytes(self) -> int:

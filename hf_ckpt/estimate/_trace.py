@@ -81,6 +81,8 @@ class Trace:
         chunked_flops: The FLOPs the chunked head adds to the step (its projection recomputed in backward).
         head_chunk: The chunk (tokens) the chunked head was traced with, or None.
         chunked_refused: Why the chunked head cannot run on this model (``enable``'s error), or None.
+        smaller_chunked: ``(chunked_base, chunked_transient, chunked_flops, chunked_refused, head_chunk)`` for a
+            second, smaller chunk, or ``()`` when not traced.
         heads: ``heads[j]``: the position of the head of traced block ``j``'s stack (its first block, where that
             block is a type of its own), or None.
     """
@@ -99,6 +101,7 @@ class Trace:
     chunked_flops: int = 0
     chunked_refused: str | None = None
     head_chunk: int | None = None
+    smaller_chunked: tuple = ()
 
     @property
     def strategies(self) -> tuple[str, ...]:
@@ -427,11 +430,13 @@ def trace(
     autocast: torch.dtype | None = None,
     keep_outputs: bool = False,
     head_chunk: int | None = None,
+    smaller_chunk: int | None = None,
 ) -> Trace:
     """Trace the fake ``model`` (its blocks ``blocks``) on ``inputs`` under each of ``strategies`` (and, with
     ``mixed``, their alternations, for plans that mix strategies), under autocast to ``autocast`` if given; with
     ``keep_outputs`` the model's outputs are held into backward (counted outside the blocks); with ``head_chunk``
-    each uniform strategy once more with the output projection and loss chunked (``head_chunk_size``)."""
+    each uniform strategy once more with the output projection and loss chunked (``head_chunk_size``), and with
+    ``smaller_chunk`` once more in chunks of that many tokens."""
     count = len(blocks)
     base: dict[str, int] = {}
     seen: dict[tuple[int, str | None, str, str | None, str | None], int] = {}
@@ -467,6 +472,8 @@ def trace(
                 if number < plain or key not in seen:  # a head variant adds contexts, never replaces one
                     seen[key] = per_block[j]
         chunked = _chunked_head(model, blocks, inputs, mode, device, usable, unusable, head_chunk, autocast, keep_outputs)
+        smaller = () if not chunked or chunked[3] is not None else _chunked_head(
+            model, blocks, inputs, mode, device, usable, unusable, smaller_chunk, autocast, keep_outputs)
         remove(model)
         used: set[str] = set()
         step_flops, _per_module = _flops_step(model, inputs, mode, used, autocast)
@@ -491,4 +498,5 @@ def trace(
         remove(model)
     for parameter in model.parameters():
         parameter.grad = None
-    return Trace(base, seen, transient, step_flops, block_flops, recompute, unusable, frozenset(used), heads, *chunked)
+    return Trace(base, seen, transient, step_flops, block_flops, recompute, unusable, frozenset(used), heads, *chunked,
+                 smaller_chunked=smaller)

@@ -54,7 +54,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="zero3's offload_param, or FSDP's CPUOffloadPolicy (parameters, gradients, optimizer step)")
     parser.add_argument("--head-chunk-size", type=int, default=None, metavar="TOKENS",
                         help="tokens per chunk of the chunked head (the row full+head:TOKENS; default: chosen from "
-                             "the vocabulary and hidden sizes)")
+                             "the vocabulary and hidden sizes, at least 128 tokens or the sequence length)")
     parser.add_argument("--device-memory", default=None, metavar="SIZE",
                         help="memory of one device (80GiB): marks what fits and prints the cheapest plan that fits")
     parser.add_argument("--json", metavar="PATH", help="write the estimate (and the plan) as JSON to PATH")

@@ -15,7 +15,13 @@ block retains at the end of forward and what its recompute costs, then picks a s
    the least recompute FLOPs. The profile's menu (per block, an option per strategy) goes to the one solver,
    :func:`hf_ckpt.planning.solver.solve`: dynamic programming over savings quantised *down* (so the predicted memory
    never understates), with ties going to fewer checkpointed blocks.
-3. **Verify.** The chosen plan runs one more step and its retained bytes are measured; that figure is the plan's
+3. **The head, when blocks are not enough.** Where no assignment fits and the model is a causal LM whose head can
+   run in checkpointed chunks (``head_chunk_size``; the sample has ``labels`` by keyword and no ``loss_fn`` is
+   given, which might read the logits), one more step measures the base with the head chunked (the full logits and
+   their copy for the loss are then not retained) and one the FLOPs its recompute adds; the plan is solved again
+   on that base and carries ``head_chunk_size`` (:func:`hf_ckpt.runtime.head.default_chunk_of`, the estimator's rule).
+   Where blocks alone fit, the head is left whole and nothing more is measured.
+4. **Verify.** The chosen plan runs one more step and its retained bytes are measured; that figure is the plan's
    ``predicted_bytes``. Where blocks interact (on some releases a mask or position tensor is kept once more when
    checkpointed and plain blocks mix) and the plan overshoots, the solver is asked for the overshoot less, up to
    a few times.
@@ -25,7 +31,10 @@ The model is left as it was found: its checkpointing setting, training mode, gra
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Mapping, Sequence
+
+import torch
 
 from hf_ckpt.planning.preserve import check_trainable
 from hf_ckpt.planning.solver import BlockProfile, solve
@@ -38,8 +47,9 @@ from hf_ckpt.estimate import plan_for
 from hf_ckpt.measure.step import LossFn
 from hf_ckpt.strategies.oplevel.menu import plan_oplevel
 from hf_ckpt.runtime.plans import CheckpointPlan, model_signature
-from hf_ckpt.planning.profiling import measured_bytes, profile_blocks
+from hf_ckpt.planning.profiling import measured_bytes, profile_blocks, profile_chunked_head
 from hf_ckpt.strategies import FINER_CHOICES, KIND_MODULES, PLANNER_CHOICES, strategy_class
+from hf_ckpt.runtime import head as _head
 
 __all__ = ["BlockProfile", "plan", "profile_blocks", "solve"]
 
@@ -92,12 +102,15 @@ def plan(
             application.
 
     Returns:
-        A :class:`~hf_ckpt.CheckpointPlan`; apply it with ``hf_ckpt.enable(model, plan=plan)``.
+        A :class:`~hf_ckpt.CheckpointPlan`; apply it with ``hf_ckpt.enable(model, plan=plan)``. Where no plan of
+        the blocks fits but one with a causal LM's head and loss in checkpointed chunks does (measured on
+        ``sample_inputs``), the plan carries ``head_chunk_size``: its training steps then return no logits.
 
     Raises:
         TypeError: ``sample_inputs`` is not a dict; ``budget`` has the wrong type.
         ValueError: ``budget`` is out of range; no parameter requires grad; no assignment of the allowed
-            strategies fits the budget (the message gives the smallest activation memory that can be reached).
+            strategies fits the budget, even with the head chunked (the message gives the smallest activation
+            memory that can be reached, with and without it).
     """
     if budget is None:
         raise TypeError("plan() needs a budget: bytes (int or '40GiB'), or a fraction (0.5 or '50%')")
@@ -128,32 +141,79 @@ def plan(
         model, sample_inputs, strategies=strategies, policy=policy, loss_fn=loss_fn, **checkpoint_kwargs
     )
     budget_bytes = _in_bytes(budget, profile.baseline_bytes)
-    target = budget_bytes
-    for _ in range(_VERIFY_ROUNDS):
-        chosen = solve(profile, target)
-        measured = measured_bytes(model, chosen, sample_inputs, loss_fn, policy, dict(checkpoint_kwargs))
-        if measured <= budget_bytes:
-            break
-        # Blocks interact a little on some releases (a mask or position tensor kept once more when checkpointed
-        # and plain blocks mix): ask the solver for the overshoot less.
-        target -= measured - budget_bytes
-    else:
-        raise ValueError(
-            f"no plan fits a budget of {_mib(budget_bytes)}: the best plan found retains {_mib(measured)} when "
-            f"measured ({100 * measured / profile.baseline_bytes:.1f}% of the {_mib(profile.baseline_bytes)} "
-            "retained without checkpointing)"
-        )
+    baseline_bytes = profile.baseline_bytes
+    verify = dict(model=model, sample_inputs=sample_inputs, loss_fn=loss_fn, policy=policy,
+                  checkpoint_kwargs=dict(checkpoint_kwargs), budget_bytes=budget_bytes, baseline_bytes=baseline_bytes)
+    chunk, head_flops = None, 0
+    try:
+        chosen, measured = _verified(profile, None, **verify)
+    except ValueError as error:
+        chunk = _head_chunk(model, sample_inputs, loss_fn)
+        if chunk is None:
+            raise
+        base, head_flops = profile_chunked_head(model, sample_inputs, chunk, loss_fn, **checkpoint_kwargs)
+        chunked = dataclasses.replace(profile, base_bytes=base)
+        try:
+            chosen, measured = _verified(chunked, chunk, **verify)
+        except ValueError:
+            raise ValueError(f"{error}; with the head in chunks of {chunk} tokens (head_chunk_size), the smallest "
+                             f"is {_mib(_smallest(chunked))}") from None
+        profile = chunked
     return CheckpointPlan(
         strategies=chosen,
         predicted_bytes=measured,
-        predicted_recompute_flops=profile.predicted_recompute_flops(chosen),
-        baseline_bytes=profile.baseline_bytes,
+        predicted_recompute_flops=profile.predicted_recompute_flops(chosen) + head_flops,
+        baseline_bytes=baseline_bytes,
         budget_bytes=budget_bytes,
         block_bytes=profile.retained,
         block_recompute_flops=profile.recompute_flops,
         model_type=getattr(getattr(target_model(model), "config", None), "model_type", None),
         made_for=model_signature(target_model(model)),
+        head_chunk_size=chunk,
     )
+
+
+def _verified(profile: BlockProfile, chunk: int | None, *, model: Any, sample_inputs: Mapping[str, Any],
+              loss_fn: LossFn | None, policy: Any, checkpoint_kwargs: dict[str, Any],
+              budget_bytes: int, baseline_bytes: int) -> tuple[tuple[str, ...], int]:
+    """(strategies, measured bytes) of the cheapest plan on ``profile`` (with the head in chunks of ``chunk``
+    tokens, or whole) whose retained bytes, measured, fit ``budget_bytes``."""
+    target = budget_bytes
+    for _ in range(_VERIFY_ROUNDS):
+        chosen = solve(profile, target)
+        candidate = CheckpointPlan(chosen, head_chunk_size=chunk)
+        measured = measured_bytes(model, candidate, sample_inputs, loss_fn, policy, checkpoint_kwargs)
+        if measured <= budget_bytes:
+            return chosen, measured
+        # Blocks interact a little on some releases (a mask or position tensor kept once more when checkpointed
+        # and plain blocks mix): ask the solver for the overshoot less.
+        target -= measured - budget_bytes
+    raise ValueError(
+        f"no plan fits a budget of {_mib(budget_bytes)}: the best plan found retains {_mib(measured)} when "
+        f"measured ({100 * measured / baseline_bytes:.1f}% of the {_mib(baseline_bytes)} "
+        "retained without checkpointing)"
+    )
+
+
+def _smallest(profile: BlockProfile) -> int:
+    """The least activation memory a plan reaches on ``profile``."""
+    return profile.base_bytes + sum(min(retained[i] for retained in profile.retained.values())
+                                    for i in range(len(profile.retained["none"])))
+
+
+def _head_chunk(model: Any, sample_inputs: Mapping[str, Any], loss_fn: LossFn | None) -> int | None:
+    """The chunk (tokens) to plan the head with where blocks are not enough: :func:`hf_ckpt.runtime.head.default_chunk_of`
+    at the shape of the sample's labels (its floor, never smaller: what a step retains at the end of forward does
+    not depend on the chunk); None where the head cannot be chunked (the model refuses it, a ``loss_fn`` may read
+    the logits, the labels are not given by keyword)."""
+    target = target_model(model)
+    labels = sample_inputs.get("labels")
+    if loss_fn is not None or not isinstance(labels, torch.Tensor) or labels.dim() < 1 or labels.numel() == 0:
+        return None
+    if _head.refusal(target) is not None:
+        return None
+    seq_len = labels.shape[-1]
+    return _head.default_chunk_of(target.config, labels.numel() // seq_len, seq_len)
 
 
 def _check_sample_inputs(sample_inputs: Any) -> None:

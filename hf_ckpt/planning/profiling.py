@@ -7,6 +7,8 @@
   over whole steps: one step per strategy and group of twin blocks (same class, same parameter shapes), less the
   step without checkpointing, shared among the group.
 * :func:`measured_bytes`: what a candidate plan retains, measured in one step.
+* :func:`profile_chunked_head`: what the base retains, and what the step recomputes, with the LM head and loss in
+  checkpointed chunks (``head_chunk_size``), measured the same way.
 * :func:`left_as_found`: every step runs inside it, so the model ends as it started (checkpointing, training
   flags, gradients, RNG).
 
@@ -179,3 +181,21 @@ def profile_blocks(
                     model, blocks, strategy, {**checkpoint_kwargs, **options}, sample_inputs, loss_fn, none_flops
                 )
     return BlockProfile(base_bytes=base_bytes, retained=retained, recompute_flops=recompute, unusable=unusable)
+
+
+def profile_chunked_head(model: nn.Module, sample_inputs: Mapping[str, Any], chunk: int, loss_fn: LossFn | None,
+                         **checkpoint_kwargs: Any) -> tuple[int, int]:
+    """(base bytes, recompute FLOPs) of a step whose head runs in checkpointed chunks of ``chunk`` tokens, every
+    block plain: what the storages created outside the blocks retain at the end of forward (the full logits and
+    their copy for the loss no longer among them), and the step's FLOPs less those of the step without it (the
+    head's projection recomputed in backward), both measured as :func:`profile_blocks` measures blocks."""
+    blocks = find_blocks(target_model(model))
+    with left_as_found(model):
+        remove(model)
+        none_flops = step_flops(model, sample_inputs, loss_fn)
+        apply_setting(model, checkpoint_kwargs, plan=CheckpointPlan(("none",) * len(blocks), head_chunk_size=chunk))
+        torch.manual_seed(0)
+        model.zero_grad(set_to_none=True)
+        base, _ = retained_per_block(model, blocks, sample_inputs, loss_fn)
+        flops = step_flops(model, sample_inputs, loss_fn)
+    return base, max(0, flops - none_flops)
