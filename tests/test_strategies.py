@@ -137,6 +137,8 @@ _OTHER_WORDS = {
     ("measure/report.py", "result.setting in ('full', 'none')"): "bench settings named full and none",
     ("measure/settings.py", "inner == 'full'"): "the argument of the bench setting upstream:full",
     ("estimate/_estimate.py", "'full' not in activation"): "the estimate's row named full (a JSON key)",
+    ("estimate/_check.py", "'full' not in strategies"): "the estimate's rows asked for: full's row is what the chunked "
+    "head's row follows",
     ("estimate/_estimate.py", "'full' not in traced.chunked_base"): "the traced row named full",
     ("estimate/_sharding.py", "name == 'none'"): "a sharding named none",
     ("integrations/deepspeed.py", "value not in (None, False, 0, 'none', 'auto')"): "a DeepSpeed config value",

@@ -423,6 +423,25 @@ def _patterns(strategies: tuple[str, ...], count: int, mixed: bool,
     return patterns
 
 
+
+def _recompute_flops(model: nn.Module, blocks: list[Block], inputs: Mapping[str, Any], mode: Any, strategy: str,
+                     step_flops: int, autocast: torch.dtype | None) -> tuple[int, ...]:
+    """Per block, the FLOPs ``strategy`` adds to the step by recomputing it: whole-step totals with the strategy on
+    each group of twin blocks, shared evenly within the group (blocks of one type cost the same)."""
+    count = len(blocks)
+    if not kind_class(strategy).recomputes:
+        return (0,) * count
+    per_block = [0] * count
+    for group in _twins(blocks):
+        plan = tuple(strategy if j in group else "none" for j in range(count))
+        _apply(model, plan)
+        total, _ = _flops_step(model, inputs, mode, autocast=autocast)
+        # not clamped at 0: a checkpointed block may run another kernel (T5 attention, below)
+        share, remainder = divmod(total - step_flops, len(group))
+        for position, j in enumerate(group):
+            per_block[j] = share + (1 if position < remainder else 0)
+    return tuple(per_block)
+
 def trace(
     model: nn.Module, blocks: list[Block], inputs: Mapping[str, Any], mode: Any, device: str,
     strategies: tuple[str, ...] = TRACED,
@@ -480,21 +499,8 @@ def trace(
         calls = _captured_inputs(model, blocks, inputs, mode, autocast)
         block_flops = tuple(_block_step_flops(block, call, mode) for block, call in zip(blocks, calls))
         for strategy in usable:
-            if strategy in unusable:
-                continue
-            if not kind_class(strategy).recomputes:
-                recompute[strategy] = (0,) * count
-                continue
-            per_block = [0] * count
-            for group in _twins(blocks):  # whole-step totals are exact; blocks of one type cost the same
-                plan = tuple(strategy if j in group else "none" for j in range(count))
-                _apply(model, plan)
-                total, _ = _flops_step(model, inputs, mode, autocast=autocast)
-                # not clamped at 0: a checkpointed block may run another kernel (T5 attention, below)
-                share, remainder = divmod(total - step_flops, len(group))
-                for position, j in enumerate(group):
-                    per_block[j] = share + (1 if position < remainder else 0)
-            recompute[strategy] = tuple(per_block)
+            if strategy not in unusable:
+                recompute[strategy] = _recompute_flops(model, blocks, inputs, mode, strategy, step_flops, autocast)
         remove(model)
     for parameter in model.parameters():
         parameter.grad = None
