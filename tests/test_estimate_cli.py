@@ -126,3 +126,16 @@ def test_encoders_with_a_mask_are_estimated_for_cuda_with_every_strategy(autocas
     assert "modelled, unverified on hardware" in out
     for strategy in ("none", "full", "every_n:2", "selective"):
         assert f"\n{strategy} " in out
+
+
+def test_the_check_model_repeats_the_layer_types_of_a_config_with_fewer_blocks():
+    """``estimate --check`` builds BLOCKS blocks; a config with fewer (a 2-layer Gemma-2) has its layer pattern
+    repeated to that many, not cut short (which made the tiny model's build fail with an IndexError)."""
+    from transformers import Gemma2Config
+
+    from hf_ckpt.estimate._check import BLOCKS, tiny_config
+
+    config = Gemma2Config(num_hidden_layers=2, layer_types=["sliding_attention", "full_attention"])
+    tiny = tiny_config(config)
+    assert tiny.num_hidden_layers == BLOCKS
+    assert tiny.layer_types == ["sliding_attention", "full_attention"] * (BLOCKS // 2)

@@ -52,8 +52,9 @@ def _shrink(config: Any) -> None:
     for name in _LAYERS:
         if isinstance(values.get(name), int) and values[name] > 0:
             count = values[name]
-            if isinstance(values.get("layer_types"), list) and len(values["layer_types"]) == count:
-                config.layer_types = values["layer_types"][:BLOCKS]
+            types = values.get("layer_types")
+            if isinstance(types, list) and len(types) == count:  # the pattern repeated where the config has fewer
+                config.layer_types = [types[i % count] for i in range(BLOCKS)]
             setattr(config, name, BLOCKS)
     for name, token in _TOKENS.items():
         if values.get(name) is not None:
