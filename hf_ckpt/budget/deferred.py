@@ -44,13 +44,12 @@ import torch
 from torch import nn
 
 from hf_ckpt.budget import forms as _budget
-from hf_ckpt.runtime import head as _head
-from hf_ckpt.runtime.apply import apply_config
+from hf_ckpt.runtime.apply import apply_config, install
 from hf_ckpt.runtime.binding import resolve
 from hf_ckpt.runtime.compat import has_peft_adapters
 from hf_ckpt.budget.optimizer_states import pending_state_bytes, unwrap
 from hf_ckpt.budget.precision import autocast_dtype
-from hf_ckpt.runtime.state import CheckpointState, get_state, set_state, take_back
+from hf_ckpt.runtime.state import CheckpointState, Source, get_state
 from hf_ckpt.runtime.target import target_model
 from hf_ckpt.runtime.units import format_bytes, precision_label
 from hf_ckpt.runtime.warn import warn_once
@@ -208,12 +207,10 @@ def defer(model: nn.Module, budget: Any, kwargs_dict: Mapping[str, Any] | None, 
     if request.plan is not None:
         _apply(model, target, request, request.plan)
         return model
-    before = take_back(target)
-    state = CheckpointState(config=config, before=before, bound=[], source="budget", budget=request)
-    if not keep_outputs and _head.refusal(target) is None:  # a plan made in the first forward may chunk the head:
-        _head.install(state, target)  # the wrapper that call already runs reads the plan's chunk
+    # nothing bound yet; the chunked head goes on where it may: the wrapper the first forward already runs reads
+    # the chunk of the plan made in that forward
+    state = install(model, config, source=Source.BUDGET, budget=request, pending=True)
     _watch(state, model, target, request)
-    set_state(target, state)
     return model
 
 
@@ -321,12 +318,8 @@ def _run_new_pre_hooks(state: CheckpointState, module: nn.Module, args: tuple, k
 
 
 def _apply(model: nn.Module, target: nn.Module, request: DeferredBudget, plan: Any) -> CheckpointState:
-    apply_config(model, request.config(plan))
+    state = install(model, request.config(plan), source=Source.BUDGET, budget=request)
     request.plan = plan
-    state = get_state(target)
-    assert state is not None
-    state.budget = request
-    state.source = "budget"
     _watch(state, model, target, request)
     return state
 
