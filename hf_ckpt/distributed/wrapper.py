@@ -28,7 +28,7 @@ from hf_ckpt.runtime.binding import Binding
 from hf_ckpt.runtime.state import ACTIVE_ATTRIBUTE, Source, get_state, take_back
 from hf_ckpt.runtime.target import target_model
 from hf_ckpt.runtime.blocks import Block
-from hf_ckpt.runtime.config import CheckpointConfig
+from hf_ckpt.runtime.config import EnableRequest
 from hf_ckpt.distributed import _engines
 from hf_ckpt.distributed.checks import guard, is_hf_ckpt_wrapper
 
@@ -127,7 +127,7 @@ def apply(model: nn.Module, **options: Any) -> nn.Module:
             "checkpointing off (accelerate: fsdp_activation_checkpointing: false) and call "
             "hf_ckpt.distributed.apply alone."
         )
-    config = CheckpointConfig.from_arguments(options, dict_name="checkpoint_kwargs")
+    config = EnableRequest(kwargs_dict=options).config  # enable's options, parsed as enable parses them
     install(model, config, source=Source.DISTRIBUTED, wrappers=_wrap_blocks)
     guard(target)  # on the model until unguard: it outlives the setting
     return model
