@@ -73,8 +73,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "head_chunk_refusal_skipped",
         "head_chunk_size is refused at the call on a model whose forward changes its logits or loss",
         "hf_ckpt/runtime/apply.py",
-        "        if refused:\n",
-        "        if False:  # mutant: never refused\n",
+        "    if refused and not pending:\n",
+        "    if False:  # mutant: never refused\n",
         ("tests/test_head.py",),
     ),
     Mutant(
@@ -154,9 +154,9 @@ MUTANTS: tuple[Mutant, ...] = (
         "failed_enable_changes_setting",
         "an enable call that raises changes nothing (the previous setting stays)",
         "hf_ckpt/runtime/apply.py",
-        "    binding = resolve(target, config)  # everything that can fail on this model fails here, before any change\n",
+        "    binding = None if pending else resolve(target, config)  # everything that can fail on this model fails here\n",
         "    take_back(target)  # mutant: the old setting is undone before the new one is checked\n"
-        "    binding = resolve(target, config)\n",
+        "    binding = None if pending else resolve(target, config)\n",
         ("tests/test_selection.py",),
     ),
     Mutant(

@@ -4,13 +4,13 @@
 :class:`~hf_ckpt.GradientCheckpointingMixin` methods and the methods :func:`hf_ckpt.patch_transformers` puts on
 ``PreTrainedModel`` (so the stock ``Trainer``, TRL and sentence-transformers too). The life of one call:
 
-1. **Validate.** The options become one :class:`~hf_ckpt.CheckpointConfig` (bad values fail here, naming the
-   argument); a ``budget`` is taken out first and hands the call to the lab (:mod:`hf_ckpt.budget.deferred`: a plan made
-   now on ``sample_inputs``, or at the first training batch), which makes the plan and comes back through the same
-   runtime function. A call that raises changes nothing.
-2. **Apply** (:func:`hf_ckpt.runtime.apply.apply_config`, the runtime): resolve the config on the model without touching
-   it (an index past the last block fails here), take back a previous hf_ckpt setting, bind the flags and
-   functions, add the hooks (input grads, ``use_cache`` off in training steps, checkpointing off under
+1. **Validate.** The arguments become one :class:`~hf_ckpt.runtime.config.EnableRequest` (parsed once, bad values
+   fail here, naming the argument), holding one :class:`~hf_ckpt.CheckpointConfig`; a request with a ``budget``
+   goes to the lab (:mod:`hf_ckpt.budget.deferred`: a plan made now on ``sample_inputs``, or at the first training
+   batch), which makes the plan and comes back through the same runtime function. A call that raises changes nothing.
+2. **Apply** (:func:`hf_ckpt.runtime.apply.install`, the runtime, for every entry point): resolve the config on the
+   model without touching it (an index past the last block fails here), take back a previous hf_ckpt setting, bind
+   the flags and functions, add the hooks (input grads, ``use_cache`` off in training steps, checkpointing off under
    ``no_grad``, the distributed guard, the probe that measures what the first step recomputes), record it all.
 
 ``disable`` puts back exactly what the record says the model had before.
@@ -24,7 +24,7 @@ from torch import nn
 
 from hf_ckpt.runtime.apply import apply_config, remove
 from hf_ckpt.runtime.apply import checkpointed_layers as _measured_or_flagged
-from hf_ckpt.runtime.config import CheckpointConfig, split_budget
+from hf_ckpt.runtime.config import EnableRequest
 
 if TYPE_CHECKING:
     from hf_ckpt.runtime.plans import CheckpointPlan
@@ -33,20 +33,14 @@ if TYPE_CHECKING:
 def configure(model: nn.Module, kwargs_dict: Mapping[str, Any] | None, dict_name: str, **options: Any) -> nn.Module:
     """Enable checkpointing on ``model`` from a ``gradient_checkpointing_enable``-style call: hf_ckpt's options as
     ``options`` or as keys of ``kwargs_dict`` (named ``dict_name`` in errors), the rest for
-    ``torch.utils.checkpoint.checkpoint``. The one path of :func:`enable`, the mixin and the patch."""
-    budget, kwargs_dict, options = split_budget(kwargs_dict, options)
-    sample_inputs = options.pop("sample_inputs", None)
-    keeps = "keep_outputs" in options or (isinstance(kwargs_dict, Mapping) and "keep_outputs" in kwargs_dict)
-    if keeps and (budget is None or sample_inputs is not None):
-        raise ValueError("keep_outputs chooses the loop a budget without sample_inputs is planned for: give budget "
-                         "without sample_inputs, or drop keep_outputs")
-    if budget is None:
-        if sample_inputs is not None:
-            raise ValueError("sample_inputs is the batch a budget is profiled on: give budget too, or drop sample_inputs")
-        return apply_config(model, CheckpointConfig.from_arguments(kwargs_dict, dict_name=dict_name, **options))
+    ``torch.utils.checkpoint.checkpoint``. The one path of :func:`enable`, the mixin and the patch: the arguments
+    become one :class:`~hf_ckpt.runtime.config.EnableRequest`, read by nothing else."""
+    request = EnableRequest.parse(kwargs_dict, dict_name, **options)
+    if request.budget is None:
+        return apply_config(model, request.config)
     from hf_ckpt.budget import deferred as _deferred  # deferred: the lab (planner, estimator) loads only when a budget is asked for
 
-    return _deferred.enable_within(model, budget, kwargs_dict, dict_name, options, sample_inputs)
+    return _deferred.enable_within(model, request)
 
 
 def enable(
@@ -140,10 +134,9 @@ def enable(
     """
     return configure(
         model, checkpoint_kwargs, "checkpoint_kwargs", every_n_layers=every_n_layers, layers=layers,
-        num_layers=num_layers, method=method, strategy=None if strategy == CheckpointConfig.strategy else strategy,
-        policy=policy, plan=plan, budget=budget, sample_inputs=sample_inputs, offload=offload, checkpoint_fn=checkpoint_fn,
+        num_layers=num_layers, method=method, strategy=strategy, policy=policy, plan=plan, budget=budget,
+        sample_inputs=sample_inputs, keep_outputs=keep_outputs, offload=offload, checkpoint_fn=checkpoint_fn,
         head_chunk_size=head_chunk_size,
-        **({} if keep_outputs is False else {"keep_outputs": keep_outputs}),
     )
 
 

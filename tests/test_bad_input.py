@@ -111,3 +111,18 @@ def test_model_without_any_flag():
                                          r"repeated blocks"):  # the class, what it lacks
         hf_ckpt.enable(model)
     assert "_hf_ckpt_state" not in model.__dict__ and "gradient_checkpointing" not in model.__dict__
+
+
+def test_the_arguments_are_parsed_once_into_one_request_that_names_only_what_was_given():
+    """``EnableRequest``: the budget taken out of the dict and parsed, the mixin's None arguments absent (not given),
+    ``strategy="full"`` kept as given, and a bad combination raised at construction, naming the argument."""
+    from hf_ckpt.runtime.config import EnableRequest
+
+    request = EnableRequest.parse({"budget": "50%", "use_reentrant": True}, "gradient_checkpointing_kwargs",
+                                  every_n_layers=None, offload=None)
+    assert (request.options, request.budget, request.keep_outputs) == ({}, 0.5, False)
+    assert request.kwargs_dict == {"use_reentrant": True} and request.config.use_reentrant
+    assert EnableRequest.parse(None, "checkpoint_kwargs", strategy="full").options == {"strategy": "full"}
+    assert EnableRequest(budget=" Auto ").budget == "auto"
+    with pytest.raises(ValueError, match="^budget makes the plan itself: give it without layers$"):
+        EnableRequest(options={"layers": [0]}, budget=0.5)

@@ -406,7 +406,7 @@ def test_enabling_again_with_other_options_keeps_the_optimizer_and_autocast_foun
     hf_ckpt.enable(model, budget="auto", preserve_rng_state=False)
     request = get_state(model).budget
     assert request.optimizer() is optimizer and request.autocast is torch.bfloat16
-    assert request.checkpoint_kwargs == {"preserve_rng_state": False}
+    assert request.request.kwargs_dict == {"preserve_rng_state": False}  # the call's EnableRequest
 
 
 def test_enabling_again_with_the_defaults_left_out_is_the_same_request():

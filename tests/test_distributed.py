@@ -328,6 +328,42 @@ def test_apply_recomputes_what_enable_recomputes(name, options):
     assert hf_ckpt.checkpointed_layers(applied) == hf_ckpt.checkpointed_layers(enabled)
 
 
+_OUTSIDE_OR_PARTITION = {
+    "outside_blocks": (("full", "full"), ("model.norm",)),
+    "partition": (("partition:0.5", "partition:0.5"), ()),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(_OUTSIDE_OR_PARTITION))
+def test_apply_keeps_a_plans_outside_blocks_and_partitions_as_enable_does(kind):
+    """A plan's ``outside_blocks`` and ``partition:`` blocks through ``distributed.apply``: the saved-tensor hook, the
+    recomputed modules and the partitioned graphs go on as ``enable`` puts them, measured (memory kept and FLOPs of
+    one step, blocks recomputed), with no fallback warning; the plan's memory differs from the plain full one."""
+    from hf_ckpt.measure import measure_step
+    from hf_ckpt.strategies.partition.graph import partition_unavailable
+
+    if kind == "partition" and partition_unavailable() is not None:
+        pytest.skip(str(partition_unavailable()))
+    strategies, outside = _OUTSIDE_OR_PARTITION[kind]
+    plan = hf_ckpt.CheckpointPlan(strategies, outside_blocks=outside)
+    ids = torch.randint(1, 64, (2, 64), generator=torch.Generator().manual_seed(0))
+    batch = {"input_ids": ids, "labels": ids.clone()}
+    enabled = measure_step(hf_ckpt.enable(tiny_llama(layers=2), plan=plan), batch)
+    plain = measure_step(hf_ckpt.distributed.apply(tiny_llama(layers=2), every_n_layers=1), batch)
+    model, runs = _counted(tiny_llama(layers=2))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "checkpointed in full instead of partitioned"
+        hf_ckpt.distributed.apply(model, plan=plan)
+        applied = measure_step(model, batch)
+        counts, _ = _train(model, batch, runs)
+    assert (applied.retained_bytes, applied.flops) == (enabled.retained_bytes, enabled.flops)
+    assert applied.retained_bytes != plain.retained_bytes
+    assert counts == {0: 2, 1: 2}
+    assert hf_ckpt.checkpointed_layers(model) == [0, 1]
+    hf_ckpt.disable(model)
+    assert "forward" not in vars(model.model.norm)  # the recomputed modules' forwards taken back
+
+
 def test_apply_again_replaces_the_selection_and_remove_passes_every_block_through():
     model, runs = _counted(tiny_llama())
     batch = batch_for(model)

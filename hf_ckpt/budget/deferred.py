@@ -3,11 +3,12 @@
 ``hf_ckpt.enable(model, budget=...)``, the mixin and the patched methods (so the stock ``Trainer`` and TRL, with
 ``gradient_checkpointing_kwargs={"budget": ...}``) come here when no sample batch is given:
 
-1. **At the call** the budget (:mod:`hf_ckpt.budget.forms`) and every other option are checked, the model too (its
-   checkpointing flags, a token input); a call that raises changes nothing. The previous setting is taken back
-   and a record (:class:`~hf_ckpt.runtime.state.CheckpointState`, its ``budget`` a :class:`DeferredBudget`) holds one
-   forward pre-hook per ``PreTrainedModel`` level (PEFT calls the inner ``forward`` directly). Nothing is
-   checkpointed yet; ``disable`` takes the record back like any other.
+1. **At the call** the budget and every other option are checked by the request
+   (:class:`~hf_ckpt.runtime.config.EnableRequest`), the model here (its checkpointing flags, a token input); a call
+   that raises changes nothing. The previous setting is taken back and a record
+   (:class:`~hf_ckpt.runtime.state.CheckpointState`, its ``budget`` a :class:`DeferredBudget`) holds one forward
+   pre-hook per ``PreTrainedModel`` level (PEFT calls the inner ``forward`` directly). Nothing is checkpointed yet;
+   ``disable`` takes the record back like any other.
 2. **At the first training forward** (training mode, grad enabled) the hook reads the batch size and sequence
    length from the forward's arguments (the model's ``main_input_name``, ``inputs_embeds``, decoder inputs and
    labels: the longest sequence), estimates the step with :func:`hf_ckpt.estimate.estimate` on meta and fake
@@ -44,17 +45,16 @@ import torch
 from torch import nn
 
 from hf_ckpt.budget import forms as _budget
-from hf_ckpt.runtime import head as _head
-from hf_ckpt.runtime.apply import apply_config
+from hf_ckpt.runtime.apply import apply_config, install
 from hf_ckpt.runtime.binding import resolve
 from hf_ckpt.runtime.compat import has_peft_adapters
 from hf_ckpt.budget.optimizer_states import pending_state_bytes, unwrap
 from hf_ckpt.budget.precision import autocast_dtype
-from hf_ckpt.runtime.state import CheckpointState, get_state, set_state, take_back
+from hf_ckpt.runtime.state import CheckpointState, Source, get_state
 from hf_ckpt.runtime.target import target_model
 from hf_ckpt.runtime.units import format_bytes, precision_label
 from hf_ckpt.runtime.warn import warn_once
-from hf_ckpt.runtime.config import CheckpointConfig
+from hf_ckpt.runtime.config import CheckpointConfig, EnableRequest
 from hf_ckpt.estimate import estimate, plan_from_estimate
 from hf_ckpt.estimate._engine import detected_sharding, still_allocated
 from hf_ckpt.estimate._model import build_on_meta
@@ -70,7 +70,6 @@ _GROUP = "budget"
 _SEQUENCE_INPUTS = ("inputs_embeds", "decoder_input_ids", "decoder_inputs_embeds", "labels")
 _ESTIMATE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _CACHE_SIZE = 16
-_KEEP = "keep_outputs"
 _estimates: dict[tuple, Any] = {}
 _last: "weakref.WeakKeyDictionary[nn.Module, DeferredBudget]" = weakref.WeakKeyDictionary()
 
@@ -80,10 +79,9 @@ class DeferredBudget:
     """A budget planned at the first training batch, and what it planned (see the module docstring).
 
     Attributes:
-        budget: ``"auto"``, a fraction (float) or bytes (int), as :func:`hf_ckpt.budget.forms.check_budget` made it.
-        options: hf_ckpt's other options (``offload``, ``checkpoint_fn``, ...), as given.
-        checkpoint_kwargs: The keyword arguments for ``torch.utils.checkpoint.checkpoint``, as given.
-        dict_name: Where ``checkpoint_kwargs`` came from, for messages.
+        request: The enable call (:class:`~hf_ckpt.runtime.config.EnableRequest`): the budget, hf_ckpt's other
+            options and the checkpoint keyword arguments, as parsed.
+        budget: ``"auto"``, a fraction (float) or bytes (int): the request's.
         output_dir: Where the plan JSON is saved (the Trainer's ``output_dir``); None: not saved.
         shape: ``(batch, seq)`` the current plan was made for; None until the first batch.
         autocast: The autocast dtype the current plan was made for (mixed precision), or None.
@@ -99,10 +97,8 @@ class DeferredBudget:
             (:func:`hf_ckpt.estimate.estimate`'s ``keep_outputs``); False: the ``Trainer``'s step.
     """
 
+    request: EnableRequest
     budget: float | int | str
-    options: dict[str, Any]
-    checkpoint_kwargs: dict[str, Any]
-    dict_name: str
     output_dir: str | None = None
     shape: tuple[int, int] | None = None
     autocast: torch.dtype | None = None
@@ -117,7 +113,7 @@ class DeferredBudget:
         """The same budget and the same configuration: options are compared as the configuration they make, so
         ``every_n_layers=1, offload=False`` (the ``Trainer``'s) and none at all (TRL's re-enable) are one request."""
         return (self.budget == other.budget and self.keep_outputs == other.keep_outputs
-                and self.config() == other.config())
+                and self.request.config == other.request.config)
 
     def use_optimizer(self, optimizer: Any) -> None:
         """Leave room for ``optimizer``'s first-step state in ``"auto"`` (the Trainer's callback tells it)."""
@@ -130,35 +126,8 @@ class DeferredBudget:
         save_plan(self)
 
     def config(self, plan: Any = None) -> CheckpointConfig:
-        return CheckpointConfig.from_arguments(self.checkpoint_kwargs, dict_name=self.dict_name, plan=plan, **self.options)
-
-
-def split_keep_outputs(kwargs_dict: Mapping[str, Any] | None, options: dict[str, Any]) -> tuple[bool, Any, dict[str, Any]]:
-    """Take ``keep_outputs`` out of a kwargs dict (a copy) and the options (a copy): ``(keep_outputs, kwargs_dict,
-    options)``; each value must be True or False, and the two the same."""
-    given = []
-    if isinstance(kwargs_dict, Mapping) and _KEEP in kwargs_dict:
-        kwargs_dict = dict(kwargs_dict)
-        given.append(kwargs_dict.pop(_KEEP))
-    if _KEEP in options:
-        options = dict(options)
-        given.append(options.pop(_KEEP))
-    for value in given:
-        if not isinstance(value, bool):
-            raise ValueError(f"keep_outputs must be True or False; got {value!r}")
-    if len(set(given)) > 1:
-        raise ValueError("keep_outputs was given twice with different values, as an argument and in the dict. Give it once.")
-    return (given[0] if given else False), kwargs_dict, options
-
-
-def _check_options(config: CheckpointConfig) -> None:
-    chosen = [name for name, active in (
-        ("every_n_layers", config.every_n_layers != 1), ("layers", config.layers is not None),
-        ("num_layers", config.num_layers is not None), ("plan", config.plan is not None),
-        ("strategy", config.strategy != CheckpointConfig.strategy),
-    ) if active]
-    if chosen:
-        raise ValueError(f"budget makes the plan itself: give it without {', '.join(chosen)}")
+        """The request's config with ``plan``; without one, the request's config."""
+        return self.request.config if plan is None else self.request.config_with(plan=plan)
 
 
 def _check_model(target: nn.Module, config: CheckpointConfig) -> None:
@@ -172,48 +141,37 @@ def _check_model(target: nn.Module, config: CheckpointConfig) -> None:
         )
 
 
-def enable_within(model: nn.Module, budget: Any, kwargs_dict: Mapping[str, Any] | None, dict_name: str,
-                  options: dict[str, Any], sample_inputs: Mapping[str, Any] | None) -> nn.Module:
-    """The cheapest plan within ``budget``, applied: profiled now on ``sample_inputs``, or (without) planned at the
-    first training batch (:func:`defer`). ``hf_ckpt.enable``, the mixin and the patch come here with a budget."""
-    if options.get("plan") is not None:
-        raise ValueError("give either plan or budget (which makes a plan), not both")
-    if sample_inputs is None:
-        return defer(model, budget, kwargs_dict, dict_name, options)
-    CheckpointConfig.from_arguments(kwargs_dict, dict_name=dict_name, **options)  # bad options fail before profiling
-    policy = options.get("policy")
-    made = make_plan(model, sample_inputs, budget, policy=policy, **dict(kwargs_dict or {}))
-    options.update(plan=made, policy=policy if any(kind_class(s).takes_policy for s in made.strategies) else None)
-    return apply_config(model, CheckpointConfig.from_arguments(kwargs_dict, dict_name=dict_name, **options))
+def enable_within(model: nn.Module, request: EnableRequest) -> nn.Module:
+    """The cheapest plan within the request's budget, applied: profiled now on its ``sample_inputs``, or (without)
+    planned at the first training batch (:func:`defer`). ``hf_ckpt.enable``, the mixin and the patch come here with
+    a budget."""
+    if request.sample_inputs is None:
+        return defer(model, request)
+    policy = request.options.get("policy")
+    made = make_plan(model, request.sample_inputs, request.budget, policy=policy, **dict(request.kwargs_dict or {}))
+    takes_policy = any(kind_class(s).takes_policy for s in made.strategies)
+    return apply_config(model, request.config_with(plan=made, policy=policy if takes_policy else None))
 
 
-def defer(model: nn.Module, budget: Any, kwargs_dict: Mapping[str, Any] | None, dict_name: str,
-          options: dict[str, Any]) -> nn.Module:
-    """Check everything, then leave ``model`` with a record that plans ``budget`` at the first training batch."""
+def defer(model: nn.Module, request: EnableRequest) -> nn.Module:
+    """Check the model, then leave it with a record that plans the request's budget at the first training batch."""
     target = target_model(model)
-    checked = _budget.check_budget(budget)
-    keep_outputs, kwargs_dict, options = split_keep_outputs(kwargs_dict, options)
-    config = CheckpointConfig.from_arguments(kwargs_dict, dict_name=dict_name, **options)
-    _check_options(config)
-    _check_model(target, config)
-    request = DeferredBudget(checked, {k: v for k, v in options.items() if v is not None},
-                             dict(kwargs_dict or {}), dict_name, keep_outputs=keep_outputs)
+    _check_model(target, request.config)
+    deferred = DeferredBudget(request, request.budget, keep_outputs=request.keep_outputs)
     previous = _last.get(target)
-    if previous is not None and previous.same_request(request):
-        request = previous  # the plan made for this model and budget (TRL re-enables within every step)
+    if previous is not None and previous.same_request(deferred):
+        deferred = previous  # the plan made for this model and budget (TRL re-enables within every step)
     elif previous is not None:  # the same training run, enabled with other options: what it found still holds
-        request.output_dir, request.autocast = previous.output_dir, previous.autocast
-        request.optimizer = previous.optimizer
-    _last[target] = request
-    if request.plan is not None:
-        _apply(model, target, request, request.plan)
+        deferred.output_dir, deferred.autocast = previous.output_dir, previous.autocast
+        deferred.optimizer = previous.optimizer
+    _last[target] = deferred
+    if deferred.plan is not None:
+        _apply(model, target, deferred, deferred.plan)
         return model
-    before = take_back(target)
-    state = CheckpointState(config=config, before=before, bound=[], source="budget", budget=request)
-    if not keep_outputs and _head.refusal(target) is None:  # a plan made in the first forward may chunk the head:
-        _head.install(state, target)  # the wrapper that call already runs reads the plan's chunk
-    _watch(state, model, target, request)
-    set_state(target, state)
+    # nothing bound yet; the chunked head goes on where it may: the wrapper the first forward already runs reads
+    # the chunk of the plan made in that forward
+    state = install(model, request.config, source=Source.BUDGET, budget=deferred, pending=True)
+    _watch(state, model, target, deferred)
     return model
 
 
@@ -321,12 +279,8 @@ def _run_new_pre_hooks(state: CheckpointState, module: nn.Module, args: tuple, k
 
 
 def _apply(model: nn.Module, target: nn.Module, request: DeferredBudget, plan: Any) -> CheckpointState:
-    apply_config(model, request.config(plan))
+    state = install(model, request.config(plan), source=Source.BUDGET, budget=request)
     request.plan = plan
-    state = get_state(target)
-    assert state is not None
-    state.budget = request
-    state.source = "budget"
     _watch(state, model, target, request)
     return state
 

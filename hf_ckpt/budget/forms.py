@@ -1,7 +1,8 @@
 """Budgets planned before the batch is known: the accepted forms, ``"auto"`` and the free memory it reads.
 
 A budget given without ``sample_inputs`` (``hf_ckpt.enable(model, budget=...)``, or ``{"budget": ...}`` in
-``gradient_checkpointing_kwargs``) is checked here at the call and planned at the first training batch by
+``gradient_checkpointing_kwargs``) is parsed at the call (:func:`hf_ckpt.runtime.units.parse_budget`, with the
+request: :class:`hf_ckpt.runtime.config.EnableRequest`) and planned at the first training batch by
 :mod:`hf_ckpt.budget.deferred`. It is one of:
 
 * a size: bytes of activation memory (an int, or a string with a unit: ``"40GiB"``);
@@ -20,15 +21,13 @@ A budget given without ``sample_inputs`` (``hf_ckpt.enable(model, budget=...)``,
 from __future__ import annotations
 
 import os
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 
-from hf_ckpt.runtime.units import BUDGET_FORMS, format_bytes, parse_budget
+# AUTO and DEFERRED_BUDGET_FORMS are defined with the parser (runtime.units) and named here as before
+from hf_ckpt.runtime.units import AUTO, DEFERRED_BUDGET_FORMS, format_bytes
 
-AUTO = "auto"
-#: The forms a budget without ``sample_inputs`` takes, for error messages.
-DEFERRED_BUDGET_FORMS = f"{BUDGET_FORMS}, or 'auto' (the device's free memory minus a headroom)"
 #: Share of the device's total memory ``"auto"`` leaves free: allocator rounding and fragmentation, the CUDA
 #: context and library workspaces, and what the estimate does not model.
 AUTO_HEADROOM_FRACTION = 0.10
@@ -37,19 +36,6 @@ AUTO_HEADROOM_MIN_BYTES = 512 * 2**20
 
 #: ``source(device) -> (free_bytes, total_bytes)``.
 FreeMemorySource = Callable[[torch.device], "tuple[int, int]"]
-
-
-def check_budget(value: Any) -> float | int | str:
-    """``value`` as a budget: ``"auto"``, a float fraction or an int of bytes; errors name ``budget``."""
-    if isinstance(value, str) and value.strip().lower() == AUTO:
-        return AUTO
-    try:
-        return parse_budget(value)
-    except (TypeError, ValueError) as error:
-        message = str(error)
-        if message.startswith("budget must be"):
-            message = message.split(";", 1)[-1].strip()
-        raise type(error)(f"budget must be {DEFERRED_BUDGET_FORMS}; {message}") from None
 
 
 def describe(budget: float | int | str) -> str:

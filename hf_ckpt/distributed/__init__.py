@@ -9,9 +9,21 @@
 
 ``hf_ckpt.enable`` itself works under the engines; ``docs/guides/distributed.md`` gives the order of calls each
 engine needs.
+
+The names load on first use (PEP 562): the runtime's guard hook imports :mod:`hf_ckpt.distributed.checks` without
+loading the wrappers, and :mod:`hf_ckpt.distributed.wrapper` installs through :mod:`hf_ckpt.runtime.apply`.
 """
 
-from hf_ckpt.distributed.checks import guard, unguard
-from hf_ckpt.distributed.wrapper import apply, remove, wrapped_layers
+from typing import TYPE_CHECKING
 
-__all__ = ["apply", "guard", "remove", "unguard", "wrapped_layers"]
+from hf_ckpt._lazy import lazy_exports
+
+_EXPORTS = {"guard": ".checks", "unguard": ".checks", "apply": ".wrapper", "remove": ".wrapper",
+            "wrapped_layers": ".wrapper"}
+__all__ = sorted(_EXPORTS)
+
+if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerly
+    from hf_ckpt.distributed.checks import guard, unguard
+    from hf_ckpt.distributed.wrapper import apply, remove, wrapped_layers
+
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -4,8 +4,9 @@ Training loops built on FSDP's wrapper mechanism (``apply_activation_checkpointi
 torchtitan-style loops use) expect checkpointing as modules in the tree, not as flags. :func:`apply` gives them
 that with exactly the meaning of :func:`hf_ckpt.enable`: the same options, validated the same way, the same
 blocks selected and the same checkpoint functions (full or selective, offloaded or not, reentrant or not), resolved
-by the same :func:`hf_ckpt.runtime.binding.resolve`; this module only wraps. The same hooks go on the model, and the same
-state record says what changed, so :func:`hf_ckpt.disable` and :func:`remove` take it all back.
+by the same :func:`hf_ckpt.runtime.binding.resolve`; this module only wraps. The record is made and the hooks go on
+(a plan's ``outside_blocks`` and partitioned blocks included) by the one :func:`hf_ckpt.runtime.apply.install`, so
+:func:`hf_ckpt.disable` and :func:`remove` take it all back.
 
 Every block gets one :class:`HfCkptCheckpointWrapper` (a ``CheckpointWrapper`` subclass), active on the selected
 blocks and a pass-through on the others, so that calling :func:`apply` again or :func:`remove` only flips
@@ -22,12 +23,12 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from hf_ckpt.runtime import hooks as _hooks
-from hf_ckpt.runtime.binding import resolve
-from hf_ckpt.runtime.state import ACTIVE_ATTRIBUTE, CheckpointState, get_state, set_state, take_back
+from hf_ckpt.runtime.apply import install
+from hf_ckpt.runtime.binding import Binding
+from hf_ckpt.runtime.state import ACTIVE_ATTRIBUTE, Source, get_state, take_back
 from hf_ckpt.runtime.target import target_model
 from hf_ckpt.runtime.blocks import Block
-from hf_ckpt.runtime.config import CheckpointConfig
+from hf_ckpt.runtime.config import EnableRequest
 from hf_ckpt.distributed import _engines
 from hf_ckpt.distributed.checks import guard, is_hf_ckpt_wrapper
 
@@ -126,8 +127,15 @@ def apply(model: nn.Module, **options: Any) -> nn.Module:
             "checkpointing off (accelerate: fsdp_activation_checkpointing: false) and call "
             "hf_ckpt.distributed.apply alone."
         )
-    binding = resolve(target, CheckpointConfig.from_arguments(options, dict_name="checkpoint_kwargs"))
-    before = take_back(target)
+    config = EnableRequest(kwargs_dict=options).config  # enable's options, parsed as enable parses them
+    install(model, config, source=Source.DISTRIBUTED, wrappers=_wrap_blocks)
+    guard(target)  # on the model until unguard: it outlives the setting
+    return model
+
+
+def _wrap_blocks(target: nn.Module, binding: Binding) -> tuple[list[tuple[nn.Module, str, Any]], list[Any]]:
+    """Bind ``binding`` through one :class:`HfCkptCheckpointWrapper` per block (the wrappers a previous call made
+    get new switches and functions): ``(bound, undo)`` for :func:`hf_ckpt.runtime.apply.install`."""
     functions = binding.functions
     plain = functools.partial(checkpoint, **binding.config.checkpoint_kwargs)  # what a pass-through wrapper holds
     reentrant = binding.config.use_reentrant
@@ -160,14 +168,7 @@ def apply(model: nn.Module, **options: Any) -> nn.Module:
         )
     wrappers = list(_our_wrappers(target).values())
     bound.extend((w, ACTIVE_ATTRIBUTE, w.__dict__[ACTIVE_ATTRIBUTE]) for w in wrappers)
-    state = CheckpointState(
-        config=binding.config, before=before, bound=bound, source="distributed.apply"
-    )
-    state.undo.append(functools.partial(_switch_off, wrappers))
-    _hooks.add_checkpointing_hooks(state, target, binding, needs_input_grads=target is not model)
-    set_state(target, state)
-    guard(target)
-    return model
+    return bound, [functools.partial(_switch_off, wrappers)]
 
 
 def _switch_off(wrappers: list[nn.Module]) -> None:
@@ -183,7 +184,7 @@ def remove(model: nn.Module) -> nn.Module:
     """
     target = target_model(model)
     state = get_state(target)
-    if state is not None and state.source == "distributed.apply":
+    if state is not None and state.source is Source.DISTRIBUTED:
         take_back(target)
     _switch_off(list(_our_wrappers(target).values()))
     return model

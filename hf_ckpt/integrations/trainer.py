@@ -18,7 +18,7 @@ from typing import Any
 
 from transformers.trainer_callback import TrainerCallback
 
-from hf_ckpt.runtime.state import get_state
+from hf_ckpt.runtime.state import PlannedBudget, get_state
 from hf_ckpt.runtime.target import target_model
 from hf_ckpt.integrations.deepspeed import warn_unused_config
 
@@ -37,16 +37,18 @@ class BudgetPlanCallback(TrainerCallback):
             request.save_in(getattr(args, "output_dir", None))
 
 
-def _budget_of(model: Any) -> Any:
+def _budget_of(model: Any) -> PlannedBudget | None:
     """The budget planned at the first batch (:class:`hf_ckpt.budget.deferred.DeferredBudget`) on ``model``'s record, or
-    None: read through the record, so the runtime loads none of the planning code."""
+    None: read through the record's typed :class:`~hf_ckpt.runtime.state.PlannedBudget`, so the runtime loads none
+    of the planning code."""
     if model is None:
         return None
     try:
         target = target_model(model)
     except TypeError:
         return None
-    return getattr(get_state(target), "budget", None)
+    state = get_state(target)
+    return state.budget if state is not None else None
 
 
 def checkpointing_on(model: Any) -> bool:

@@ -1,23 +1,23 @@
-"""Applying one :class:`~hf_ckpt.CheckpointConfig` to a model, reading it back, and taking it back: the runtime's
-one way in, which every entry point (``hf_ckpt.enable``, the mixin, the patch, the planner's profiling, a budget
-planned at the first batch) ends in.
+"""Applying one :class:`~hf_ckpt.CheckpointConfig` to a model, reading it back, and taking it back.
 
-:func:`apply_config` resolves the config on the model first (everything that can fail fails there, before any
-change), restores a previous hf_ckpt setting, binds, adds the hooks and records it all in the one
-:class:`~hf_ckpt.runtime.state.CheckpointState`; :func:`remove` puts back exactly what that record says the model had;
-:func:`checkpointed_layers` reads back which blocks are recomputed.
+:func:`install` is the one function that makes the :class:`~hf_ckpt.runtime.state.CheckpointState` and installs its
+hooks, for every entry point (``hf_ckpt.enable``, the mixin, the patch, the planner's profiling, a budget pending or
+planned, ``hf_ckpt.distributed.apply``), so that none can leave a hook out; :func:`remove` puts back exactly what
+that record says the model had; :func:`checkpointed_layers` reads back which blocks are recomputed.
 """
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from torch import nn
 
 from hf_ckpt.runtime import hooks as _hooks
-from hf_ckpt.runtime.binding import bind, is_block_checkpointed, resolve, run_model_logic, uses_legacy_signature
+from hf_ckpt.runtime.binding import (
+    Binding, bind, is_block_checkpointed, resolve, run_model_logic, uses_legacy_signature,
+)
 from hf_ckpt.runtime.stack_code import never_calls_bound_function
-from hf_ckpt.runtime.state import CheckpointState, get_state, set_state, take_back
+from hf_ckpt.runtime.state import CheckpointState, PlannedBudget, Source, get_state, set_state, take_back
 from hf_ckpt.runtime.target import target_model
 from hf_ckpt.runtime.warn import warn_once
 from hf_ckpt.runtime.blocks import find_blocks
@@ -45,42 +45,96 @@ def apply_options(model: nn.Module, kwargs_dict: Mapping[str, Any] | None = None
 
 
 def apply_config(model: nn.Module, config: CheckpointConfig) -> nn.Module:
-    """Enable checkpointing on ``model`` as ``config`` says. The shared implementation of every entry point."""
+    """Enable checkpointing on ``model`` as ``config`` says (:func:`install` with the flags)."""
+    install(model, config)
+    return model
+
+
+#: ``wrappers(target, binding) -> (bound, undo)``: bind a setting through checkpoint wrappers instead of flags.
+Wrappers = Callable[[nn.Module, Binding], "tuple[list[tuple[nn.Module, str, Any]], list[Callable[[], None]]]"]
+
+
+def install(model: nn.Module, config: CheckpointConfig, *, source: Source = Source.ENABLE,
+            wrappers: Wrappers | None = None, budget: PlannedBudget | None = None,
+            pending: bool = False) -> CheckpointState:
+    """Put ``config`` on ``model``: the one function that makes a :class:`~hf_ckpt.runtime.state.CheckpointState`
+    and installs its hooks, whichever entry point asked (``enable``, the mixin, the patch, a budget,
+    ``hf_ckpt.distributed.apply``).
+
+    The config is resolved on the model first (everything that can fail fails before any change); the previous
+    setting is taken back; the blocks are bound (with the flags, or with ``wrappers``: blocks wrapped by
+    :func:`hf_ckpt.distributed.apply`, which keeps its guard on the model after the setting goes); then the hooks
+    go on: input grads, ``use_cache``, ``no_grad``, the probe, directly called blocks, the chunked head, the
+    saved-tensor hook of ``outside_blocks`` and partitioned blocks, the guard. ``pending``: a ``budget`` waiting
+    for its first batch: nothing is bound and only the chunked head goes on (where the model allows it and the
+    budget does not keep the outputs), which the plan made then may use. Returns the record, set on the model.
+    """
     target = target_model(model)
-    binding = resolve(target, config)  # everything that can fail on this model fails here, before any change
-    if config.head_chunk_size is not None:  # deferred: the chunked head loads only when head_chunk_size is set
-        from hf_ckpt.runtime import head as _head
-        refused = _head.refusal(target)
-        if refused:
-            raise ValueError(f"head_chunk_size cannot apply to {type(target).__name__}: {refused}. Drop head_chunk_size.")
-    names = config.plan.outside_blocks if config.plan is not None else ()
-    hooked = names or any(s.saved_tensor_hook for s in config.strategies())
-    if hooked:  # deferred: only plans with outside_blocks or partitions load the saved-tensor hook's runtime
-        from hf_ckpt.strategies.outside import hook as _outside
-    outside = _outside.resolve_outside(target, names, binding.blocks) if hooked else []
-    if binding.legacy:
+    binding = None if pending else resolve(target, config)  # everything that can fail on this model fails here
+    head = _head_runtime(target, config, budget, pending)
+    outside = None if binding is None else _outside_modules(target, config, binding)
+    if binding is not None and binding.legacy and wrappers is None:
         _warn_legacy(target)
-    warn_ignored_config(model, config.checkpoint_fn, owner=target)  # a DeepSpeed "activation_checkpointing" block
+    if binding is not None:
+        warn_ignored_config(model, config.checkpoint_fn, owner=target)  # a DeepSpeed "activation_checkpointing" block
     before = take_back(target)
     try:
-        bound = bind(target, binding)
+        bound, undo = ([], []) if binding is None else (wrappers or _bind_flags)(target, binding)
     except BaseException:
         before.restore()
         raise
-    state = CheckpointState(config=config, before=before, bound=bound)
-    _hooks.add_checkpointing_hooks(state, target, binding, needs_input_grads=target is not model)
-    if any(not block.layer_flag and never_calls_bound_function(type(block.owner)) for block in binding.blocks):
-        from hf_ckpt.runtime import direct as _direct  # deferred: only a stack that never calls its bound function has blocks to wrap
-        _direct.install(state, binding.blocks)  # blocks a stack calls directly: checkpointed by wrapping them
-    if config.head_chunk_size is not None:
-        _head.install(state, target)
-    if hooked:  # one saved-tensor hook for both: recomputed modules, remade block outputs
-        _outside.install(state, [model, target], outside)
-    guard = new_guard_hook(target)  # one checkpoint per block under any engine; the DDP trap
-    if guard is not None:  # one of the record's hooks: removed and put back with them
+    state = CheckpointState(config=config, before=before, bound=bound, source=source, budget=budget)
+    state.undo.extend(undo)
+    if binding is not None:
+        _hooks.add_checkpointing_hooks(state, target, binding, needs_input_grads=target is not model)
+        if wrappers is None:
+            _install_direct(state, binding)
+    if head is not None:
+        head.install(state, target)
+    if outside is not None:  # one saved-tensor hook for both: recomputed modules, remade block outputs
+        outside[0].install(state, [model, target], outside[1])
+    guard = new_guard_hook(target) if binding is not None and wrappers is None else None
+    if guard is not None:  # one of the record's hooks: removed and put back with them (apply's outlives it)
         state.hooks.add(target, "register_forward_pre_hook", guard, group="guard")
     set_state(target, state)
-    return model
+    return state
+
+
+def _bind_flags(target: nn.Module, binding: Binding) -> tuple[list[tuple[nn.Module, str, Any]], list[Callable[[], None]]]:
+    return bind(target, binding), []
+
+
+def _head_runtime(target: nn.Module, config: CheckpointConfig, budget: PlannedBudget | None, pending: bool) -> Any:
+    """The chunked head's module when the head goes on, else None: ``head_chunk_size`` given (refused, with an
+    error, where the model's forward does not allow it), or a pending budget whose plan may chunk it (where the
+    model allows it and the budget does not keep the outputs)."""
+    wanted = (budget is not None and not budget.keep_outputs) if pending else config.head_chunk_size is not None
+    if not wanted:
+        return None
+    from hf_ckpt.runtime import head as _head  # deferred: the chunked head loads only when it may run
+
+    refused = _head.refusal(target)
+    if refused and not pending:
+        raise ValueError(f"head_chunk_size cannot apply to {type(target).__name__}: {refused}. Drop head_chunk_size.")
+    return None if refused else _head
+
+
+def _outside_modules(target: nn.Module, config: CheckpointConfig, binding: Binding) -> tuple[Any, list] | None:
+    """(the saved-tensor hook's module, the modules it recomputes), or None when the config needs no hook."""
+    names = config.plan.outside_blocks if config.plan is not None else ()
+    if not (names or any(s.saved_tensor_hook for s in config.strategies())):
+        return None
+    from hf_ckpt.strategies.outside import hook as _outside  # deferred: only plans with outside_blocks or partitions
+
+    return _outside, _outside.resolve_outside(target, names, binding.blocks)
+
+
+def _install_direct(state: CheckpointState, binding: Binding) -> None:
+    """Blocks a stack calls directly (it never calls its bound function): checkpointed by wrapping them."""
+    if any(not block.layer_flag and never_calls_bound_function(type(block.owner)) for block in binding.blocks):
+        from hf_ckpt.runtime import direct as _direct  # deferred: only such a stack has blocks to wrap
+
+        _direct.install(state, binding.blocks)
 
 
 def remove(model: nn.Module) -> nn.Module:

@@ -153,8 +153,11 @@ def module_of(function: Callable[..., Any]) -> nn.Module | None:
     """The module a stack handed to its checkpoint function, or None when it cannot be told.
 
     Stacks pass ``layer.__call__`` or ``layer.forward`` (bound methods), ``partial(forward, layer, ...)``
-    (transformers >= 5.23) or a closure over the layer (``create_custom_forward(layer)`` in remote code).
+    (transformers >= 5.23), a closure over the layer (``create_custom_forward(layer)`` in remote code), or the
+    layer itself (``torch.distributed``'s ``CheckpointWrapper``, so ``hf_ckpt.distributed.apply``).
     """
+    if isinstance(function, nn.Module):
+        return function
     while isinstance(function, functools.partial):
         for argument in function.args:
             if isinstance(argument, nn.Module):

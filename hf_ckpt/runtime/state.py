@@ -11,8 +11,12 @@ Whoever applies checkpointing (``hf_ckpt.enable``, the mixin, the patched ``tran
 * ``hooks``: every hook hf_ckpt added, removable and re-installable (:class:`Hooks`);
 * ``undo``: further actions that take back what was done (switching ``distributed.apply``'s wrappers off);
 * ``measured``: the blocks that the first training step actually recomputed, once known;
-* ``budget``: a budget planned from the first training batch (:mod:`hf_ckpt.budget.deferred`). Until that batch the
-  record binds nothing and holds only the hook that will plan; after it, the plan is bound as any other setting.
+* ``source``: which entry point made it (:class:`Source`);
+* ``budget``: a budget planned from the first training batch (:class:`PlannedBudget`, made by
+  :mod:`hf_ckpt.budget.deferred`). Until that batch the record binds nothing and holds only the hook that will
+  plan; after it, the plan is bound as any other setting.
+
+One function makes the record and installs its hooks: :func:`hf_ckpt.runtime.apply.install`.
 
 Profiling (the planner) runs inside :func:`suspended`, which takes the record and every hook off the model and
 puts them back, with the attributes, exactly as they were.
@@ -21,8 +25,10 @@ puts them back, with the attributes, exactly as they were.
 from __future__ import annotations
 
 import contextlib
+import enum
+import os
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Protocol
 
 from torch import nn
 from torch.utils.hooks import RemovableHandle
@@ -39,6 +45,27 @@ ACTIVE_ATTRIBUTE = "hf_ckpt_active"
 TRACKED_ATTRIBUTES = ("gradient_checkpointing", "_gradient_checkpointing_func", SELECTED_ATTRIBUTE, ACTIVE_ATTRIBUTE)
 STATE_ATTRIBUTE = "_hf_ckpt_state"
 _MISSING = object()
+
+
+class Source(enum.Enum):
+    """Which entry point made a record: its value is the name a message gives it (``hf_ckpt.<value>(...)``)."""
+
+    ENABLE = "enable"
+    DISTRIBUTED = "distributed.apply"
+    BUDGET = "budget"
+
+
+class PlannedBudget(Protocol):
+    """What the runtime (the record, the ``Trainer``'s callback) knows of a budget planned at the first training
+    batch (:class:`hf_ckpt.budget.deferred.DeferredBudget`), without loading the lab."""
+
+    keep_outputs: bool
+
+    def use_optimizer(self, optimizer: Any) -> None:
+        """Leave room for ``optimizer``'s first-step state in ``"auto"``."""
+
+    def save_in(self, output_dir: str | os.PathLike | None) -> None:
+        """Save the plan in ``output_dir`` (now, if it is made already, and at every re-plan)."""
 
 
 @dataclass
@@ -119,11 +146,11 @@ class CheckpointState:
     config: "CheckpointConfig"
     before: AttributeSnapshot
     bound: list[tuple[nn.Module, str, Any]]
-    source: str = "enable"
+    source: Source = Source.ENABLE
     hooks: Hooks = field(default_factory=Hooks)
     undo: list[Callable[[], None]] = field(default_factory=list)
     measured: tuple[int, ...] | None = None
-    budget: Any = None  # a budget planned at the first batch (hf_ckpt.budget.deferred.DeferredBudget), pending or planned
+    budget: PlannedBudget | None = None  # a budget planned at the first batch, pending or planned
 
     def is_current(self) -> bool:
         """Whether every attribute hf_ckpt set still holds the value it set."""

@@ -23,6 +23,10 @@ _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([a-z]+)\s*$", re.
 
 #: What a budget may look like, for error messages.
 BUDGET_FORMS = "a fraction in (0, 1] such as 0.5, a percentage such as 50%, or a size with a unit such as 40GiB"
+#: The budget read from the device's free memory at the first training batch (:mod:`hf_ckpt.budget.forms`).
+AUTO = "auto"
+#: The forms a budget planned at the first training batch takes, for error messages.
+DEFERRED_BUDGET_FORMS = f"{BUDGET_FORMS}, or 'auto' (the device's free memory minus a headroom)"
 SIZE_FORMS = "a size with a unit: B, KB, MB, GB, TB, KiB, MiB, GiB or TiB (for example 512MiB, 40GiB, 2e9B)"
 
 
@@ -45,23 +49,42 @@ def check_fraction(value: float, text: object = None) -> float:
     return value
 
 
-def parse_budget(value: object) -> float | int:
+class _NoBudget(Exception):
+    """Why a value is no budget: ``(error type, what is wrong, whether the message names the forms)``."""
+
+
+def parse_budget(value: object, *, with_auto: bool = False) -> float | int | str:
     """A budget: a float fraction of the no-checkpointing activation memory, or an int number of bytes.
 
     Accepts a Python float (a fraction in ``(0, 1]``), a Python int (bytes, as ``hf_ckpt.plan`` always took
     them), or a string written as a person would: ``"0.5"`` or ``"1"`` (fractions: a bare number in text is
-    never bytes), ``"50%"``, ``"40GiB"``.
+    never bytes), ``"50%"``, ``"40GiB"``. ``with_auto`` (a budget planned at the first training batch): ``"auto"``
+    too, returned as :data:`AUTO`, and every error names :data:`DEFERRED_BUDGET_FORMS`.
     """
+    if with_auto and isinstance(value, str) and value.strip().lower() == AUTO:
+        return AUTO
+    try:
+        return _budget(value)
+    except _NoBudget as bad:
+        kind, why, named = bad.args
+        forms = DEFERRED_BUDGET_FORMS if with_auto else BUDGET_FORMS if named else None
+        raise kind(f"budget must be {forms}; {why}" if forms else why) from None
+
+
+def _budget(value: object) -> float | int:
+    """``value`` as a budget, or :class:`_NoBudget` saying why not."""
     if isinstance(value, bool):
-        raise TypeError(f"budget must be {BUDGET_FORMS}; got {value!r}")
+        raise _NoBudget(TypeError, f"got {value!r}", True)
     if isinstance(value, int):
         if value < 1:
-            raise ValueError(f"budget in bytes must be positive; got {value!r}")
+            raise _NoBudget(ValueError, f"budget in bytes must be positive; got {value!r}", False)
         return value
     if isinstance(value, float):
-        return check_fraction(value, value)
+        if not (math.isfinite(value) and 0.0 < value <= 1.0):
+            raise _NoBudget(ValueError, f"a budget as a fraction must be in (0, 1]; got {value!r}", False)
+        return value
     if not isinstance(value, str):
-        raise TypeError(f"budget must be {BUDGET_FORMS}; got {value!r} of type {type(value).__name__}")
+        raise _NoBudget(TypeError, f"got {value!r} of type {type(value).__name__}", True)
     text = value.strip()
     try:
         if text.endswith("%"):
@@ -69,11 +92,11 @@ def parse_budget(value: object) -> float | int:
         return check_fraction(float(text), value)
     except ValueError as error:
         if text.endswith("%") or _looks_numeric(text):
-            raise ValueError(f"budget must be {BUDGET_FORMS}; {error}") from None
+            raise _NoBudget(ValueError, str(error), True) from None
     try:
         return parse_size(text)
     except ValueError:
-        raise ValueError(f"budget must be {BUDGET_FORMS}; got {value!r}") from None
+        raise _NoBudget(ValueError, f"got {value!r}", True) from None
 
 
 def _looks_numeric(text: str) -> bool:

@@ -26,7 +26,7 @@ from hf_ckpt.verification.report import VerifyReport
 def _describe_setting(target: nn.Module, wrapped: list[int]) -> str:
     state = get_state(target)
     if state is not None:
-        return f"hf_ckpt.{state.source}({state.config.describe()})"
+        return f"hf_ckpt.{state.source.value}({state.config.describe()})"
     if any(getattr(module, "gradient_checkpointing", False) is True for module in target.modules()):
         return "checkpointing flags set outside hf_ckpt"
     if wrapped:

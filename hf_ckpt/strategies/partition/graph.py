@@ -362,10 +362,12 @@ def _rebuilt(trace: _Trace, tensors: tuple[torch.Tensor, ...]) -> Any:
 
 
 def _forward_of_call(module: nn.Module, core: Callable[..., Any]) -> Callable[..., Any] | None:
-    """``module.forward`` when ``core`` is the module's ``__call__`` (a stack hands ``layer.__call__`` over): the
-    trace leaves the module's hooks out; they run around the graphs instead."""
+    """``module.forward`` when ``core`` is the module's ``__call__`` (a stack hands ``layer.__call__`` over, a
+    ``CheckpointWrapper`` the layer itself): the trace leaves the module's hooks out; they run around the graphs
+    instead."""
     calls = _torch.module_call_functions()
-    if getattr(core, "__self__", None) is module and getattr(core, "__func__", None) in calls and "forward" not in vars(module):
+    called = core is module or (getattr(core, "__self__", None) is module and getattr(core, "__func__", None) in calls)
+    if called and "forward" not in vars(module):
         return module.forward
     return None
 
@@ -415,7 +417,7 @@ def partitioned_checkpoint(function: Callable[..., Any], *args: Any, budget: flo
     # The stack handed over the module's __call__: its hooks run around the graphs, as around its forward.
     module.forward = run_graphs
     try:
-        return function(*args)
+        return function(*args, **kwargs)  # keywords a CheckpointWrapper hands over with the block's arguments
     finally:
         del module.forward
 
