@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from hf_ckpt._lazy import lazy_exports
+from hf_ckpt.runtime.lazy import lazy_exports
 
 __version__ = "0.1.0"
 

@@ -45,8 +45,10 @@ DEFERRED = {
 LAB_PACKAGES = _CLIMBS.LAB_PACKAGES
 #: The public layer: the package's top level (enable/disable, the mixin, the patch). At most 12 modules live there.
 TOP_LEVEL_MODULES = 12
-#: The most lines of hf_ckpt source a training step with a runtime setting may load.
-RUNTIME_LINES = 4600
+#: The most lines of hf_ckpt source a training step with a runtime setting may load (4,500 before #38: the patched
+#: step then loaded 4,496; after it 4,624: private torch attributes behind runtime/_torch.py, the kinds' answers
+#: in the registry and the one EnableRequest add about 330 lines, distributed.apply's wrapper no longer loads).
+RUNTIME_LINES = 4650
 
 
 def _module_name(path: Path) -> str:

@@ -16,7 +16,7 @@ loading the wrappers, and :mod:`hf_ckpt.distributed.wrapper` installs through :m
 
 from typing import TYPE_CHECKING
 
-from hf_ckpt._lazy import lazy_exports
+from hf_ckpt.runtime.lazy import lazy_exports
 
 _EXPORTS = {"guard": ".checks", "unguard": ".checks", "apply": ".wrapper", "remove": ".wrapper",
             "wrapped_layers": ".wrapper"}

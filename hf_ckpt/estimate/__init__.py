@@ -20,7 +20,7 @@ import sys
 import types
 from typing import TYPE_CHECKING, Any
 
-from hf_ckpt._lazy import lazy_exports
+from hf_ckpt.runtime.lazy import lazy_exports
 
 _EXPORTS = {
     "DEFAULT_STRATEGIES": "._estimate",

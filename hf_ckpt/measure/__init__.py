@@ -13,7 +13,7 @@
 from __future__ import annotations
 
 
-from hf_ckpt._lazy import lazy_exports
+from hf_ckpt.runtime.lazy import lazy_exports
 
 #: Public name -> the module that defines it. Loaded on first use (PEP 562): the planner builds on the measuring
 #: primitives (memory, flops, step) while the bench settings build on the planner, so importing one primitive

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from hf_ckpt._lazy import lazy_exports
+from hf_ckpt.runtime.lazy import lazy_exports
 
 #: Public name -> the module that defines it. Loaded on first use (PEP 562): plans and the checkpoint functions
 #: need :class:`OpPolicy`, while the op-level planner builds on the core that uses them.
