@@ -4,7 +4,7 @@
 :class:`~hf_ckpt.GradientCheckpointingMixin` methods and the methods :func:`hf_ckpt.patch_transformers` puts on
 ``PreTrainedModel`` (so the stock ``Trainer``, TRL and sentence-transformers too). The life of one call:
 
-1. **Validate.** The arguments become one :class:`~hf_ckpt.runtime.config.EnableRequest` (parsed once, bad values
+1. **Validate.** The arguments become one :class:`~hf_ckpt.runtime.request.EnableRequest` (parsed once, bad values
    fail here, naming the argument), holding one :class:`~hf_ckpt.CheckpointConfig`; a request with a ``budget``
    goes to the lab (:mod:`hf_ckpt.budget.deferred`: a plan made now on ``sample_inputs``, or at the first training
    batch), which makes the plan and comes back through the same runtime function. A call that raises changes nothing.
@@ -24,7 +24,7 @@ from torch import nn
 
 from hf_ckpt.runtime.apply import apply_config, remove
 from hf_ckpt.runtime.apply import checkpointed_layers as _measured_or_flagged
-from hf_ckpt.runtime.config import EnableRequest
+from hf_ckpt.runtime.request import EnableRequest
 
 if TYPE_CHECKING:
     from hf_ckpt.runtime.plans import CheckpointPlan
@@ -34,7 +34,7 @@ def configure(model: nn.Module, kwargs_dict: Mapping[str, Any] | None, dict_name
     """Enable checkpointing on ``model`` from a ``gradient_checkpointing_enable``-style call: hf_ckpt's options as
     ``options`` or as keys of ``kwargs_dict`` (named ``dict_name`` in errors), the rest for
     ``torch.utils.checkpoint.checkpoint``. The one path of :func:`enable`, the mixin and the patch: the arguments
-    become one :class:`~hf_ckpt.runtime.config.EnableRequest`, read by nothing else."""
+    become one :class:`~hf_ckpt.runtime.request.EnableRequest`, read by nothing else."""
     request = EnableRequest.parse(kwargs_dict, dict_name, **options)
     if request.budget is None:
         return apply_config(model, request.config)

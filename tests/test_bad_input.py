@@ -116,7 +116,7 @@ def test_model_without_any_flag():
 def test_the_arguments_are_parsed_once_into_one_request_that_names_only_what_was_given():
     """``EnableRequest``: the budget taken out of the dict and parsed, the mixin's None arguments absent (not given),
     ``strategy="full"`` kept as given, and a bad combination raised at construction, naming the argument."""
-    from hf_ckpt.runtime.config import EnableRequest
+    from hf_ckpt.runtime.request import EnableRequest
 
     request = EnableRequest.parse({"budget": "50%", "use_reentrant": True}, "gradient_checkpointing_kwargs",
                                   every_n_layers=None, offload=None)

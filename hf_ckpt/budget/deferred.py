@@ -4,7 +4,7 @@
 ``gradient_checkpointing_kwargs={"budget": ...}``) come here when no sample batch is given:
 
 1. **At the call** the budget and every other option are checked by the request
-   (:class:`~hf_ckpt.runtime.config.EnableRequest`), the model here (its checkpointing flags, a token input); a call
+   (:class:`~hf_ckpt.runtime.request.EnableRequest`), the model here (its checkpointing flags, a token input); a call
    that raises changes nothing. The previous setting is taken back and a record
    (:class:`~hf_ckpt.runtime.state.CheckpointState`, its ``budget`` a :class:`DeferredBudget`) holds one forward
    pre-hook per ``PreTrainedModel`` level (PEFT calls the inner ``forward`` directly). Nothing is checkpointed yet;
@@ -54,7 +54,8 @@ from hf_ckpt.runtime.state import CheckpointState, Source, get_state
 from hf_ckpt.runtime.target import target_model
 from hf_ckpt.runtime.units import format_bytes, precision_label
 from hf_ckpt.runtime.warn import warn_once
-from hf_ckpt.runtime.config import CheckpointConfig, EnableRequest
+from hf_ckpt.runtime.config import CheckpointConfig
+from hf_ckpt.runtime.request import EnableRequest
 from hf_ckpt.estimate import estimate, plan_from_estimate
 from hf_ckpt.estimate._engine import detected_sharding, still_allocated
 from hf_ckpt.estimate._model import build_on_meta
@@ -79,7 +80,7 @@ class DeferredBudget:
     """A budget planned at the first training batch, and what it planned (see the module docstring).
 
     Attributes:
-        request: The enable call (:class:`~hf_ckpt.runtime.config.EnableRequest`): the budget, hf_ckpt's other
+        request: The enable call (:class:`~hf_ckpt.runtime.request.EnableRequest`): the budget, hf_ckpt's other
             options and the checkpoint keyword arguments, as parsed.
         budget: ``"auto"``, a fraction (float) or bytes (int): the request's.
         output_dir: Where the plan JSON is saved (the Trainer's ``output_dir``); None: not saved.

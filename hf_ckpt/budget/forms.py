@@ -2,7 +2,7 @@
 
 A budget given without ``sample_inputs`` (``hf_ckpt.enable(model, budget=...)``, or ``{"budget": ...}`` in
 ``gradient_checkpointing_kwargs``) is parsed at the call (:func:`hf_ckpt.runtime.units.parse_budget`, with the
-request: :class:`hf_ckpt.runtime.config.EnableRequest`) and planned at the first training batch by
+request: :class:`hf_ckpt.runtime.request.EnableRequest`) and planned at the first training batch by
 :mod:`hf_ckpt.budget.deferred`. It is one of:
 
 * a size: bytes of activation memory (an int, or a string with a unit: ``"40GiB"``);

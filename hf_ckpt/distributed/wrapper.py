@@ -28,7 +28,7 @@ from hf_ckpt.runtime.binding import Binding
 from hf_ckpt.runtime.state import ACTIVE_ATTRIBUTE, Source, get_state, take_back
 from hf_ckpt.runtime.target import target_model
 from hf_ckpt.runtime.blocks import Block
-from hf_ckpt.runtime.config import EnableRequest
+from hf_ckpt.runtime.request import EnableRequest
 from hf_ckpt.distributed import _engines
 from hf_ckpt.distributed.checks import guard, is_hf_ckpt_wrapper
 
