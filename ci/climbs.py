@@ -33,12 +33,17 @@ LAB_PACKAGES = ("planning", "budget", "estimate", "measure", "verification", "cl
 RANK = {"runtime": 0, "lab": 1, "public": 2}
 
 
+#: The package's folder: a top-level name that is a folder (``hf_ckpt.runtime``) is a package of its layer.
+PACKAGE = Path(__file__).resolve().parents[1] / "hf_ckpt"
+
+
 def layer(module: str) -> str:
-    """``"lab"``, ``"public"`` or ``"runtime"``, read from the module's dotted path (``hf_ckpt.x.y``) alone."""
+    """``"lab"``, ``"public"`` or ``"runtime"``, read from the module's path (``hf_ckpt.x.y``) alone: the public layer
+    is ``hf_ckpt`` and its top-level files; a top-level folder is the lab or the runtime, its ``__init__`` included."""
     parts = module.split(".")[1:]
     if (parts and parts[0] in LAB_PACKAGES) or "menu" in parts or parts == ["__main__"]:
         return "lab"
-    return "public" if len(parts) <= 1 else "runtime"
+    return "public" if not parts or (len(parts) == 1 and not (PACKAGE / parts[0]).is_dir()) else "runtime"
 
 
 @dataclass

@@ -185,6 +185,24 @@ def test_the_top_level_holds_few_modules_and_every_package_says_what_it_owns():
     assert undocumented == []
 
 
+#: Imports that run from a lower layer to a higher one (runtime < lab < public): the lab's commands use the public
+#: layer as a user does, nothing else runs upward.
+UPWARD = {
+    ("hf_ckpt.cli._verify_run", "hf_ckpt.core"): "hf-ckpt verify enables the setting it checks, as a user would",
+    ("hf_ckpt.measure.settings", "hf_ckpt.patch"): "the bench's upstream settings call transformers' own methods, "
+    "the originals when hf_ckpt's patch is active",
+}
+
+
+@pytest.mark.any_release
+def test_only_the_listed_imports_run_to_a_higher_layer():
+    edges, _ = _graph()
+    rank = {"runtime": 0, "lab": 1, "public": 2}
+    upward = {(name, target) for name, targets in edges.items() for target in targets
+              if rank[_layer(name)] < rank[_layer(target)]}
+    assert upward == set(UPWARD)
+
+
 @pytest.mark.any_release
 def test_no_runtime_module_imports_the_lab():
     edges, _ = _graph()
