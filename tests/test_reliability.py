@@ -18,6 +18,7 @@ import torch
 import hf_ckpt
 from hf_ckpt import HfCkptWarning
 from hf_ckpt.patch import original
+from fresh import run_fresh
 from helpers import batch_for, max_grad_diff, recomputed_in_step, tiny_bert, tiny_gpt2, tiny_llama, train_step
 
 
@@ -184,18 +185,36 @@ def test_budget_strings_mean_what_they_say():
 # --- 9, 10: selective recompute compiles, pickles and deep-copies -----------------------------------------------
 
 
-def test_selective_compiles_and_matches_eager_gradients():
-    model = tiny_llama()
-    batch = batch_for(model)
-    reference = train_step(model, batch)
-    hf_ckpt.enable(model, strategy="selective")
-    compiled = torch.compile(model, backend="aot_eager")
-    model.train()
+_COMPILED_SELECTIVE = """
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+import hf_ckpt
+torch.manual_seed(0)
+config = LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
+                     num_key_value_heads=2, max_position_embeddings=64)
+model = LlamaForCausalLM(config).train()
+ids = torch.randint(1, 128, (2, 16), generator=torch.Generator().manual_seed(1))
+
+def step(run):
     model.zero_grad(set_to_none=True)
     torch.manual_seed(123)
-    compiled(**batch).loss.backward()
-    grads = {name: p.grad.detach().clone() for name, p in model.named_parameters() if p.grad is not None}
-    assert max_grad_diff(reference, grads) <= 1e-5
+    run(input_ids=ids, labels=ids).loss.backward()
+    return {name: p.grad.detach().clone() for name, p in model.named_parameters() if p.grad is not None}
+
+reference = step(model)
+hf_ckpt.enable(model, strategy="selective")
+grads = step(torch.compile(model, backend="aot_eager"))
+assert grads.keys() == reference.keys()
+print(max((reference[name] - grads[name]).abs().max().item() for name in reference))
+"""
+
+
+def test_selective_compiles_and_matches_eager_gradients():
+    """In a fresh interpreter, as a user's first compiled step runs: on torch 2.5 AOTAutograd calls the checkpoint's
+    context_fn with ``torch.compiler.is_compiling()`` False, and torch then requires two ``TorchDispatchMode`` objects
+    (hf_ckpt's eager in-place guard must be left out there too). In a process that had compiled before, it passed."""
+    printed = run_fresh(_COMPILED_SELECTIVE, [[]])[0]
+    assert float(printed.strip().splitlines()[-1]) <= 1e-5
 
 
 @pytest.mark.parametrize("setting", [{"strategy": "selective"}, {"strategy": "selective", "policy": "matmuls"}, {"every_n_layers": 2}])

@@ -26,8 +26,9 @@ import torch
 from torch.utils import _pytree
 from torch.utils._python_dispatch import TorchDispatchMode as _TorchDispatchMode
 
-#: The releases every entry below was run on (tests/test_torch_internals.py), unless an entry says otherwise.
-VERIFIED_ON = ("2.5.1", "2.13.0", "2.14.1", "2.15.0")
+#: The releases CI runs every entry below on (tests/test_torch_internals.py: the torch range's floor and ceiling and
+#: the default run's torch); entries made before 2.15.0 became the ceiling also name 2.14.1, the ceiling then.
+VERIFIED_ON = ("2.5.1", "2.13.0", "2.15.0")
 
 # ---------------------------------------------------------------------------------------------- dispatch, pytree
 
@@ -93,6 +94,15 @@ def fake_tensor_mode() -> Any:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     return FakeTensorMode()
+
+
+def tracing_functional() -> bool:
+    """Whether a functionalization mode is active on this thread (``torch._C._get_dispatch_mode`` with
+    ``_TorchDispatchModeKey.FUNCTIONAL``): AOTAutograd traces a compiled graph so, where ``torch.compiler.is_compiling``
+    is already False (torch 2.5's ``aot_eager`` calls a checkpoint's ``context_fn`` there). False where this torch has
+    no such key. Verified on torch 2.5.1, 2.13.0, 2.15.0."""
+    key = getattr(getattr(torch._C, "_TorchDispatchModeKey", None), "FUNCTIONAL", None)
+    return key is not None and torch._C._get_dispatch_mode(key) is not None
 
 
 # ------------------------------------------------------------------------------------------------------ autograd

@@ -18,7 +18,13 @@ from typing import Any, Callable, Iterable, Union
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
-from hf_ckpt.runtime._torch import TorchDispatchMode, is_op, op_schema, set_sac_respects_saved_tensors_hooks
+from hf_ckpt.runtime._torch import (
+    TorchDispatchMode,
+    is_op,
+    op_schema,
+    set_sac_respects_saved_tensors_hooks,
+    tracing_functional,
+)
 
 aten = torch.ops.aten
 
@@ -175,8 +181,11 @@ class InPlaceGuard(TorchDispatchMode):
 
 
 def _compiling() -> bool:
+    """Whether the checkpoint runs inside ``torch.compile``: dynamo tracing, or AOTAutograd tracing the graph with
+    functional tensors (where torch checks the contexts are two ``TorchDispatchMode``\ s)."""
     compiler = getattr(torch, "compiler", None)
-    return compiler is not None and hasattr(compiler, "is_compiling") and compiler.is_compiling()
+    dynamo = compiler is not None and hasattr(compiler, "is_compiling") and compiler.is_compiling()
+    return dynamo or tracing_functional()
 
 
 class _GuardedForward:
