@@ -8,6 +8,7 @@ import torch
 
 import hf_ckpt
 from hf_ckpt.measure import measure_step
+from hf_ckpt.runtime.units import format_bytes
 from hf_ckpt.planning.planner import profile_blocks, solve
 from helpers import VOCAB, tiny_llama
 from test_head import needs_loss_function
@@ -202,7 +203,13 @@ def head_workload():
     ids = torch.randint(0, HEAD_VOCAB, (2, 64), generator=torch.Generator().manual_seed(0))
     profile = profile_blocks(model, {"input_ids": ids, "labels": ids})
     smallest = profile.base_bytes + sum(min(v[i] for v in profile.retained.values()) for i in range(2))
-    return model, {"input_ids": ids, "labels": ids}, smallest
+    return model, {"input_ids": ids, "labels": ids}, smallest, profile.baseline_bytes
+
+
+def _blocks_alone(smallest: int, baseline: int) -> str:
+    """The planner's figure for the smallest memory blocks alone reach, as its error prints it (measured here: the
+    figures differ between transformers releases)."""
+    return re.escape(f"full is {format_bytes(smallest)} ({100 * smallest / baseline:.1f}%)")
 
 
 def _gradients(model, batch):
@@ -214,7 +221,7 @@ def _gradients(model, batch):
 
 @needs_loss_function
 def test_plan_chunks_the_head_when_no_plan_of_the_blocks_fits(head_workload):
-    model, batch, smallest = head_workload
+    model, batch, smallest, _ = head_workload
     plan = hf_ckpt.plan(model, batch, smallest - 1)
     # the default chunk: 128 tokens' logits vs hidden states (1 token) rises to the floor, the sequence (64)
     assert plan.head_chunk_size == 64
@@ -229,7 +236,7 @@ def test_plan_chunks_the_head_when_no_plan_of_the_blocks_fits(head_workload):
 
 @needs_loss_function
 def test_plan_leaves_the_head_whole_when_the_blocks_fit(head_workload):
-    model, batch, smallest = head_workload
+    model, batch, smallest, _ = head_workload
     plan = hf_ckpt.plan(model, batch, smallest + 2**16)  # blocks interact by a few bytes: a little room
     assert plan.head_chunk_size is None and plan.strategies == ("full", "full")
     assert plan.predicted_recompute_flops == sum(plan.block_recompute_flops["full"])  # no head's FLOPs added
@@ -237,26 +244,27 @@ def test_plan_leaves_the_head_whole_when_the_blocks_fit(head_workload):
 
 @needs_loss_function
 def test_no_plan_even_with_the_chunked_head_says_both_figures(head_workload):
-    model, batch, _ = head_workload
+    model, batch, smallest, baseline = head_workload
     with pytest.raises(ValueError) as raised:
         hf_ckpt.plan(model, batch, 1000)
-    assert re.fullmatch(r"no plan fits a budget of 0\.00 MiB \(0\.0% of the 16\.80 MiB retained without checkpointing\): "
-                        r"the smallest activation memory reachable with none, selective, full is 15\.80 MiB \(94\.1%\); "
-                        r"with the head in chunks of 64 tokens \(head_chunk_size\), the smallest is 0\.\d\d MiB",
+    assert re.fullmatch(re.escape(f"no plan fits a budget of 0.00 MiB (0.0% of the {format_bytes(baseline)} retained "
+                                  "without checkpointing): the smallest activation memory reachable with none, "
+                                  "selective, ") + _blocks_alone(smallest, baseline) +
+                        r"; with the head in chunks of 64 tokens \(head_chunk_size\), the smallest is 0\.\d\d MiB",
                         str(raised.value)), str(raised.value)
 
 
 @needs_loss_function
 def test_a_loss_fn_keeps_the_head_whole(head_workload):
     """A ``loss_fn`` may read the logits, which the chunked head does not return: no plan then, as before."""
-    model, batch, smallest = head_workload
-    with pytest.raises(ValueError, match=r"^no plan fits a budget of .* full is 15\.80 MiB \(94\.1%\)$"):
+    model, batch, smallest, baseline = head_workload
+    with pytest.raises(ValueError, match=r"^no plan fits a budget of .* " + _blocks_alone(smallest, baseline) + "$"):
         hf_ckpt.plan(model, batch, smallest - 1, loss_fn=lambda output: output.loss)
 
 
 @needs_loss_function
 def test_enable_with_a_budget_only_the_chunked_head_meets_trains_with_equal_gradients(head_workload):
-    model, batch, smallest = head_workload
+    model, batch, smallest, _ = head_workload
     hf_ckpt.disable(model)
     reference, expected = _gradients(model, batch)
     hf_ckpt.enable(model, budget=smallest - 1, sample_inputs=batch)
