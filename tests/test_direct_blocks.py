@@ -6,6 +6,7 @@ The guarantees are those of every other model: gradients equal, exactly the sele
 
 from __future__ import annotations
 
+import functools
 import warnings
 
 import pytest
@@ -77,7 +78,15 @@ def test_upstreams_disable_ends_the_wrapping_of_a_hard_coded_stack():
     batch = batch_for(model)
     hf_ckpt.enable(model, every_n_layers=2)
     model.gradient_checkpointing_disable()
-    assert hf_ckpt.checkpointed_layers(model) == []
+    with pytest.warns(HfCkptWarning) as caught:  # the record went stale: one warning names what changed
+        assert hf_ckpt.checkpointed_layers(model) == []
+        assert hf_ckpt.checkpointed_layers(model) == []
+    assert [str(w.message) for w in caught] == [
+        "hf_ckpt's setting on DirectStackModel (every_n_layers=2, use_reentrant=False) was changed outside hf_ckpt "
+        "(DirectStackModel._gradient_checkpointing_func is another function, not the function hf_ckpt set: "
+        "upstream's gradient_checkpointing_enable/disable, or an assignment): hf_ckpt drops its setting and hooks and "
+        "leaves the model as it is now. Call hf_ckpt.enable(...) again to put the setting back, or "
+        "hf_ckpt.disable(...) to turn checkpointing off."]
     assert recomputed_in_step(model, batch)[0] == []
 
 
@@ -150,7 +159,7 @@ def test_disable_and_reenable_put_each_forward_back_once():
     batch = batch_for(model)
     hf_ckpt.enable(model, every_n_layers=2)
     hf_ckpt.enable(model, layers=[3])  # the earlier wrapping is taken back first: never a wrapper around a wrapper
-    assert all(layer.forward.args[2].__func__ is type(layer).forward for layer in model.layers)
+    assert all(layer.forward.inner.__func__ is type(layer).forward for layer in model.layers)
     recomputed, _ = recomputed_in_step(model, batch)
     assert recomputed == [3]
     hf_ckpt.disable(model)
@@ -158,6 +167,26 @@ def test_disable_and_reenable_put_each_forward_back_once():
     assert hf_ckpt.checkpointed_layers(model) == []
     recomputed, _ = recomputed_in_step(model, batch)
     assert recomputed == []
+
+
+def test_a_wrapper_put_on_a_block_after_enable_stays_after_disable():
+    """Another library's wrapper of a wrapped block's ``forward`` (accelerate's device hooks wrap every module's) is
+    never removed: disable leaves it in place, hf_ckpt's wrapper inside it only passes calls through."""
+    model = tiny_legacy(InertStackModel)
+    batch = batch_for(model)
+    hf_ckpt.enable(model, every_n_layers=2)
+    calls = []
+    for layer in model.layers:
+        inner = layer.forward
+        layer.forward = functools.partial(lambda inner, *a, **k: calls.append(1) or inner(*a, **k), inner)
+    theirs = [layer.__dict__["forward"] for layer in model.layers]
+    assert recomputed_in_step(model, batch)[0] == [0, 2]
+    hf_ckpt.disable(model)
+    assert [layer.__dict__["forward"] for layer in model.layers] == theirs
+    calls.clear()
+    assert recomputed_in_step(model, batch)[0] == [] and len(calls) == len(model.layers)
+    hf_ckpt.enable(model, layers=[1])
+    assert recomputed_in_step(model, batch)[0] == [1]
 
 
 def test_a_forward_without_grad_or_in_eval_runs_the_block_plainly():

@@ -8,6 +8,7 @@ bad values and unsupported models are refused at the call, changing nothing; ``d
 
 from __future__ import annotations
 
+import functools
 import inspect
 import warnings
 
@@ -24,6 +25,12 @@ from test_patch import _Tokens, _training_args
 #: The causal LMs of the default suite's architecture sample, and the tied-embedding and Qwen2 decoders.
 CAUSAL_LMS = ("llama", "gpt2", "qwen2", "mixtral", "mamba")
 CHUNK = 5  # does not divide the 2 x 8 tokens: the last chunk is short
+NO_LOGITS = ("head_chunk_size={size}: {model}'s training forward with labels returns no logits (the chunked head "
+             "computes the loss over chunks of tokens without making the full logits). Code that reads the logits of "
+             "a training step (a custom compute_loss, metrics on the logits) needs them: drop head_chunk_size for it")
+NO_LABELS = ("head_chunk_size={size} does not take effect in a training forward without labels: {model} computes the "
+             "full logits, for a loss computed outside the model (the Trainer's label_smoothing_factor or "
+             "compute_loss_func take the labels out). Give the model its labels, or drop head_chunk_size")
 #: transformers 4.45 has no ``PreTrainedModel.loss_function``: every causal LM computes its loss inline there.
 HAS_LOSS_FUNCTION = isinstance(getattr(PreTrainedModel, "loss_function", None), property)
 needs_loss_function = pytest.mark.skipif(not HAS_LOSS_FUNCTION, reason="no PreTrainedModel.loss_function")
@@ -88,8 +95,8 @@ def test_loss_and_gradients_equal_the_unchunked_step(model_type, num_items):
     calls = _HeadCalls(model)
     chunked = _step(model, inputs)
     _assert_same(reference, chunked)
-    # the empty call in the model's forward, 4 chunks (5+5+5+1 tokens) forward, recomputed in backward
-    assert calls.tokens[:5] == [0, 5, 5, 5, 1] and sorted(calls.tokens[5:9]) == [1, 5, 5, 5], calls.tokens
+    # 4 chunks (5+5+5+1 tokens) in the model's forward, then its own call of the head, empty; recomputed in backward
+    assert calls.tokens[:5] == [5, 5, 5, 1, 0] and sorted(calls.tokens[5:9]) == [1, 5, 5, 5], calls.tokens
 
 
 @needs_loss_function
@@ -133,8 +140,17 @@ def test_training_returns_no_logits_and_other_calls_return_them_as_before():
     before = {"train": model(input_ids=ids).logits, "eval": model.eval()(input_ids=ids, labels=ids)}
     model.train()
     hf_ckpt.enable(model, head_chunk_size=4)
-    assert model(input_ids=ids, labels=ids).logits is None
-    assert torch.equal(model(input_ids=ids).logits, before["train"])  # no labels: full logits
+    chunked = model(input_ids=ids, labels=ids)
+    with pytest.raises(AttributeError) as raised:
+        chunked.logits
+    assert str(raised.value) == NO_LOGITS.format(size=4, model="LlamaForCausalLM")
+    with pytest.raises(KeyError):
+        chunked["logits"]
+    assert chunked.get("logits") is None and "logits" not in chunked.keys() and chunked.loss.ndim == 0
+    with pytest.warns(hf_ckpt.HfCkptWarning) as caught:  # no labels: full logits, and one warning that says so
+        assert torch.equal(model(input_ids=ids).logits, before["train"])
+        model(input_ids=ids)
+    assert [str(w.message) for w in caught] == [NO_LABELS.format(size=4, model="LlamaForCausalLM")]
     with torch.no_grad():
         assert torch.equal(model(input_ids=ids, labels=ids).logits, before["train"])
     evaluated = model.eval()(input_ids=ids, labels=ids)
@@ -161,16 +177,37 @@ def test_labels_given_by_position_warn_once_and_run_unchunked():
     assert torch.equal(output.logits, reference.logits) and torch.equal(output.loss, reference.loss)
 
 
+def _wrap_forward(model, tag, seen):
+    """A wrapper of the instance's ``forward``, as accelerate's mixed precision and TRL put one on."""
+    inner = model.forward
+
+    @functools.wraps(inner)
+    def wrapper(*args, **kwargs):
+        seen.append(tag)
+        return inner(*args, **kwargs)
+
+    model.forward = wrapper
+    return wrapper
+
+
 @needs_loss_function
-def test_disable_restores_the_forward():
-    model = tiny_llama()
-    had = "forward" in model.__dict__
-    hf_ckpt.enable(model, head_chunk_size=4)
-    assert "forward" in model.__dict__
-    hf_ckpt.disable(model.train())
+def test_wrappers_of_forward_are_composed_never_replaced():
+    """hf_ckpt assigns and deletes no ``forward``: a wrapper put on before ``enable`` and one put on after it both
+    run with the chunked head, and both are where they were after ``disable`` and after enabling again."""
+    model, seen = tiny_llama(), []
     ids = torch.randint(0, VOCAB, (2, 8))
-    assert ("forward" in model.__dict__) == had
+    first = _wrap_forward(model, "before", seen)
+    hf_ckpt.enable(model, head_chunk_size=4)
+    assert model.__dict__["forward"] is first
+    second = _wrap_forward(model, "after", seen)
+    assert model(input_ids=ids, labels=ids).get("logits") is None and seen == ["after", "before"]
+    hf_ckpt.disable(model)
+    assert model.__dict__["forward"] is second
+    hf_ckpt.enable(model, head_chunk_size=4)
+    hf_ckpt.enable(model, every_n_layers=2)
+    assert model.__dict__["forward"] is second
     assert model(input_ids=ids, labels=ids).logits.shape == (2, 8, VOCAB)
+    assert seen == ["after", "before"] * 2
 
 
 @needs_loss_function
@@ -302,7 +339,7 @@ def test_the_bench_setting():
     model = tiny_llama()
     ids = torch.randint(0, VOCAB, (2, 8))
     setting.apply(model)
-    assert setting.name == "head:4" and model(input_ids=ids, labels=ids).logits is None
+    assert setting.name == "head:4" and model(input_ids=ids, labels=ids).get("logits") is None
     setting.remove(model)
     assert model(input_ids=ids, labels=ids).logits is not None
     for bad in ("head", "head:0", "head:x"):

@@ -60,7 +60,7 @@ def test_legacy_model_calling_torch_checkpoint_itself_gets_its_selected_blocks_w
         recomputed, grads = recomputed_in_step(model, batch)
     assert [m for m in _hf_ckpt_warnings(record) if m.startswith("Measured in the first training step")] == []
     assert model.gradient_checkpointing is False
-    assert all(layer.forward.func.__name__ == "_checkpointed_forward" for layer in model.layers)
+    assert all(layer.forward.function.func.__name__ == "_checkpointed_forward" for layer in model.layers)
     assert model.layers[0]._hf_ckpt_selected.keywords["use_reentrant"] is True
     assert recomputed == [0, 2] == hf_ckpt.checkpointed_layers(model)
     assert max_grad_diff(reference, grads) <= 1e-5

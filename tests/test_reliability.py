@@ -85,7 +85,9 @@ def test_upstream_disable_after_enable_is_respected_by_plan():
     batch = batch_for(model)
     hf_ckpt.enable(model, every_n_layers=2)
     _upstream_disable(model)
-    hf_ckpt.plan(model, batch, 0.5)
+    with pytest.warns(hf_ckpt.HfCkptWarning, match=r"^hf_ckpt's setting on LlamaForCausalLM \(every_n_layers=2, "
+                      r"use_reentrant=False\) was changed outside hf_ckpt \(LlamaModel\."):
+        hf_ckpt.plan(model, batch, 0.5)
     assert "_hf_ckpt_state" not in model.__dict__
     recomputed, _ = recomputed_in_step(model, batch)
     assert recomputed == []

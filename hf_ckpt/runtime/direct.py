@@ -13,7 +13,8 @@ There, hf_ckpt does what torch's ``checkpoint_wrapper`` does: each block of such
 grad (a stack that hard-codes torch's checkpoint keeps its own flag off: :mod:`hf_ckpt.runtime.binding`). It reads the
 flags at every call (:func:`hf_ckpt.runtime.functions.stack_checkpoints` and the block's ``_hf_ckpt_selected``), so the
 no-grad hooks, a suspended setting, upstream's ``gradient_checkpointing_disable`` and an unselected block all run
-the block plainly; :func:`install` records an undo that puts the block's ``forward`` back.
+the block plainly; :func:`install` records an undo that puts the block's ``forward`` back, or, where another
+library wrapped it since, leaves that wrapper in place (:mod:`hf_ckpt.runtime.wrapping`).
 
 **Which stacks** (:mod:`hf_ckpt.runtime.stack_code`, read from the compiled code's names, not from source text): a stack
 no method of which names ``_gradient_checkpointing_func`` or ``checkpoint``, and a stack that names torch's
@@ -35,6 +36,7 @@ from hf_ckpt.runtime.stack_code import hard_codes_checkpoint, never_checkpoints
 from hf_ckpt.runtime.blocks import SELECTED_ATTRIBUTE, Block
 from hf_ckpt.runtime.counting import in_backward
 from hf_ckpt.runtime.functions import stack_checkpoints
+from hf_ckpt.runtime.wrapping import wrap_forward
 
 
 def _runs_unchecked(owner: nn.Module, names: dict[int, str], module: nn.Module) -> bool:
@@ -92,21 +94,12 @@ def _reentrant(choice: Any, forward: Any, args: tuple, kwargs: dict) -> Any:
     return choice(functools.partial(forward, **bound.kwargs), *bound.args)
 
 
-def _restore_forward(module: nn.Module, previous: Any) -> None:
-    if previous is None:
-        module.__dict__.pop("forward", None)
-    else:
-        module.__dict__["forward"] = previous
-
-
 def install(state: Any, blocks: tuple[Block, ...]) -> list[int]:
-    """Wrap the ``forward`` of every directly called block in ``blocks``; recorded in ``state.undo``. Returns
-    the indices of the wrapped blocks."""
+    """Wrap the ``forward`` of every directly called block in ``blocks`` (:func:`hf_ckpt.runtime.wrapping.wrap_forward`:
+    its undo, in ``state.undo``, never removes a wrapper another library put on since). Returns the indices of the
+    wrapped blocks."""
     wrapped = []
     for block in directly_called(blocks):
-        module = block.module
-        previous = module.__dict__.get("forward")
-        module.forward = functools.partial(_checkpointed_forward, block.owner, module, module.forward)
-        state.undo.append(functools.partial(_restore_forward, module, previous))
+        state.undo.append(wrap_forward(block.module, functools.partial(_checkpointed_forward, block.owner, block.module)))
         wrapped.append(block.index)
     return wrapped

@@ -3,7 +3,9 @@ LM's own forward runs with ``labels=None`` while a pre-hook hands its output pro
 states (taken for the loss), so no full logits are made; the loss is the model's own loss function over chunks of
 tokens, each chunk checkpointed (its logits freed once its share is taken, recomputed in backward), labels shifted
 as it shifts them, shares divided by ``num_items_in_batch`` (or the labelled tokens: its mean), plus a MoE router's
-auxiliary loss. The output class comes back with ``loss`` and ``logits=None``; other calls run as without it.
+auxiliary loss. The output comes back with ``loss`` and no logits (reading them raises an error that names
+``head_chunk_size``); other calls run as without it. Everything runs in module hooks (:class:`ChunkedHead`): the
+model's ``forward``, and whatever another library wrapped it in, is never assigned or deleted.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import ast
 import functools
 import inspect
+import sys
 import textwrap
 from typing import Any
 
@@ -18,7 +21,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from hf_ckpt.runtime.state import CheckpointState, get_state
+from hf_ckpt.runtime.state import CheckpointState, peek_state, warn_stale
 from hf_ckpt.runtime.warn import warn_once
 
 _AUX = "router_aux_loss_coef"
@@ -120,6 +123,9 @@ def refusal(target: nn.Module) -> str | None:
     head_name = next((name for name, child in target.named_children() if child is head), None)
     if head is None or head_name is None:
         return "it has no output projection of its own (get_output_embeddings() is not one of its submodules)"
+    replaced = replaced_forward(target)
+    if replaced is not None:
+        return replaced
     if not isinstance(getattr(type(target), "loss_function", None), property):
         return "it computes its loss its own way (this transformers release has no PreTrainedModel.loss_function)"
     if "shift_labels" not in inspect.signature(target.loss_function).parameters:
@@ -127,9 +133,10 @@ def refusal(target: nn.Module) -> str | None:
     return _forward_refusal(target, head_name)
 
 
-def _loss(target: nn.Module, head: nn.Module, hidden: torch.Tensor, labels: torch.Tensor, size: int,
+def _loss(target: nn.Module, head: Any, hidden: torch.Tensor, labels: torch.Tensor, size: int,
           kwargs: dict[str, Any]) -> torch.Tensor:
-    """The model's loss over ``hidden`` (the head's input), ``size`` tokens at a time, each chunk checkpointed."""
+    """The model's loss over ``hidden`` (the head's input, projected by ``head``), ``size`` tokens at a time, each
+    chunk checkpointed."""
     kwargs = {name: value for name, value in kwargs.items() if name in _forwarded(type(target))}
     ignore = kwargs.get("ignore_index", -100)
     shifted = kwargs.get("shift_labels")
@@ -152,45 +159,228 @@ def _loss(target: nn.Module, head: nn.Module, hidden: torch.Tensor, labels: torc
 
 def _labels_by_position(forward: Any, args: tuple) -> bool:
     """Whether ``args`` (a forward's positional arguments) reach its ``labels`` parameter."""
-    names = list(inspect.signature(forward).parameters)
+    try:
+        names = list(inspect.signature(forward).parameters)
+    except (TypeError, ValueError):
+        return False
     return "labels" in names and len(args) > names.index("labels")
 
 
-def _forward(target: nn.Module, forward: Any, *args: Any, **kwargs: Any) -> Any:
-    state, labels = get_state(target), kwargs.get("labels")
-    size = state.config.head_chunk_size if state is not None else None  # read now: a budget plans in a pre-hook
-    if size is None or labels is None or not target.training or not torch.is_grad_enabled():
-        if size is not None and labels is None and args and _labels_by_position(forward, args):
-            warn_once(f"head_chunk_size={size} does not take effect: {type(target).__name__} was given its labels by "
-                      "position, and the chunked head reads them by keyword (labels=...); this step computes the "
-                      "full logits", key="head-chunk-positional-labels", owner=target)
-        return forward(*args, **kwargs)
-    head, taken = target.get_output_embeddings(), []
+#: Forwards that other libraries put on a model in place of its own, which compute the loss from the hidden states
+#: themselves and never call the output projection as the model's forward does: (file's folder, function) -> who.
+_REPLACING_FORWARDS = {
+    ("trl", "_fused_forward"): ("TRL's trainers (SFTTrainer, DPOTrainer, GRPOTrainer) replace its forward with their "
+                                "fused LM head, which computes the per-token log-probabilities in chunks without the "
+                                "full logits, as head_chunk_size would: TRL's fused head already saves that memory"),
+}
 
-    def take(module: nn.Module, inputs: tuple) -> tuple:
-        taken.append(inputs[0])
-        return (inputs[0][..., :0, :], *inputs[1:])
 
-    handle = head.register_forward_pre_hook(take)
+def replaced_forward(target: nn.Module) -> str | None:
+    """Why ``target``'s forward, replaced by another library, does not run the model's own head and loss (a
+    :data:`_REPLACING_FORWARDS` entry), or None. Follows the instance's ``forward`` through the wrappers around it
+    (accelerate's mixed precision wraps TRL's), reading each function's code object, which ``functools.wraps``
+    leaves as it is."""
+    function = target.__dict__.get("forward")
+    for _ in range(16):  # a chain of wrappers, each naming what it wraps
+        function = getattr(function, "__func__", function)
+        code = getattr(function, "__code__", None)
+        if code is not None:
+            folders = code.co_filename.replace("\\", "/").split("/")
+            why = next((why for (folder, name), why in _REPLACING_FORWARDS.items()
+                        if name == code.co_name and folder in folders), None)
+            if why is not None:
+                return why
+        function = getattr(function, "__wrapped__", None) or getattr(function, "func", None)
+        if function is None:
+            return None
+    return None
+
+
+class _Call:
+    """One training forward the chunked head takes over: its labels and loss keywords, then its loss."""
+
+    __slots__ = ("labels", "kwargs", "size", "loss", "taken")
+
+    def __init__(self, labels: torch.Tensor, kwargs: dict[str, Any], size: int) -> None:
+        self.labels, self.kwargs, self.size = labels, kwargs, size
+        self.loss: torch.Tensor | None = None
+        self.taken = 0
+
+
+class ChunkedHead:
+    """The chunked head's hooks on one model: composed with whatever else runs the model, never in place of it.
+
+    * a forward pre-hook on the model takes a training forward's ``labels`` (the forward runs with ``labels=None``,
+      so the model computes no loss of its own);
+    * a forward pre-hook on the output projection, inside that forward (under its autocast, as the projection would
+      run), computes the loss in checkpointed chunks from the projection's input, and hands the projection an empty
+      slice of it, so no full logits are made;
+    * a forward hook on the model puts the loss in the output, with no ``logits``.
+
+    Another library's wrapper of ``forward`` (accelerate's mixed precision, a user's) runs between the hooks and is
+    never touched. The record on the model is read at each call (:func:`~hf_ckpt.runtime.state.peek_state`), never
+    dropped from inside a forward.
+    """
+
+    def __init__(self, target: nn.Module) -> None:
+        self.target = target
+        self.calls: list[_Call | None] = []  # one entry per forward of the model in progress (None: left alone)
+        self.computing = 0  # > 0 while a chunk runs the projection (forward or recompute): those calls pass
+
+    def _size(self) -> int | None:
+        state = peek_state(self.target)
+        if state is None:
+            return None
+        if not state.is_current():  # changed behind hf_ckpt's back: dropped (with its warning) at the next look
+            warn_stale(self.target, state)
+            return None
+        return state.config.head_chunk_size
+
+    def before(self, module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> tuple | None:
+        call = self._start(module, args, kwargs)
+        self.calls.append(call)
+        return None if call is None else (args, {**kwargs, "labels": None})
+
+    def _start(self, module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> _Call | None:
+        if not (module.training and torch.is_grad_enabled()) or any(self.calls):
+            return None
+        size = self._size()
+        if size is None:
+            return None
+        replaced = replaced_forward(module)
+        if replaced is not None:
+            raise ValueError(f"head_chunk_size cannot apply to {type(module).__name__}: {replaced}. Drop "
+                             "head_chunk_size.")
+        labels = kwargs.get("labels")
+        if labels is not None:
+            return _Call(labels, kwargs, size)
+        name = type(module).__name__
+        if args and _labels_by_position(module.forward, args):
+            warn_once(f"head_chunk_size={size} does not take effect: {name} was given its labels by position, and "
+                      "the chunked head reads them by keyword (labels=...); this step computes the full logits",
+                      key="head-chunk-positional-labels", owner=module)
+        else:
+            warn_once(f"head_chunk_size={size} does not take effect in a training forward without labels: {name} "
+                      "computes the full logits, for a loss computed outside the model (the Trainer's "
+                      "label_smoothing_factor or compute_loss_func take the labels out). Give the model its labels, "
+                      "or drop head_chunk_size", key="head-chunk-no-labels", owner=module)
+        return None
+
+    def take(self, head: nn.Module, inputs: tuple) -> tuple | None:
+        """The output projection's pre-hook: the loss in chunks from its input, and an empty slice handed on."""
+        if self.computing:
+            return None
+        call = self.calls[-1] if self.calls else None
+        if call is None:
+            if not self.calls and head.training and torch.is_grad_enabled() and self._size() is not None:
+                warn_once(f"head_chunk_size does not take effect: {type(self.target).__name__}'s output projection "
+                          "ran outside a call of the model (its forward called directly, model.forward(...), which "
+                          "skips the model's hooks); this step computes the full logits. Call the model itself",
+                          key="head-chunk-direct-forward", owner=self.target)
+            return None
+        call.taken += 1
+        if call.taken > 1:
+            raise RuntimeError(f"head_chunk_size: {type(self.target).__name__}'s forward called its output "
+                               f"projection {call.taken} times (expected once)")
+        hidden = inputs[0]
+        call.loss = _loss(self.target, functools.partial(self._project, head), hidden, call.labels, call.size,
+                          call.kwargs)
+        return (hidden[..., :0, :], *inputs[1:])
+
+    def _project(self, head: nn.Module, states: torch.Tensor) -> torch.Tensor:
+        self.computing += 1
+        try:
+            return head(states)
+        finally:
+            self.computing -= 1
+
+    def after(self, module: nn.Module, args: tuple, kwargs: dict[str, Any], output: Any) -> Any:
+        call = self.calls.pop() if self.calls else None
+        if call is None or output is None:  # left alone, or the forward raised (this hook is always called)
+            return None
+        if call.loss is None:
+            raise RuntimeError(f"head_chunk_size: {type(module).__name__}'s forward did not call its output "
+                               "projection, so the chunked head computed no loss. Drop head_chunk_size")
+        loss = call.loss
+        aux = output.get("aux_loss") if isinstance(output, dict) else None
+        if aux is not None:
+            loss = loss + getattr(module, _AUX) * aux.to(loss.device)
+        if isinstance(output, dict):
+            fields = {k: v for k, v in output.items() if k not in ("loss", "logits")}
+            return _without_logits(type(output), _no_logits(type(module).__name__, call.size), loss=loss, **fields)
+        return (loss, None, *output[1:])
+
+
+def _no_logits(name: str, size: int) -> str:
+    return (f"head_chunk_size={size}: {name}'s training forward with labels returns no logits (the chunked head "
+            "computes the loss over chunks of tokens without making the full logits). Code that reads the logits of "
+            "a training step (a custom compute_loss, metrics on the logits) needs them: drop head_chunk_size for it")
+
+
+def _refused_logits(self: Any) -> Any:
+    raise AttributeError(self.__dict__["_hf_ckpt_no_logits"])
+
+
+def _ignored(self: Any, value: Any) -> None:
+    pass
+
+
+def _refused_key(self: Any, key: Any) -> Any:
+    if key == "logits":
+        raise KeyError(self.__dict__["_hf_ckpt_no_logits"])
+    return super(type(self), self).__getitem__(key)
+
+
+@functools.lru_cache(maxsize=None)
+def _output_class(cls: type) -> type:
+    """``cls`` (a ``ModelOutput``) whose ``logits``, once built, raise an error that names ``head_chunk_size``."""
+    return type(f"{cls.__name__}WithoutLogits", (cls,), {
+        "__module__": __name__, "__doc__": cls.__doc__, "logits": property(_built_logits, _ignored),
+        "__getitem__": _refused_key, "__repr__": _shown})
+
+
+def _shown(self: Any) -> str:
+    fields = ", ".join(f"{name}={value!r}" for name, value in self.items())
+    return f"{type(self).__name__}({fields}, logits=<not made: head_chunk_size>)"
+
+
+#: Packages whose code reads every field of an output generically (FSDP collects the tensors of a dataclass output,
+#: accelerate and DeepSpeed move them): for them the logits are None, as for any field not given.
+_WALKING_FIELDS = frozenset({"torch", "accelerate", "deepspeed"})
+#: Standard-library helpers such code reads the fields through (``dataclasses.replace``, ``copy``).
+_PASSED_THROUGH = frozenset({"dataclasses", "copy", "functools", "operator", "reprlib", "pprint"})
+
+
+def _reader(frame: Any) -> str:
+    """The top-level package of the code that read a field, past the standard library's helpers."""
+    while frame is not None and frame.f_globals.get("__name__", "").partition(".")[0] in _PASSED_THROUGH:
+        frame = frame.f_back
+    return frame.f_globals.get("__name__", "").partition(".")[0] if frame is not None else ""
+
+
+def _built_logits(self: Any) -> Any:
+    if "_hf_ckpt_no_logits" in self.__dict__ and _reader(sys._getframe(1)) not in _WALKING_FIELDS:
+        _refused_logits(self)
+    return None  # also while the output is built: its class's checks read every field
+
+
+def _without_logits(cls: type, message: str, **fields: Any) -> Any:
+    """An output of ``cls`` with ``fields`` and no logits: reading them raises ``AttributeError(message)``."""
     try:
-        output = forward(*args, **{**kwargs, "labels": None})
-    finally:
-        handle.remove()
-    if len(taken) != 1:
-        raise RuntimeError(f"head_chunk_size: {type(target).__name__}'s forward called its output projection "
-                           f"{len(taken)} times (expected once)")
-    loss = _loss(target, head, taken[0], labels, size, kwargs)
-    aux = output.get("aux_loss") if isinstance(output, dict) else None
-    if aux is not None:
-        loss = loss + getattr(target, _AUX) * aux.to(loss.device)
-    if isinstance(output, dict):
-        return type(output)(loss=loss, **{k: v for k, v in output.items() if k not in ("loss", "logits")})
-    return (loss, None, *output[1:])
+        output = _output_class(cls)(**fields)
+    except (TypeError, ValueError):  # an output class that cannot be subclassed this way: plain, logits None
+        return cls(**fields)
+    output.__dict__["_hf_ckpt_no_logits"] = message
+    return output
 
 
 def install(state: CheckpointState, target: nn.Module) -> None:
-    """Wrap ``target.forward`` so that training steps with labels run the chunked head whenever the record on
-    ``target`` has a ``head_chunk_size`` (read at each call); recorded in ``state.undo``."""
-    previous = target.__dict__.get("forward")
-    target.forward = functools.wraps(target.forward)(functools.partial(_forward, target, target.forward))
-    state.undo.append(lambda: target.__dict__.update(forward=previous) if previous else target.__dict__.pop("forward"))
+    """The chunked head's hooks on ``target`` (:class:`ChunkedHead`), recorded in ``state.hooks``: training steps
+    with labels run the chunked head whenever the record on ``target`` has a ``head_chunk_size`` (read at each
+    call). Nothing of the model is assigned or deleted."""
+    chunked = ChunkedHead(target)
+    # innermost of the model's hooks: the last pre-hook and the first forward hook, so that every other hook (the
+    # user's, another library's) sees the call as made and the output with its loss
+    state.hooks.add(target, "register_forward_pre_hook", chunked.before, with_kwargs=True)
+    state.hooks.add(target.get_output_embeddings(), "register_forward_pre_hook", chunked.take)
+    state.hooks.add(target, "register_forward_hook", chunked.after, with_kwargs=True, always_call=True, prepend=True)

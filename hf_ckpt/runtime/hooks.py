@@ -104,11 +104,14 @@ def add_use_cache_hooks(hooks: Hooks, model: nn.Module, blocks: tuple[Block, ...
             hooks.add(module, "register_forward_pre_hook", functools.partial(_turn_off_use_cache, model), with_kwargs=True)
 
 
-def _flags_off(flagged: tuple[nn.Module, ...], saved: list, module: nn.Module, args: Any) -> None:
+def _flags_off(state: CheckpointState, flagged: tuple[nn.Module, ...], saved: list, module: nn.Module,
+               args: Any) -> None:
     if torch.is_grad_enabled():
         return
     values = [m.__dict__.get("gradient_checkpointing") for m in flagged]
-    saved.append(values)
+    lent = state.lend(flagged)  # off for this forward by hf_ckpt's own doing: the record stays current
+    lent.__enter__()
+    saved.append((values, lent))
     for m in flagged:
         m.__dict__["gradient_checkpointing"] = False
 
@@ -116,11 +119,13 @@ def _flags_off(flagged: tuple[nn.Module, ...], saved: list, module: nn.Module, a
 def _flags_back(flagged: tuple[nn.Module, ...], saved: list, module: nn.Module, args: Any, output: Any) -> None:
     if torch.is_grad_enabled() or not saved:
         return
-    for m, value in zip(flagged, saved.pop()):
+    values, lent = saved.pop()
+    for m, value in zip(flagged, values):
         if value is None:
             m.__dict__.pop("gradient_checkpointing", None)
         else:
             m.__dict__["gradient_checkpointing"] = value
+    lent.__exit__(None, None, None)
 
 
 def stacks_of(blocks: tuple[Block, ...]) -> list[nn.Module]:
@@ -132,8 +137,10 @@ def stacks_of(blocks: tuple[Block, ...]) -> list[nn.Module]:
     return list(stacks.values())
 
 
-def add_no_grad_hooks(hooks: Hooks, model: nn.Module, blocks: tuple[Block, ...]) -> None:
-    """Under ``torch.no_grad``, run every stack (and the model's top level) with its checkpointing flags off."""
+def add_no_grad_hooks(state: CheckpointState, model: nn.Module, blocks: tuple[Block, ...]) -> None:
+    """Under ``torch.no_grad``, run every stack (and the model's top level) with its checkpointing flags off, lent
+    by ``state`` (:meth:`~hf_ckpt.runtime.state.CheckpointState.lend`) and put back when the forward ends."""
+    hooks = state.hooks
     flagged = tuple(m for m in model.modules() if m.__dict__.get("gradient_checkpointing") is True)
     if not flagged:
         return
@@ -146,7 +153,7 @@ def add_no_grad_hooks(hooks: Hooks, model: nn.Module, blocks: tuple[Block, ...])
         inside = {id(m) for m in parent.modules()}
         mine = tuple(m for m in flagged if id(m) in inside)
         saved: list = []
-        hooks.add(parent, "register_forward_pre_hook", functools.partial(_flags_off, mine, saved))
+        hooks.add(parent, "register_forward_pre_hook", functools.partial(_flags_off, state, mine, saved))
         hooks.add(parent, "register_forward_hook", functools.partial(_flags_back, mine, saved), always_call=True)
 
 
@@ -201,5 +208,5 @@ def add_checkpointing_hooks(
     if needs_input_grads or config.use_reentrant or config.checkpoint_fn is not None or has_peft_adapters(target):
         add_input_grads_hooks(state.hooks, target)
     add_use_cache_hooks(state.hooks, target, binding.blocks)
-    add_no_grad_hooks(state.hooks, target, binding.blocks)
+    add_no_grad_hooks(state, target, binding.blocks)
     add_probe(state, target, binding)

@@ -6,8 +6,11 @@ Whoever applies checkpointing (``hf_ckpt.enable``, the mixin, the patched ``tran
 * ``before``: the model's checkpointing attributes as they were before hf_ckpt first touched them (upstream's
   flags and functions included), so that ``disable`` puts back exactly that;
 * ``bound``: the attribute values hf_ckpt set, so that a change made behind its back (upstream's
-  ``gradient_checkpointing_disable`` after ``unpatch_transformers``) is noticed: such a record is *stale* and is
-  dropped, hooks and all, at the next look (:func:`get_state`);
+  ``gradient_checkpointing_disable`` after ``unpatch_transformers``) is noticed: such a record is *stale*; one
+  warning names what changed and the record is dropped, hooks and all, at the next look outside a forward
+  (:func:`get_state`). What hf_ckpt itself changes for one forward (the stacks' flags, off under ``no_grad``) is
+  *lent* (:meth:`CheckpointState.lend`) and never makes the record stale; hooks read the record with
+  :func:`peek_state`, which never drops it;
 * ``hooks``: every hook hf_ckpt added, removable and re-installable (:class:`Hooks`);
 * ``undo``: further actions that take back what was done (switching ``distributed.apply``'s wrappers off);
 * ``measured``: the blocks that the first training step actually recomputed, once known;
@@ -24,6 +27,7 @@ puts them back, with the attributes, exactly as they were.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import enum
 import os
@@ -34,6 +38,7 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from hf_ckpt.runtime.blocks import SELECTED_ATTRIBUTE
+from hf_ckpt.runtime.warn import warn_once
 
 if TYPE_CHECKING:
     from hf_ckpt.runtime.config import CheckpointConfig
@@ -151,10 +156,34 @@ class CheckpointState:
     undo: list[Callable[[], None]] = field(default_factory=list)
     measured: tuple[int, ...] | None = None
     budget: PlannedBudget | None = None  # a budget planned at the first batch, pending or planned
+    #: How many forwards have each module's ``gradient_checkpointing`` flag lent (off for a ``no_grad`` forward).
+    lent: collections.Counter = field(default_factory=collections.Counter)
 
     def is_current(self) -> bool:
-        """Whether every attribute hf_ckpt set still holds the value it set."""
-        return all(module.__dict__.get(name, _MISSING) is value for module, name, value in self.bound)
+        """Whether every attribute hf_ckpt set still holds the value it set (a lent flag counts as held)."""
+        return self.changed() is None
+
+    def changed(self) -> str | None:
+        """What changed behind hf_ckpt's back, in words (the first attribute that no longer holds the value hf_ckpt
+        set, and what it holds now), or None when nothing did."""
+        for module, name, value in self.bound:
+            now = module.__dict__.get(name, _MISSING)
+            if now is value or (name == "gradient_checkpointing" and now is False and self.lent[id(module)]):
+                continue
+            shown = "absent" if now is _MISSING else repr(now) if not callable(now) else "another function"
+            return f"{type(module).__name__}.{name} is {shown}, hf_ckpt set {value!r}" if not callable(value) else \
+                f"{type(module).__name__}.{name} is {shown}, not the function hf_ckpt set"
+        return None
+
+    @contextlib.contextmanager
+    def lend(self, modules: tuple[nn.Module, ...]) -> Iterator[None]:
+        """While the body runs, the ``gradient_checkpointing`` flags of ``modules`` may be False without making the
+        record stale (hf_ckpt turns them off itself for one forward)."""
+        self.lent.update(id(m) for m in modules)
+        try:
+            yield
+        finally:
+            self.lent.subtract(id(m) for m in modules)
 
     def record(self, module: nn.Module, name: str, value: Any) -> None:
         """Set ``module.<name> = value`` on hf_ckpt's behalf, keeping the record current."""
@@ -171,12 +200,31 @@ class CheckpointState:
 
 
 def get_state(target: nn.Module) -> CheckpointState | None:
-    """hf_ckpt's record on ``target``; None when there is none, or when it went stale (then it is dropped)."""
+    """hf_ckpt's record on ``target``; None when there is none, or when it went stale: then one warning says what
+    changed (:func:`warn_stale`) and the record is dropped, hooks and all. Not for hooks: a forward reads the
+    record with :func:`peek_state`."""
     state = target.__dict__.get(STATE_ATTRIBUTE)
     if state is not None and not state.is_current():
+        warn_stale(target, state)
         clear_state(target)
         return None
     return state
+
+
+def peek_state(target: nn.Module) -> CheckpointState | None:
+    """hf_ckpt's record on ``target`` as it is, current or stale, never dropped: what hooks read inside a forward
+    (dropping a record there would take its hooks off halfway through the forward)."""
+    return target.__dict__.get(STATE_ATTRIBUTE)
+
+
+def warn_stale(target: nn.Module, state: CheckpointState) -> None:
+    """Warn once per record that its setting was changed behind hf_ckpt's back, naming what changed."""
+    warn_once(
+        f"hf_ckpt's setting on {type(target).__name__} ({state.config.describe()}) was changed outside hf_ckpt "
+        f"({state.changed()}: upstream's gradient_checkpointing_enable/disable, or an assignment): hf_ckpt drops its "
+        "setting and hooks and leaves the model as it is now. Call hf_ckpt.enable(...) again to put the setting "
+        "back, or hf_ckpt.disable(...) to turn checkpointing off.",
+        key=f"stale-record:{id(state)}", owner=target)
 
 
 def set_state(target: nn.Module, state: CheckpointState) -> None:

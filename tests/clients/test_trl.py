@@ -43,10 +43,12 @@ def _is_trl_selective(context_fn) -> bool:
     return isinstance(context_fn, functools.partial) and context_fn.func is create_selective_checkpoint_contexts
 
 
-def _sft(tmp_path, kwargs):
+def _sft(tmp_path, kwargs, enabled=None):
     model, tokenizer = tiny_llama_with_tokenizer()
+    if enabled is not None:  # hf_ckpt enabled before the trainer is built; TRL's own checkpointing left off
+        hf_ckpt.enable(model, **enabled)
     config = trl.SFTConfig(
-        output_dir=str(tmp_path), gradient_checkpointing=True, gradient_checkpointing_kwargs=kwargs,
+        output_dir=str(tmp_path), gradient_checkpointing=enabled is None, gradient_checkpointing_kwargs=kwargs,
         max_length=16, **COMMON,
     )
     dataset = datasets.Dataset.from_dict({"text": sentences()})
@@ -138,3 +140,74 @@ def test_grpo_every_n_layers(patched, tmp_path):
     assert counts[1] == counts[3] and counts[0] == counts[2]
     assert counts[0] > counts[1], counts
     assert hf_ckpt.checkpointed_layers(model) == [0, 2]
+
+
+#: What TRL's trainers get with ``head_chunk_size`` (hf_ckpt.runtime.head: TRL's fused LM head replaces the forward).
+HEAD_REFUSED = (
+    "head_chunk_size cannot apply to LlamaForCausalLM: TRL's trainers (SFTTrainer, DPOTrainer, GRPOTrainer) replace "
+    "its forward with their fused LM head, which computes the per-token log-probabilities in chunks without the full "
+    "logits, as head_chunk_size would: TRL's fused head already saves that memory. Drop head_chunk_size.")
+
+
+def _dpo(tmp_path, kwargs, enabled=None):
+    model, tokenizer = tiny_llama_with_tokenizer()
+    if enabled is not None:
+        hf_ckpt.enable(model, **enabled)
+    config = trl.DPOConfig(output_dir=str(tmp_path), gradient_checkpointing=enabled is None,
+                           gradient_checkpointing_kwargs=kwargs, max_length=24, **COMMON)
+    reference, _ = tiny_llama_with_tokenizer()
+    trainer = trl.DPOTrainer(model=model, ref_model=reference, args=config, train_dataset=_preference_dataset(),
+                             processing_class=tokenizer)
+    return trainer, model
+
+
+def _grpo(tmp_path, kwargs, enabled=None):
+    model, tokenizer = tiny_llama_with_tokenizer()
+    if enabled is not None:
+        hf_ckpt.enable(model, **enabled)
+    config = trl.GRPOConfig(output_dir=str(tmp_path), gradient_checkpointing=enabled is None,
+                            gradient_checkpointing_kwargs=kwargs, num_generations=2, max_completion_length=4,
+                            generation_batch_size=2, beta=0.0, **COMMON)
+    dataset = datasets.Dataset.from_dict({"prompt": sentences(8)})
+    trainer = trl.GRPOTrainer(model=model, args=config, train_dataset=dataset, processing_class=tokenizer,
+                              reward_funcs=lambda completions, **_: [float(len(c)) for c in completions])
+    return trainer, model
+
+
+@pytest.mark.parametrize("build", [_sft, _dpo, _grpo], ids=["sft", "dpo", "grpo"])
+def test_head_chunk_size_is_refused_by_name_under_trls_fused_head(patched, tmp_path, build):
+    """TRL 1.16 puts its own fused LM head on the model's forward: the chunked head is refused with one line that
+    names it, TRL and what to do, when the trainer is built or at the latest when training starts; nothing else
+    (TypeError deep in TRL, a silent full head)."""
+    with pytest.raises(ValueError) as raised:
+        trainer, model = build(tmp_path, {"head_chunk_size": 16})
+        trainer.train()
+    assert str(raised.value) == HEAD_REFUSED
+
+
+@pytest.mark.parametrize("build", [_sft, _dpo], ids=["sft", "dpo"])
+def test_head_chunk_size_enabled_before_the_trainer_is_refused_at_the_first_step(tmp_path, build):
+    """Enabled first, the trainer built after (without the patch, TRL's own gradient checkpointing off): the first
+    training forward refuses it, with the same line."""
+    trainer, model = build(tmp_path, None, enabled={"head_chunk_size": 16})
+    with pytest.raises(ValueError) as raised:
+        trainer.train()
+    assert str(raised.value) == HEAD_REFUSED
+
+
+def test_sft_with_a_block_setting_enabled_before_the_trainer(tmp_path):
+    trainer, model = _sft(tmp_path, None, enabled={"every_n_layers": 2})
+    assert _train_counting(trainer, model).recomputed() == [0, 2]
+    assert hf_ckpt.checkpointed_layers(model) == [0, 2]
+
+
+def test_grpo_turning_checkpointing_off_and_on_around_generation_is_named(tmp_path):
+    """Without the patch, GRPO turns checkpointing off and on again around generation with upstream's methods (TRL's
+    ``disable_gradient_checkpointing``), which replaces hf_ckpt's setting: one warning names what changed, and
+    ``checkpointed_layers`` reports what runs (upstream's, every block), never the setting that is gone. With the
+    patch (test_grpo_every_n_layers) the setting survives."""
+    trainer, model = _grpo(tmp_path, None, enabled={"every_n_layers": 2})
+    with pytest.warns(hf_ckpt.HfCkptWarning, match=r"^hf_ckpt's setting on LlamaForCausalLM \(every_n_layers=2, "
+                      r"use_reentrant=False\) was changed outside hf_ckpt \(LlamaModel\._gradient_checkpointing_func"):
+        trainer.train()
+    assert hf_ckpt.checkpointed_layers(model) == [0, 1, 2, 3]

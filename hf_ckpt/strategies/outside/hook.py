@@ -45,6 +45,7 @@ from hf_ckpt.runtime.rng import rng_state, set_rng_state
 from hf_ckpt.runtime.storage import storage_of
 from hf_ckpt.runtime._torch import saved_tensors_hook_active, version_counter, view_base
 from hf_ckpt.runtime.warn import warn_once
+from hf_ckpt.runtime.wrapping import wrap_forward
 
 #: A module's recompute counts as cheap up to this many matmul-class FLOPs per element of its output.
 
@@ -235,7 +236,8 @@ def _added(first: Any, second: Any, alpha: Any) -> torch.Tensor:
     return torch.add(first(), second(), alpha=alpha) if alpha != 1 else first() + second()
 
 
-def _checkpointed(runtime: OutsideRecompute, forward: Any, random: bool, *args: Any, **kwargs: Any) -> Any:
+def _checkpointed(runtime: OutsideRecompute, module: nn.Module, random: bool, forward: Any, *args: Any,
+                  **kwargs: Any) -> Any:
     """A recomputed module's forward: under non-reentrant checkpointing (it keeps its inputs) while the runtime
     watches a training forward; plain otherwise (no grad, or hf_ckpt's hooks suspended while the planner profiles).
     A ``random`` module's RNG state is noted first, for its output to be made again from it."""
@@ -247,7 +249,7 @@ def _checkpointed(runtime: OutsideRecompute, forward: Any, random: bool, *args: 
         return checkpoint(forward, *args, use_reentrant=False, preserve_rng_state=False, **kwargs)
     tensor = next((t for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor)), None)
     device = tensor.device if tensor is not None else torch.device("cpu")
-    drawn = runtime.drawn[id(forward.__self__)] = (device, rng_state(device))
+    drawn = runtime.drawn[id(module)] = (device, rng_state(device))
     # the recipe's state also replays the checkpoint's recompute: one RNG state per call, not torch's copy as well
     return checkpoint(_replaying(forward, drawn), *args, use_reentrant=False, preserve_rng_state=False, **kwargs)
 
@@ -272,8 +274,8 @@ def install(state: Any, outer: list[nn.Module], modules: list[tuple[str, nn.Modu
     runtime = OutsideRecompute()
     for name, module in modules:
         forward = module.forward
-        module.forward = functools.partial(_checkpointed, runtime, forward, _draws(module))
-        state.undo.append(functools.partial(_restore_forward, module))
+        # undone without removing a wrapper another library put on since (hf_ckpt.runtime.wrapping)
+        state.undo.append(wrap_forward(module, functools.partial(_checkpointed, runtime, module, _draws(module))))
         state.hooks.add(module, "register_forward_hook", functools.partial(runtime.produced, name, forward),
                         with_kwargs=True)
     seen: set[int] = set()
@@ -289,6 +291,3 @@ def _draws(module: nn.Module) -> bool:
     the RNG state the call drew from)."""
     return any(isinstance(m, DROPOUTS) for m in module.modules())
 
-
-def _restore_forward(module: nn.Module) -> None:
-    module.__dict__.pop("forward", None)
