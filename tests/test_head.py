@@ -347,3 +347,31 @@ def test_the_bench_setting():
             parse_setting(bad)
         assert str(raised.value) == (
             f"head needs a positive int, the tokens per chunk (head:512); got head:{bad.partition(':')[2]}")
+
+
+@needs_loss_function
+def test_a_forward_replaced_by_trls_fused_head_is_refused_by_name(tmp_path):
+    """TRL's trainers put their fused LM head on the model's ``forward`` (``trl/trainer/utils.py``'s
+    ``_fused_forward``, under accelerate's wrappers): refused at the call, or at the first training forward where it
+    came after ``enable``; recognised from the code object, which ``functools.wraps`` leaves alone. (The clients
+    environment runs TRL's own trainers: tests/clients/test_trl.py.)"""
+    source = tmp_path / "trl" / "trainer" / "utils.py"
+    source.parent.mkdir(parents=True)
+    source.write_text("def _fused_forward(self, *args, labels=None, **kwargs):\n    return labels[:, 1:]\n")
+    namespace: dict = {}
+    exec(compile(source.read_text(), str(source), "exec"), namespace)
+    refused = ("head_chunk_size cannot apply to LlamaForCausalLM: TRL's trainers (SFTTrainer, DPOTrainer, GRPOTrainer) "
+               "replace its forward with their fused LM head, which computes the per-token log-probabilities in "
+               "chunks without the full logits, as head_chunk_size would: TRL's fused head already saves that "
+               "memory. Drop head_chunk_size.")
+    ids = torch.randint(0, VOCAB, (2, 8))
+    model = tiny_llama()
+    hf_ckpt.enable(model, head_chunk_size=4)
+    fused = functools.wraps(type(model).forward)(namespace["_fused_forward"])
+    model.forward = functools.partial(functools.wraps(fused)(lambda *a, **k: fused(*a, **k)), model)  # wrapped again
+    with pytest.raises(ValueError) as raised:
+        model(input_ids=ids, labels=ids)
+    assert str(raised.value) == refused
+    with pytest.raises(ValueError) as raised:
+        hf_ckpt.enable(model, head_chunk_size=4)
+    assert str(raised.value) == refused

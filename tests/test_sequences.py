@@ -146,7 +146,8 @@ class Sequences(RuleBasedStateMachine):
         self.wrapper = _wrapped(self.model, self.calls)  # as accelerate's mixed precision wraps it
         self.recipe: tuple = ("none",)
         self.patched = False
-        self.replaced = False  # upstream's own method replaced an hf_ckpt setting: one warning may say so
+        self.replaced = False  # upstream's own method replaced an hf_ckpt setting: a warning may say so, until
+        # hf_ckpt's enable or disable replaces the stale record
         self.just_enabled = False  # the next step is the setting's first (a budget without a batch plans in it)
         self.recording = warnings.catch_warnings(record=True)
         self.warned = self.recording.__enter__()
@@ -163,11 +164,12 @@ class Sequences(RuleBasedStateMachine):
     def enable(self, name):
         hf_ckpt.enable(self.model, **_options(name))
         self.recipe, self.just_enabled = ("hf_ckpt", name), True
+        self.replaced = False  # a stale record is replaced without a word
 
     @rule()
     def disable(self):
         hf_ckpt.disable(self.model)
-        self.recipe = ("none",)
+        self.recipe, self.replaced = ("none",), False
 
     @rule()
     def patch(self):
@@ -243,7 +245,6 @@ class Sequences(RuleBasedStateMachine):
         warned = [str(w.message) for w in self.warned if issubclass(w.category, hf_ckpt.HfCkptWarning)]
         assert [text for text in warned if not any(part in text for part in allowed)] == []
         self.warned.clear()
-        self.replaced = False
 
 
 def _single(i: int) -> dict[str, torch.Tensor]:

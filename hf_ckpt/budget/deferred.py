@@ -50,7 +50,7 @@ from hf_ckpt.runtime.binding import resolve
 from hf_ckpt.runtime.compat import has_peft_adapters
 from hf_ckpt.budget.optimizer_states import pending_state_bytes, unwrap
 from hf_ckpt.budget.precision import autocast_dtype
-from hf_ckpt.runtime.state import CheckpointState, Source, get_state
+from hf_ckpt.runtime.state import CheckpointState, Source, get_state, peek_state
 from hf_ckpt.runtime.target import target_model
 from hf_ckpt.runtime.units import format_bytes, precision_label
 from hf_ckpt.runtime.warn import warn_once
@@ -215,8 +215,8 @@ def _on_forward(request: DeferredBudget, model: nn.Module, module: nn.Module, ar
     if shape is None:
         return None
     target = target_model(model)
-    state = get_state(target)
-    if state is None or state.budget is not request:
+    state = peek_state(target)  # in a forward: a stale record is never dropped there
+    if state is None or not state.is_current() or state.budget is not request:
         return None
     planned = request.shape
     moved = _weights_moved(request, target)

@@ -29,7 +29,7 @@ from torch.utils.hooks import RemovableHandle
 
 from hf_ckpt.runtime import _torch
 from hf_ckpt.runtime.binding import block_function, is_block_checkpointed, turn_block_off
-from hf_ckpt.runtime.state import ACTIVE_ATTRIBUTE, STATE_ATTRIBUTE, get_state
+from hf_ckpt.runtime.state import ACTIVE_ATTRIBUTE, STATE_ATTRIBUTE, peek_state
 from hf_ckpt.runtime.target import target_model
 from hf_ckpt.runtime.warn import warn_once
 from hf_ckpt.runtime.blocks import Block
@@ -94,8 +94,8 @@ def _our_wrapper_of(model: nn.Module, block: Block) -> nn.Module | None:
 
 def _setter(target: nn.Module) -> Any:
     """How to change a checkpointing attribute: through hf_ckpt's record when there is one, so it stays current."""
-    state = get_state(target)
-    return state.record if state is not None else setattr
+    state = peek_state(target)  # in a forward: never dropped there
+    return state.record if state is not None and state.is_current() else setattr
 
 
 def _wrapper_reentrant(module: nn.Module) -> bool:

@@ -199,13 +199,14 @@ class CheckpointState:
         self.undo.clear()
 
 
-def get_state(target: nn.Module) -> CheckpointState | None:
+def get_state(target: nn.Module, *, warn: bool = True) -> CheckpointState | None:
     """hf_ckpt's record on ``target``; None when there is none, or when it went stale: then one warning says what
-    changed (:func:`warn_stale`) and the record is dropped, hooks and all. Not for hooks: a forward reads the
-    record with :func:`peek_state`."""
+    changed (:func:`warn_stale`; ``warn=False`` where the caller replaces or removes the setting anyway) and the
+    record is dropped, hooks and all. Not for hooks: a forward reads the record with :func:`peek_state`."""
     state = target.__dict__.get(STATE_ATTRIBUTE)
     if state is not None and not state.is_current():
-        warn_stale(target, state)
+        if warn:
+            warn_stale(target, state)
         clear_state(target)
         return None
     return state
@@ -242,9 +243,10 @@ def clear_state(target: nn.Module) -> CheckpointState | None:
 def take_back(target: nn.Module) -> AttributeSnapshot:
     """Undo hf_ckpt's current setting on ``target``; returns the attributes the model had before hf_ckpt.
 
-    Without a (current) record, nothing changes and the model's attributes as they are now are returned.
+    Without a (current) record, nothing changes and the model's attributes as they are now are returned (a stale
+    record is dropped without a warning: the caller replaces or removes the setting).
     """
-    state = get_state(target)
+    state = get_state(target, warn=False)
     if state is None:
         return AttributeSnapshot.take(target)
     clear_state(target)
