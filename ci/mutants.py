@@ -67,7 +67,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "hf_ckpt/runtime/state.py",
         "now is False and self.lent[id(module)]",
         "now is False and False",
-        ("tests/test_sequences.py", "tests/test_training_run.py"),
+        ("tests/test_training_run.py::test_reading_the_setting_inside_a_no_grad_forward_keeps_it",),
     ),
     Mutant(
         "stale_record_silent",

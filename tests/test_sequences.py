@@ -145,6 +145,7 @@ class Sequences(RuleBasedStateMachine):
         self.calls: list = []
         self.wrapper = _wrapped(self.model, self.calls)  # as accelerate's mixed precision wraps it
         self.recipe: tuple = ("none",)
+        self.before: tuple = ("none",)  # the setting an hf_ckpt record replaced
         self.patched = False
         self.replaced = False  # upstream's own method replaced an hf_ckpt setting: a warning may say so, until
         # hf_ckpt's enable or disable replaces the stale record
@@ -163,13 +164,25 @@ class Sequences(RuleBasedStateMachine):
     @rule(name=st.sampled_from(sorted(name for name in EXAMPLES if name not in UNAVAILABLE)))
     def enable(self, name):
         hf_ckpt.enable(self.model, **_options(name))
-        self.recipe, self.just_enabled = ("hf_ckpt", name), True
+        self._enabled(("hf_ckpt", name))
         self.replaced = False  # a stale record is replaced without a word
+
+    def _enabled(self, recipe: tuple) -> None:
+        if self.recipe[0] != "hf_ckpt":  # what disable puts back: the model's setting before hf_ckpt's
+            self.before = self.recipe
+        self.recipe, self.just_enabled = recipe, True
+
+    def _disabled(self) -> None:
+        """hf_ckpt's disable puts back what the model had before hf_ckpt (upstream's checkpointing included);
+        without a record of hf_ckpt's, it switches checkpointing off."""
+        self.recipe = self.before if self.recipe[0] == "hf_ckpt" else ("none",)
+        self.before = ("none",)
 
     @rule()
     def disable(self):
         hf_ckpt.disable(self.model)
-        self.recipe, self.replaced = ("none",), False
+        self._disabled()
+        self.replaced = False
 
     @rule()
     def patch(self):
@@ -187,14 +200,19 @@ class Sequences(RuleBasedStateMachine):
         hf_ckpt's setting (one warning says so)."""
         self.replaced |= not self.patched and self.recipe[0] == "hf_ckpt"
         self.model.gradient_checkpointing_enable()
-        self.recipe = ("hf_ckpt", None) if self.patched else ("upstream",)
-        self.just_enabled = True
+        if self.patched:
+            self._enabled(("hf_ckpt", None))
+        else:
+            self.recipe, self.before, self.just_enabled = ("upstream",), ("none",), True
 
     @rule()
     def upstream_disable(self):
         self.replaced |= not self.patched and self.recipe[0] == "hf_ckpt"
         self.model.gradient_checkpointing_disable()
-        self.recipe = ("none",)
+        if self.patched:  # hf_ckpt's disable
+            self._disabled()
+        else:
+            self.recipe, self.before = ("none",), ("none",)
 
     @rule(training=st.booleans())
     def mode(self, training):

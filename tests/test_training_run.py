@@ -126,3 +126,24 @@ def test_label_smoothing_takes_the_labels_out_and_is_named(patched, tmp_path):
         "full logits, for a loss computed outside the model (the Trainer's label_smoothing_factor or "
         "compute_loss_func take the labels out). Give the model its labels, or drop head_chunk_size"]
     assert [step[2] for step in trainer.measured] == [True] * 3
+
+
+def test_reading_the_setting_inside_a_no_grad_forward_keeps_it():
+    """A hook that reads the setting in the middle of a forward under ``no_grad`` (a logging callback during
+    ``generate``): the stacks' flags are off for that forward by hf_ckpt's own doing, so the record is current, the
+    answer is the setting, no warning, and the next training step is checkpointed as before."""
+    model = tiny_llama()
+    hf_ckpt.enable(model, every_n_layers=2)
+    ids = torch.randint(1, VOCAB, (2, SEQ), generator=torch.Generator().manual_seed(0))
+    model(input_ids=ids, labels=ids).loss.backward()  # the first step measures the setting
+    read: list[list[int]] = []
+    model.model.layers[1].register_forward_pre_hook(lambda module, args: read.append(hf_ckpt.checkpointed_layers(model)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", hf_ckpt.HfCkptWarning)
+        with torch.no_grad():
+            model(input_ids=ids)
+        model.generate(ids[:1, :4], max_new_tokens=2, do_sample=False, pad_token_id=0)
+    assert read == [[0, 2]] * len(read) and len(read) == 3
+    with BlockRunCounter(model) as runs:
+        model(input_ids=ids, labels=ids).loss.backward()
+    assert runs.recomputed() == [0, 2] == hf_ckpt.checkpointed_layers(model)
