@@ -274,7 +274,11 @@ def estimate(
             (the ``Trainer``'s ``bf16=True``/``fp16=True`` over ``dtype="float32"`` weights); None: no autocast.
             Traced with CPU autocast's op lists (see :mod:`hf_ckpt.estimate._trace`).
         device: ``"cuda"`` (attention kernels modelled, see :mod:`hf_ckpt.estimate._attention`) or ``"cpu"``.
-        optimizer: ``"adamw"``, ``"adam"``, ``"sgd_momentum"`` or ``"sgd"``.
+        optimizer: The ``Trainer``'s ``optim`` name (``"adamw_torch"``, ``"adamw_torch_fused"``, ``"adamw_8bit"``,
+            ``"paged_adamw_8bit"``, ``"adafactor"``, ``"lion_8bit"``, ``"sgd"``, ...: the keys of
+            :data:`hf_ckpt.budget.optimizer_states.TRAINER_OPTIMIZERS`), or ``"adamw"`` (the default, torch's
+            AdamW), ``"adam"``, ``"sgd_momentum"`` (momentum 0.9). Sharded estimates take those whose state is
+            tensors the size of the parameter.
         peft_config: A ``peft.PeftConfig`` (e.g. ``LoraConfig(r=16)``): only the adapters train.
         strategies: The settings to report, in ``hf-ckpt bench --settings``'s vocabulary: ``none``, ``full``,
             ``selective``, ``every_n:K``, or a :class:`~hf_ckpt.CheckpointPlan`. ``none`` is always included

@@ -3,9 +3,13 @@
 * parameters: every distinct parameter (tied weights once), in its dtype;
 * gradients: one per trainable parameter the loss reaches (seen in the trace), in the parameter's dtype; with
   ``peft_config`` only the adapter weights train;
-* optimizer states, as ``torch.optim`` allocates them on the first step: AdamW/Adam keep ``exp_avg`` and
-  ``exp_avg_sq`` in the parameter's dtype plus a 4-byte ``step`` per parameter, which lives on the host (it is
-  device memory only when the device is the CPU); SGD with momentum keeps one buffer; plain SGD none.
+* optimizer states, as the optimizer allocates them on the first step, by the ``Trainer``'s ``optim`` name
+  (:data:`hf_ckpt.budget.optimizer_states.TRAINER_OPTIMIZERS`, the table ``budget="auto"`` counts live optimizers
+  with): AdamW/Adam keep ``exp_avg`` and ``exp_avg_sq`` in the parameter's dtype plus a 4-byte ``step`` per
+  parameter, which lives on the host (device memory only on the CPU, or with ``adamw_torch_fused``); SGD with
+  momentum keeps one buffer, plain SGD none; bitsandbytes' 8-bit states one byte an element and a float32 scale
+  per 256 (32-bit below 4096 elements and, as the Trainer sets, for embeddings); Adafactor float32 row and column
+  statistics.
 
 Mixed precision with fp32 master weights is not modelled: the parameters train in ``dtype``.
 """
@@ -17,8 +21,7 @@ from typing import Callable
 
 from torch import nn
 
-#: Optimizer name -> (state tensors per parameter, bytes of the host-side step counter per parameter).
-OPTIMIZERS: dict[str, tuple[int, int]] = {"adamw": (2, 4), "adam": (2, 4), "sgd_momentum": (1, 0), "sgd": (0, 0)}
+from hf_ckpt.budget.optimizer_states import planned_state_bytes
 
 
 @dataclass(frozen=True)
@@ -42,8 +45,9 @@ def count_states(
     parameters = [p for _name, p in named]
     trainable = [p for name, p in named if p.requires_grad and receives_gradient(name)]
     trainable_bytes = sum(p.numel() * p.element_size() for p in trainable)
-    states, step_bytes = OPTIMIZERS[optimizer]
-    optimizer_bytes = states * trainable_bytes + (step_bytes * len(trainable) if device == "cpu" else 0)
+    embeddings = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+    optimizer_bytes = sum(planned_state_bytes(optimizer, tuple(p.shape), p.element_size(), device, id(p) in embeddings)
+                          for p in trainable)
     return States(
         parameters=sum(p.numel() for p in parameters),
         trainable_parameters=sum(p.numel() for p in trainable),

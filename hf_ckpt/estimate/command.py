@@ -34,7 +34,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="mixed precision: forward under autocast to bfloat16 or float16, over --dtype weights "
                              "(the Trainer's bf16=True with float32 weights: --dtype float32 --autocast bf16)")
     parser.add_argument("--device", default="cuda", help="cuda (default; attention kernels modelled) or cpu")
-    parser.add_argument("--optimizer", default="adamw", help="adamw (default), adam, sgd_momentum or sgd")
+    parser.add_argument("--optimizer", default="adamw",
+                        help="the Trainer's optim name (adamw_torch, adamw_torch_fused, adamw_8bit, paged_adamw_8bit, "
+                             "adafactor, lion_8bit, sgd, ...), or adamw (default), adam, sgd_momentum")
     parser.add_argument("--lora-r", type=int, default=None, metavar="R",
                         help="train LoRA adapters of rank R on every linear layer (peft), the base frozen")
     parser.add_argument("--strategies", default="none,full,every_n:2,selective",
