@@ -9,6 +9,7 @@ import os
 
 from hf_ckpt.runtime.units import format_bytes, format_flops, parse_size
 from hf_ckpt.cli.errors import CommandError
+from hf_ckpt.estimate._arguments import check_dtype
 from hf_ckpt.estimate._check import run_check
 from hf_ckpt.estimate._estimate import estimate
 from hf_ckpt.estimate._plan import plan_from_estimate, step_transient
@@ -31,8 +32,40 @@ def _lora(rank: int | None):
     return LoraConfig(r=rank, lora_alpha=2 * rank, target_modules="all-linear", lora_dropout=0.0)
 
 
+def _quantization(args: argparse.Namespace):
+    """The ``BitsAndBytesConfig`` the ``--quantize`` flags describe, or None."""
+    four_bit_only = [option for option, given in (("--quant-type", args.quant_type is not None),
+                                                   ("--double-quant", args.double_quant),
+                                                   ("--quant-compute-dtype", args.quant_compute_dtype is not None))
+                     if given]
+    if args.quantize is None:
+        if four_bit_only:
+            raise CommandError(f"{four_bit_only[0]} needs --quantize 4bit")
+        return None
+    if args.quantize not in ("4bit", "8bit"):
+        raise CommandError(f"--quantize must be 4bit or 8bit; got {args.quantize!r}")
+    if args.quantize == "8bit":
+        if four_bit_only:
+            raise CommandError(f"{four_bit_only[0]} applies to --quantize 4bit only")
+        from transformers import BitsAndBytesConfig
+
+        return BitsAndBytesConfig(load_in_8bit=True)
+    quant_type = args.quant_type or "nf4"
+    if quant_type not in ("nf4", "fp4"):
+        raise CommandError(f"--quant-type must be nf4 or fp4; got {quant_type!r}")
+    from transformers import BitsAndBytesConfig
+
+    try:
+        compute = check_dtype(args.quant_compute_dtype or args.autocast or args.dtype)
+    except ValueError as error:
+        option = "--quant-compute-dtype" if args.quant_compute_dtype else "--autocast" if args.autocast else "--dtype"
+        raise CommandError(f"{option}: {error}") from None
+    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=quant_type,
+                              bnb_4bit_use_double_quant=args.double_quant, bnb_4bit_compute_dtype=compute)
+
+
 _OPTIONS = {"world_size": "--world-size", "shard": "--shard", "offload_optimizer": "--offload-optimizer",
-            "head_chunk_size": "--head-chunk-size",
+            "head_chunk_size": "--head-chunk-size", "quantization_config": "--quantize",
             "offload_parameters": "--offload-parameters"}
 
 
@@ -70,6 +103,9 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError("--plan-json needs --device-memory (the plan is the cheapest that fits it)")
     if args.check and args.keep_outputs:
         raise CommandError("--keep-outputs: --check compares the Trainer's step (outputs dropped) only; drop one")
+    quantization = _quantization(args)
+    if args.check and quantization is not None:
+        raise CommandError("--quantize: --check compares an unquantized step (bitsandbytes is not needed); drop one")
     if args.check:
         return run_check(args.config)
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
@@ -78,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
                         device=args.device, optimizer=args.optimizer, peft_config=_lora(args.lora_r), strategies=strategies,
                         keep_outputs=args.keep_outputs, world_size=args.world_size, shard=args.shard,
                         offload_optimizer=args.offload_optimizer, offload_parameters=args.offload_parameters,
-                        head_chunk_size=args.head_chunk_size)
+                        head_chunk_size=args.head_chunk_size, quantization_config=quantization)
     except (ValueError, FileNotFoundError) as error:
         raise CommandError(_option_names(str(error))) from None
     print(str(made).rsplit("\n", 1 + len(made.activation_bytes) + 1)[0])

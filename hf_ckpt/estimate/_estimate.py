@@ -20,6 +20,7 @@ from hf_ckpt.estimate._model import (
     model_class,
     reduced_config,
 )
+from hf_ckpt.estimate._quantized import as_traced, check_quantization, dequantized_bytes, quantized_weights
 from hf_ckpt.estimate._result import MemoryEstimate
 from hf_ckpt.estimate._sharding import check_sharding, shard_estimate
 from hf_ckpt.estimate._trace import TRACED, Trace, fake_mode, to_fake, trace
@@ -123,19 +124,49 @@ def _bound(traced: Trace, representative: Sequence[int], i: int, strategy: str, 
     return traced.largest(representative[i], strategy)
 
 
-def _models(model_or_config: Any, torch_dtype: torch.dtype, peft_config: Any):
-    """(config, class, the full model on meta, the reduced copy on meta), adapters added to both."""
+def _models(model_or_config: Any, torch_dtype: torch.dtype, peft_config: Any, quant: Any = None):
+    """(config, class, the full model on meta, the reduced copy on meta, the quantized weights' stored bytes by
+    ``id`` and the largest dequantized weight), adapters added to both."""
     config, cls, full, found_peft = _source(model_or_config, torch_dtype)
     peft_config = peft_config if peft_config is not None else found_peft
+    if quant is not None and peft_config is None:
+        raise ValueError("quantization_config: a quantized base trains only adapters; pass peft_config (e.g. "
+                         "peft.LoraConfig: QLoRA)")
     if full is None:
         full = build_on_meta(cls, config, torch_dtype)
     else:
         full = copy.deepcopy(full).to(dtype=torch_dtype).train()
         if hasattr(full, "tie_weights"):  # a model built on meta may not have tied its embeddings yet
             full.tie_weights()
+    stored = quantized_weights(full, quant) if quant is not None else {}
+    dequantized = dequantized_bytes(full, stored, quant) if quant is not None else 0
     full = _with_peft(full, peft_config)
-    reduced = _with_peft(build_on_meta(cls, reduced_config(config), torch_dtype), peft_config)
-    return config, cls, full, reduced
+    reduced = build_on_meta(cls, reduced_config(config), torch_dtype)
+    as_traced(reduced, quant)
+    reduced = _with_peft(reduced, peft_config)
+    return config, cls, full, reduced, stored, dequantized
+
+
+def _quantization(value: Any, dtype: torch.dtype, sharding: Any):
+    """``quantization_config`` checked (:func:`check_quantization`); single device only."""
+    quant = check_quantization(value, dtype)
+    if quant is not None and sharding.shard != "none":
+        raise ValueError(f"quantization_config: a quantized base under shard={sharding.shard!r} is not modelled; "
+                         "estimate it with shard='none'")
+    return quant
+
+
+def _with_dequantized(traced: Trace, dequantized: int) -> None:
+    """Each transient at least the largest dequantized weight of a quantized base (forward and backward of its
+    layers make it while the activations are held)."""
+    if not dequantized:
+        return
+    transients = [traced.transient, traced.chunked_transient]
+    if traced.smaller_chunked:
+        transients.append(traced.smaller_chunked[1])
+    for transient in transients:
+        for strategy, value in transient.items():
+            transient[strategy] = max(value, dequantized)
 
 
 def _per_strategy(traced: Trace, rep: Sequence[int], strategies: Sequence[Any], num_blocks: int,
@@ -257,6 +288,7 @@ def estimate(
     offload_optimizer: bool = False,
     offload_parameters: bool = False,
     head_chunk_size: int | None = None,
+    quantization_config: Any = None,
 ) -> MemoryEstimate:
     """Estimate one training step's memory and compute, per checkpointing strategy, without allocating.
 
@@ -301,6 +333,11 @@ def estimate(
             :func:`head_chunk_for` (at least 128 tokens, or ``seq_len`` where shorter), and where that floor raised
             it, the memory rule's smaller chunk traced too (the ``head_smaller_*`` fields), for plans whose budget
             needs its smaller transients. Not estimated where the model refuses it (the reason is in ``unusable``).
+        quantization_config: A ``transformers.BitsAndBytesConfig`` (``load_in_4bit`` with ``nf4``/``fp4`` and
+            double quantization, or ``load_in_8bit``) the base is loaded with; with ``peft_config``: QLoRA. The
+            quantized weights count as bitsandbytes stores them, the layers transformers leaves out (the output
+            embeddings) in ``dtype``; each transient is at least the largest weight dequantized (see
+            :mod:`hf_ckpt.estimate._quantized`). Its compute dtype must be ``dtype``; single device only.
 
     Returns:
         A :class:`MemoryEstimate`.
@@ -313,7 +350,8 @@ def estimate(
         _checked(model_or_config, batch_size, seq_len, dtype, autocast, device, optimizer, peft_config, strategies,
                  keep_outputs, head_chunk_size)
     sharding = check_sharding(world_size, shard, offload_optimizer, offload_parameters)
-    config, cls, full, reduced = _models(model_or_config, torch_dtype, peft_config)
+    quant = _quantization(quantization_config, autocast_dtype or torch_dtype, sharding)
+    config, cls, full, reduced, stored, dequantized = _models(model_or_config, torch_dtype, peft_config, quant)
     full_blocks, traced_blocks = blocks_of(full), blocks_of(reduced)
     if not full_blocks:
         raise ValueError(f"model_or_config: {cls.__name__} has no repeated blocks to checkpoint")
@@ -321,9 +359,10 @@ def estimate(
     num_blocks = len(full_blocks)
     traced = _trace_reduced(reduced, traced_blocks, strategies, num_blocks, batch_size, seq_len, device,
                             autocast_dtype, keep_outputs, _head_chunks(config, batch_size, seq_len, head_chunk_size))
+    _with_dequantized(traced, dequantized)
     renamed = _traced_name(full_blocks, traced_blocks, mapping.representative)
     per_device = shard_estimate(full, full_blocks, sharding, optimizer, device,
-                                lambda name: renamed(name) in traced.used_parameters)
+                                lambda name: renamed(name) in traced.used_parameters, stored)
     del full
     rep, usable = mapping.representative, traced.strategies
     block_bytes = {s: tuple(_bound(traced, rep, i, s, usable) for i in range(num_blocks)) for s in usable}
@@ -341,9 +380,8 @@ def estimate(
         device=device,
         dtype=str(torch_dtype).removeprefix("torch."),
         autocast=str(autocast_dtype).removeprefix("torch.") if autocast_dtype is not None else None,
-        batch_size=batch_size,
-        seq_len=seq_len,
-        optimizer=optimizer,
+        batch_size=batch_size, seq_len=seq_len, optimizer=optimizer,
+        quantization=quant.describe() if quant is not None else None,
         peft=str(getattr(peft_config, "peft_type", "")).split(".")[-1] or None if peft_config is not None else None,
         parameters=per_device.whole.parameters,
         trainable_parameters=per_device.whole.trainable_parameters,
@@ -352,9 +390,7 @@ def estimate(
         optimizer_bytes=per_device.optimizer_bytes,
         activation_bytes=activation,
         peak_bytes=peak,
-        recompute_flops=recompute,
-        step_flops=step,
-        flops_ratio=ratio,
+        recompute_flops=recompute, step_flops=step, flops_ratio=ratio,
         num_blocks=num_blocks,
         traced_blocks=mapping.traced_blocks,
         block_bytes=block_bytes,

@@ -324,10 +324,10 @@ class PerDevice:
 
 
 def shard_estimate(model: nn.Module, blocks: Sequence[Any], sharding: Sharding, optimizer: str, device: str,
-                   receives_gradient: Callable[[str], bool]) -> PerDevice:
+                   receives_gradient: Callable[[str], bool], stored: dict[int, int] | None = None) -> PerDevice:
     """The states of ``model`` (on meta) on one device, whole and under ``sharding``; ``blocks`` are FSDP's units
     (each :class:`~hf_ckpt.runtime.blocks.Block`'s module); ``receives_gradient(name)``: the step reaches the parameter."""
-    whole = count_states(model, optimizer, device, receives_gradient)
+    whole = count_states(model, optimizer, device, receives_gradient, stored)
     if sharding.shard == "none":
         return PerDevice(sharding, whole, None)
     params = parameters_of(model, [block.module for block in blocks], receives_gradient)

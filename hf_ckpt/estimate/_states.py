@@ -17,7 +17,7 @@ Mixed precision with fp32 master weights is not modelled: the parameters train i
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Mapping
 
 from torch import nn
 
@@ -34,7 +34,8 @@ class States:
 
 
 def count_states(
-    model: nn.Module, optimizer: str, device: str, receives_gradient: Callable[[str], bool] = lambda name: True
+    model: nn.Module, optimizer: str, device: str, receives_gradient: Callable[[str], bool] = lambda name: True,
+    stored: Mapping[int, int] | None = None,
 ) -> States:
     """Bytes of the parameters, gradients and optimizer states of ``model`` trained with ``optimizer``.
 
@@ -51,7 +52,7 @@ def count_states(
     return States(
         parameters=sum(p.numel() for p in parameters),
         trainable_parameters=sum(p.numel() for p in trainable),
-        parameters_bytes=sum(p.numel() * p.element_size() for p in parameters),
+        parameters_bytes=sum(stored.get(id(p), p.numel() * p.element_size()) for p in parameters),
         gradients_bytes=trainable_bytes,
         optimizer_bytes=optimizer_bytes,
     )

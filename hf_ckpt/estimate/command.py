@@ -39,6 +39,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "adafactor, lion_8bit, sgd, ...), or adamw (default), adam, sgd_momentum")
     parser.add_argument("--lora-r", type=int, default=None, metavar="R",
                         help="train LoRA adapters of rank R on every linear layer (peft), the base frozen")
+    parser.add_argument("--quantize", default=None, metavar="BITS",
+                        help="the base loaded by bitsandbytes in 4bit or 8bit (transformers' BitsAndBytesConfig); "
+                             "with --lora-r: QLoRA")
+    parser.add_argument("--quant-type", default=None, metavar="TYPE", help="with --quantize 4bit: nf4 (default) or fp4")
+    parser.add_argument("--double-quant", action="store_true",
+                        help="with --quantize 4bit: double quantization (bnb_4bit_use_double_quant)")
+    parser.add_argument("--quant-compute-dtype", default=None, metavar="DTYPE",
+                        help="with --quantize 4bit: bnb_4bit_compute_dtype (default: --autocast, else --dtype; only "
+                             "that dtype is modelled)")
     parser.add_argument("--strategies", default="none,full,every_n:2,selective",
                         help="comma-separated: none, full, selective, every_n:K (default %(default)s)")
     parser.add_argument("--keep-outputs", action="store_true",
