@@ -20,16 +20,38 @@ def _folder_exists(option: str, path: str | None) -> None:
         raise CommandError(f"{option}: the folder of {path!r} does not exist")
 
 
-def _lora(rank: int | None):
+def _names(option: str, value: str | None) -> list[str] | None:
+    if value is None:
+        return None
+    names = [name.strip() for name in value.split(",") if name.strip()]
+    if not names:
+        raise CommandError(f"{option} must name at least one module (comma-separated); got {value!r}")
+    return names
+
+
+def _lora(args: argparse.Namespace):
+    """The ``LoraConfig`` the ``--lora-*`` flags describe, or None without ``--lora-r``."""
+    rank = args.lora_r
+    given = [option for option, value in (("--lora-targets", args.lora_targets), ("--lora-alpha", args.lora_alpha),
+                                          ("--lora-dropout", args.lora_dropout),
+                                          ("--lora-modules-to-save", args.lora_modules_to_save)) if value is not None]
     if rank is None:
+        if given:
+            raise CommandError(f"{given[0]} needs --lora-r")
         return None
     if rank < 1:
         raise CommandError(f"--lora-r must be a positive int; got {rank}")
+    dropout = 0.0 if args.lora_dropout is None else args.lora_dropout
+    if not 0.0 <= dropout < 1.0:
+        raise CommandError(f"--lora-dropout must be at least 0 and below 1; got {args.lora_dropout}")
+    targets = _names("--lora-targets", args.lora_targets)
     try:
         from peft import LoraConfig
     except ImportError:
         raise CommandError("--lora-r needs the peft package (pip install peft)") from None
-    return LoraConfig(r=rank, lora_alpha=2 * rank, target_modules="all-linear", lora_dropout=0.0)
+    return LoraConfig(r=rank, lora_alpha=2 * rank if args.lora_alpha is None else args.lora_alpha,
+                      target_modules=targets if targets is not None and targets != ["all-linear"] else "all-linear",
+                      lora_dropout=dropout, modules_to_save=_names("--lora-modules-to-save", args.lora_modules_to_save))
 
 
 def _quantization(args: argparse.Namespace):
@@ -71,6 +93,10 @@ _OPTIONS = {"world_size": "--world-size", "shard": "--shard", "offload_optimizer
 
 def _option_names(message: str) -> str:
     """An estimate() error with its argument spelled as the command's option (``world_size`` -> ``--world-size``)."""
+    if message.startswith("peft_config: "):  # peft refused the adapters the --lora-* flags describe
+        option = "--lora-targets" if "target" in message.lower() else "--lora-modules-to-save" \
+            if "modules_to_save" in message else "--lora-r"
+        return option + message[len("peft_config"):]
     for argument, option in _OPTIONS.items():
         if message.startswith(argument + " ") or message.startswith(argument + ":"):
             return option + message[len(argument):]
@@ -111,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
     try:
         made = estimate(args.config, batch_size=args.batch, seq_len=args.seq, dtype=args.dtype, autocast=args.autocast,
-                        device=args.device, optimizer=args.optimizer, peft_config=_lora(args.lora_r), strategies=strategies,
+                        device=args.device, optimizer=args.optimizer, peft_config=_lora(args), strategies=strategies,
                         keep_outputs=args.keep_outputs, world_size=args.world_size, shard=args.shard,
                         offload_optimizer=args.offload_optimizer, offload_parameters=args.offload_parameters,
                         head_chunk_size=args.head_chunk_size, quantization_config=quantization)

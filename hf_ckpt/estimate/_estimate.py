@@ -66,7 +66,16 @@ def _with_peft(model: nn.Module, peft_config: Any) -> nn.Module:
         return model
     from peft import get_peft_model
 
-    return get_peft_model(model, copy.deepcopy(peft_config))
+    try:
+        wrapped = get_peft_model(model, copy.deepcopy(peft_config))
+    except ValueError as error:  # peft's own words (a target module not in the model, ...), the argument named
+        raise ValueError(f"peft_config: {error}") from None
+    saved = [name for name, module in wrapped.named_modules() if type(module).__name__ == "ModulesToSaveWrapper"]
+    missing = [key for key in getattr(peft_config, "modules_to_save", None) or ()
+               if not any(name == key or name.endswith("." + key) for name in saved)]
+    if missing:  # peft skips them without a word
+        raise ValueError(f"peft_config: modules_to_save {', '.join(missing)} not found in the model")
+    return wrapped
 
 
 def _inputs(model: nn.Module, batch_size: int, seq_len: int, mode: Any) -> dict[str, torch.Tensor]:

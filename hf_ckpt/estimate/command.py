@@ -38,7 +38,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the Trainer's optim name (adamw_torch, adamw_torch_fused, adamw_8bit, paged_adamw_8bit, "
                              "adafactor, lion_8bit, sgd, ...), or adamw (default), adam, sgd_momentum")
     parser.add_argument("--lora-r", type=int, default=None, metavar="R",
-                        help="train LoRA adapters of rank R on every linear layer (peft), the base frozen")
+                        help="train LoRA adapters of rank R (peft; float32 adapters, as peft keeps them), the base "
+                             "frozen")
+    parser.add_argument("--lora-targets", default=None, metavar="NAMES",
+                        help="with --lora-r: comma-separated module names to adapt (peft's target_modules; default "
+                             "all-linear)")
+    parser.add_argument("--lora-alpha", type=float, default=None, metavar="ALPHA",
+                        help="with --lora-r: lora_alpha (default 2R; it scales, it does not change memory)")
+    parser.add_argument("--lora-dropout", type=float, default=None, metavar="P",
+                        help="with --lora-r: lora_dropout (default 0); above 0 each adapted module keeps its dropped "
+                             "input and the dropout mask for backward")
+    parser.add_argument("--lora-modules-to-save", default=None, metavar="NAMES",
+                        help="with --lora-r: comma-separated modules trained whole beside the adapters (peft's "
+                             "modules_to_save, e.g. lm_head)")
     parser.add_argument("--quantize", default=None, metavar="BITS",
                         help="the base loaded by bitsandbytes in 4bit or 8bit (transformers' BitsAndBytesConfig); "
                              "with --lora-r: QLoRA")
