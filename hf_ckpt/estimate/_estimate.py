@@ -20,6 +20,7 @@ from hf_ckpt.estimate._model import (
     model_class,
     reduced_config,
 )
+from hf_ckpt.estimate._labels import batch_for, check_text_model
 from hf_ckpt.estimate._quantized import as_traced, check_quantization, dequantized_bytes, quantized_weights
 from hf_ckpt.estimate._result import MemoryEstimate
 from hf_ckpt.estimate._sharding import check_sharding, shard_estimate
@@ -30,7 +31,8 @@ DEFAULT_STRATEGIES = ("none", "full", "every_n:2", "selective")
 _NOTES = (
     "activations: bytes of tensor storages alive when forward returns, traced on fake tensors (allocator "
     "rounding and fragmentation not included)",
-    "batches without padding mask (causal attention via is_causal); labels of seq_len tokens",
+    "batches without padding mask (causal attention via is_causal); labels of the head's shape (seq_len tokens, "
+    "one per sequence for classification, answer start and end for question answering)",
     "peak: fixed states + activations + the largest transient of the step; gradients counted whole "
     "throughout backward; optimizer-step temporaries (foreach buffers) not included",
 )
@@ -79,12 +81,8 @@ def _with_peft(model: nn.Module, peft_config: Any) -> nn.Module:
 
 
 def _inputs(model: nn.Module, batch_size: int, seq_len: int, mode: Any) -> dict[str, torch.Tensor]:
-    vocab = getattr(getattr(model, "config", None), "vocab_size", None)
     with mode:
-        ids = torch.zeros((batch_size, seq_len), dtype=torch.long)
-        if isinstance(vocab, int) and vocab > 0:
-            ids = ids % vocab
-    return {"input_ids": ids, "labels": ids}
+        return batch_for(model, batch_size, seq_len)
 
 
 def _traced_name(full_blocks: list, traced_blocks: list, representative: Sequence[int]):
@@ -147,6 +145,7 @@ def _models(model_or_config: Any, torch_dtype: torch.dtype, peft_config: Any, qu
         full = copy.deepcopy(full).to(dtype=torch_dtype).train()
         if hasattr(full, "tie_weights"):  # a model built on meta may not have tied its embeddings yet
             full.tie_weights()
+    check_text_model(full)
     stored = quantized_weights(full, quant) if quant is not None else {}
     dequantized = dequantized_bytes(full, stored, quant) if quant is not None else 0
     full = _with_peft(full, peft_config)
