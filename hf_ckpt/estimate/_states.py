@@ -40,8 +40,10 @@ def count_states(
     """Bytes of the parameters, gradients and optimizer states of ``model`` trained with ``optimizer``.
 
     ``receives_gradient(name)`` tells whether the step reaches a parameter: one that gets no gradient gets no
-    optimizer state either (``torch.optim`` skips parameters whose ``grad`` is None).
+    optimizer state either (``torch.optim`` skips parameters whose ``grad`` is None). ``stored``: ``id(parameter)``
+    -> the bytes a quantized base keeps for it (:mod:`hf_ckpt.estimate._quantized`), in place of its dtype's.
     """
+    stored = stored or {}
     named = list(model.named_parameters())  # each parameter once (tied weights under their first name)
     parameters = [p for _name, p in named]
     trainable = [p for name, p in named if p.requires_grad and receives_gradient(name)]
