@@ -103,16 +103,36 @@ def _option_names(message: str) -> str:
     return message
 
 
+def _row_of(plan, made) -> str | None:
+    """The table's row for the same setting as ``plan``: every block on one strategy (and the head as the row's)."""
+    kinds = set(plan.strategies)
+    if len(kinds) != 1:
+        return None
+    (kind,) = kinds
+    if plan.head_chunk_size is not None:
+        kind = f"full+head:{plan.head_chunk_size}" if kind == "full" else ""
+    return kind if kind in made.activation_bytes else None
+
+
 def _plan_line(plan, made) -> str:
+    """The plan's figures: its table row's where the table has the same setting (one figure per setting), else the
+    solver's, each block counted at its largest whatever its neighbours run, as the line says."""
     counts = {s: plan.strategies.count(s) for s in ("full", "selective", "none")}
-    ratio = (made.step_flops["none"] + plan.predicted_recompute_flops) / made.step_flops["none"]
-    peak = made.fixed_bytes + plan.predicted_bytes + step_transient(made, plan.head_chunk_size or False)
     head = "" if plan.head_chunk_size is None else f", head in chunks of {plan.head_chunk_size} tokens"
+    row = _row_of(plan, made)
+    if row is not None:
+        activations, peak = made.activation_bytes[row], made.peak_bytes[row]
+        recompute, ratio, source = made.recompute_flops[row], made.flops_ratio[row], f" (the table's row {row})"
+    else:
+        activations, recompute = plan.predicted_bytes, plan.predicted_recompute_flops
+        ratio = (made.step_flops["none"] + recompute) / made.step_flops["none"]
+        peak = made.fixed_bytes + activations + step_transient(made, plan.head_chunk_size or False)
+        source = " (activations: each block at its most, whatever its neighbours run)"
     return (f"cheapest plan that fits: {counts['full']} full, {counts['selective']} selective, {counts['none']} none"
             f"{head}; "
-            f"activations {format_bytes(plan.predicted_bytes)}, peak {format_bytes(peak)}"
-            f"{' per device' if made.shard != 'none' else ''}, recompute {format_flops(plan.predicted_recompute_flops)}"
-            f", FLOPs ratio {ratio:.3f}x")
+            f"activations {format_bytes(activations)}, peak {format_bytes(peak)}"
+            f"{' per device' if made.shard != 'none' else ''}, recompute {format_flops(recompute)}"
+            f", FLOPs ratio {ratio:.3f}x{source}")
 
 
 def run(args: argparse.Namespace) -> int:
