@@ -62,6 +62,30 @@ class Mutant:
 
 MUTANTS: tuple[Mutant, ...] = (
     Mutant(
+        "estimate_token_labels_for_every_head",
+        "the estimate gives a sequence classifier one label per sequence (token labels crashed it, issue 45)",
+        "hf_ckpt/estimate/_labels.py",
+        '    if name.endswith("ForSequenceClassification"):\n',
+        "    if False:  # mutant: token labels for every head\n",
+        ("tests/test_estimate_heads.py",),
+    ),
+    Mutant(
+        "estimate_plan_line_bound_for_uniform_plans",
+        "the estimate's plan line gives the table's figures for a setting the table has (one figure per setting)",
+        "hf_ckpt/estimate/_command_run.py",
+        "    if len(kinds) != 1:\n        return None\n",
+        "    if True:  # mutant: always the solver's bound\n        return None\n",
+        ("tests/test_estimate_plan_line.py",),
+    ),
+    Mutant(
+        "estimate_fused_adamw_step_on_host",
+        "adamw_torch_fused's step counters are device memory (the Trainer's fused AdamW), counted per parameter",
+        "hf_ckpt/budget/optimizer_states.py",
+        '    "adamw_torch_fused": TrainerOptimizer(torch.optim.AdamW, {"fused": True}),\n',
+        '    "adamw_torch_fused": TrainerOptimizer(torch.optim.AdamW),  # mutant: fused ignored\n',
+        ("tests/test_estimate_optimizers.py",),
+    ),
+    Mutant(
         "head_chunks_ignore_num_items",
         "the chunked head divides the loss by num_items_in_batch when given (the Trainer's gradient accumulation)",
         "hf_ckpt/runtime/head.py",

@@ -61,3 +61,13 @@ def test_an_8bit_optimizer_under_a_shard_is_refused_naming_why():
     with pytest.raises(ValueError, match=r"^optimizer: adamw_8bit under shard='zero3' is not modelled"):
         estimate(_config(), batch_size=1, seq_len=8, optimizer="adamw_8bit", world_size=2, shard="zero3",
                  strategies=("none",))
+
+
+def test_fused_adamw_keeps_its_step_counters_on_the_device():
+    """``adamw_torch_fused`` (the Trainer's default on recent torch): its float32 ``step`` per parameter tensor is
+    device memory, as it is for a capturable AdamW (``tests/test_optimizer_states.py``); plain AdamW's stays on the
+    host."""
+    tensors = sum(1 for p in transformers.LlamaForCausalLM(_config()).parameters())
+    fused, plain = (estimate(_config(), batch_size=1, seq_len=8, device="cuda", optimizer=name, strategies=("none",))
+                    for name in ("adamw_torch_fused", "adamw_torch"))
+    assert fused.optimizer_bytes - plain.optimizer_bytes == 4 * tensors
