@@ -88,6 +88,7 @@ def _quantization(args: argparse.Namespace):
 
 _OPTIONS = {"world_size": "--world-size", "shard": "--shard", "offload_optimizer": "--offload-optimizer",
             "head_chunk_size": "--head-chunk-size", "quantization_config": "--quantize",
+            "attn_implementation": "--attn",
             "offload_parameters": "--offload-parameters"}
 
 
@@ -160,7 +161,8 @@ def run(args: argparse.Namespace) -> int:
                         device=args.device, optimizer=args.optimizer, peft_config=_lora(args), strategies=strategies,
                         keep_outputs=args.keep_outputs, world_size=args.world_size, shard=args.shard,
                         offload_optimizer=args.offload_optimizer, offload_parameters=args.offload_parameters,
-                        head_chunk_size=args.head_chunk_size, quantization_config=quantization)
+                        head_chunk_size=args.head_chunk_size, quantization_config=quantization,
+                        attn_implementation=args.attn)
     except (ValueError, FileNotFoundError) as error:
         raise CommandError(_option_names(str(error))) from None
     print(str(made).rsplit("\n", 1 + len(made.activation_bytes) + 1)[0])

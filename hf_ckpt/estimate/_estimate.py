@@ -131,10 +131,39 @@ def _bound(traced: Trace, representative: Sequence[int], i: int, strategy: str, 
     return traced.largest(representative[i], strategy)
 
 
-def _models(model_or_config: Any, torch_dtype: torch.dtype, peft_config: Any, quant: Any = None):
+#: ``attn_implementation`` values: None (the model's default, SDPA), or the one named.
+ATTN_IMPLEMENTATIONS = ("eager", "sdpa", "flash")
+
+
+def _check_attn(value: Any, device: str, given_model: bool) -> str | None:
+    if value is not None and value not in ATTN_IMPLEMENTATIONS:
+        raise ValueError(f"attn_implementation must be one of {', '.join(ATTN_IMPLEMENTATIONS)} (or None: the "
+                         f"model's default); got {value!r}")
+    if value == "flash" and device != "cuda":
+        raise ValueError("attn_implementation: flash (flash_attention_2) runs on CUDA only; use device='cuda'")
+    if value is not None and given_model:
+        raise ValueError("attn_implementation: a model built on the meta device keeps its own attention; pass its "
+                         "config instead")
+    return value
+
+
+def _attention(device: str, dtype: torch.dtype, attn: str | None) -> dict[str, Any]:
+    """The estimate's ``attention`` field: eager attention is traced as written on every device."""
+    if attn == "eager":
+        return {"device": device, "modelled": False, "note": "traced: eager attention runs its own ops on any device",
+                "kernel": "eager (keeps the attention probabilities, batch x heads x seq x seq)"}
+    model = attention_model(device, dtype)
+    return {"device": model.device, "modelled": model.modelled, "kernel": model.kernel, "note": model.note}
+
+
+def _models(model_or_config: Any, torch_dtype: torch.dtype, peft_config: Any, quant: Any = None,
+            attn: str | None = None):
     """(config, class, the full model on meta, the reduced copy on meta, the quantized weights' stored bytes by
-    ``id`` and the largest dequantized weight), adapters added to both."""
+    ``id`` and the largest dequantized weight), adapters added to both; ``attn="eager"``: eager attention."""
     config, cls, full, found_peft = _source(model_or_config, torch_dtype)
+    if attn == "eager":
+        config = copy.deepcopy(config)
+        config._attn_implementation = "eager"
     peft_config = peft_config if peft_config is not None else found_peft
     if quant is not None and peft_config is None:
         raise ValueError("quantization_config: a quantized base trains only adapters; pass peft_config (e.g. "
@@ -297,6 +326,7 @@ def estimate(
     offload_parameters: bool = False,
     head_chunk_size: int | None = None,
     quantization_config: Any = None,
+    attn_implementation: str | None = None,
 ) -> MemoryEstimate:
     """Estimate one training step's memory and compute, per checkpointing strategy, without allocating.
 
@@ -347,6 +377,11 @@ def estimate(
             embeddings) in ``dtype``; each transient is at least the largest weight dequantized (see
             :mod:`hf_ckpt.estimate._quantized`). Its compute dtype must be ``dtype``; single device only.
 
+        attn_implementation: The attention the model runs: None (its default, SDPA: on CUDA the fused kernels,
+            modelled), ``"sdpa"`` (the same), ``"flash"`` (flash_attention_2, CUDA only: what the fused kernels
+            keep, modelled) or ``"eager"`` (the attention written out, traced as it runs on any device: it keeps the
+            attention probabilities). Needs a config, not a built model.
+
     Returns:
         A :class:`MemoryEstimate`.
 
@@ -359,7 +394,8 @@ def estimate(
                  keep_outputs, head_chunk_size)
     sharding = check_sharding(world_size, shard, offload_optimizer, offload_parameters)
     quant = _quantization(quantization_config, autocast_dtype or torch_dtype, sharding)
-    config, cls, full, reduced, stored, dequantized = _models(model_or_config, torch_dtype, peft_config, quant)
+    attn = _check_attn(attn_implementation, device, isinstance(model_or_config, nn.Module))
+    config, cls, full, reduced, stored, dequantized = _models(model_or_config, torch_dtype, peft_config, quant, attn)
     full_blocks, traced_blocks = blocks_of(full), blocks_of(reduced)
     if not full_blocks:
         raise ValueError(f"model_or_config: {cls.__name__} has no repeated blocks to checkpoint")
@@ -381,7 +417,6 @@ def estimate(
         traced, rep, strategies, num_blocks, block_flops, none_flops, per_device
     )
 
-    attention = attention_model(device, autocast_dtype or torch_dtype)
     return MemoryEstimate(
         model_type=getattr(config, "model_type", None),
         model_class=cls.__name__,
@@ -407,8 +442,7 @@ def estimate(
         representative=rep,
         transient_bytes={s: traced.transient[s] for s in traced.transient},
         unusable=unusable,
-        attention={"device": attention.device, "modelled": attention.modelled, "kernel": attention.kernel,
-                   "note": attention.note},
+        attention=_attention(device, autocast_dtype or torch_dtype, attn),
         notes=(*_NOTES, OUTPUTS_NOTES[keep_outputs]),
         keep_outputs=keep_outputs, **_head_fields(traced),
         **per_device.fields(),

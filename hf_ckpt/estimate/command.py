@@ -60,6 +60,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quant-compute-dtype", default=None, metavar="DTYPE",
                         help="with --quantize 4bit: bnb_4bit_compute_dtype (default: --autocast, else --dtype; only "
                              "that dtype is modelled)")
+    parser.add_argument("--attn", default=None, metavar="KIND",
+                        help="the model's attention: eager (traced as written: keeps the attention probabilities), "
+                             "sdpa (the default) or flash (flash_attention_2, CUDA only)")
     parser.add_argument("--strategies", default="none,full,every_n:2,selective",
                         help="comma-separated: none, full, selective, every_n:K (default %(default)s)")
     parser.add_argument("--keep-outputs", action="store_true",
