@@ -24,19 +24,8 @@ NAME = "estimate"
 HELP = "will it fit? predicted training memory and recompute cost per checkpointing strategy, from a config"
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Declare ``hf-ckpt estimate``'s options."""
-    parser.add_argument("config", metavar="CONFIG", help="a config.json, or a folder holding one")
-    parser.add_argument("--batch", type=int, required=True, help="sequences per step (per device)")
-    parser.add_argument("--seq", type=int, required=True, help="tokens per sequence")
-    parser.add_argument("--dtype", default="bfloat16", help="bfloat16 (default), float16 or float32")
-    parser.add_argument("--autocast", default=None, metavar="DTYPE",
-                        help="mixed precision: forward under autocast to bfloat16 or float16, over --dtype weights "
-                             "(the Trainer's bf16=True with float32 weights: --dtype float32 --autocast bf16)")
-    parser.add_argument("--device", default="cuda", help="cuda (default; attention kernels modelled) or cpu")
-    parser.add_argument("--optimizer", default="adamw",
-                        help="the Trainer's optim name (adamw_torch, adamw_torch_fused, adamw_8bit, paged_adamw_8bit, "
-                             "adafactor, lion_8bit, sgd, ...), or adamw (default), adam, sgd_momentum")
+def _add_adapter_arguments(parser: argparse.ArgumentParser) -> None:
+    """LoRA as peft configures it, and a quantized base (QLoRA)."""
     parser.add_argument("--lora-r", type=int, default=None, metavar="R",
                         help="train LoRA adapters of rank R (peft; float32 adapters, as peft keeps them), the base "
                              "frozen")
@@ -60,6 +49,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quant-compute-dtype", default=None, metavar="DTYPE",
                         help="with --quantize 4bit: bnb_4bit_compute_dtype (default: --autocast, else --dtype; only "
                              "that dtype is modelled)")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Declare ``hf-ckpt estimate``'s options."""
+    parser.add_argument("config", metavar="CONFIG", help="a config.json, or a folder holding one")
+    parser.add_argument("--batch", type=int, required=True, help="sequences per step (per device)")
+    parser.add_argument("--seq", type=int, required=True, help="tokens per sequence")
+    parser.add_argument("--dtype", default="bfloat16", help="bfloat16 (default), float16 or float32")
+    parser.add_argument("--autocast", default=None, metavar="DTYPE",
+                        help="mixed precision: forward under autocast to bfloat16 or float16, over --dtype weights "
+                             "(the Trainer's bf16=True with float32 weights: --dtype float32 --autocast bf16)")
+    parser.add_argument("--device", default="cuda", help="cuda (default; attention kernels modelled) or cpu")
+    parser.add_argument("--optimizer", default="adamw",
+                        help="the Trainer's optim name (adamw_torch, adamw_torch_fused, adamw_8bit, paged_adamw_8bit, "
+                             "adafactor, lion_8bit, sgd, ...), or adamw (default), adam, sgd_momentum")
+    _add_adapter_arguments(parser)
     parser.add_argument("--attn", default=None, metavar="KIND",
                         help="the model's attention: eager (traced as written: keeps the attention probabilities), "
                              "sdpa (the default) or flash (flash_attention_2, CUDA only)")
