@@ -270,7 +270,7 @@ def test_accepts_a_config_json_path_and_its_folder(tmp_path):
         ({"device": "tpu"}, "device must be one of cuda, cpu; got 'tpu'"),
         ({"autocast": "float32"}, "autocast must be None, bfloat16 or float16 (or bf16, fp16, or the torch dtype); got 'float32'"),
         ({"autocast": True}, "autocast must be None, bfloat16 or float16 (or bf16, fp16, or the torch dtype); got True"),
-        ({"optimizer": "lion"}, "optimizer must be one of adamw, adam, sgd_momentum, sgd; got 'lion'"),
+        ({"optimizer": "lion"}, "optimizer must be one of adamw_torch, adamw_torch_fused, adafactor, sgd, rmsprop, adamw_bnb_8bit, adamw_8bit, paged_adamw_8bit, paged_adamw_32bit, lion_8bit, lion_32bit, paged_lion_8bit, paged_lion_32bit, rmsprop_bnb, rmsprop_bnb_8bit, rmsprop_bnb_32bit, ademamix, ademamix_8bit, paged_ademamix_8bit, paged_ademamix_32bit (the Trainer's optim names) or adamw, adam, sgd_momentum; got 'lion'"),
         ({"peft_config": {"r": 8}}, "peft_config must be a peft.PeftConfig (e.g. peft.LoraConfig) or None; got dict"),
         ({"strategies": "full"}, "strategies must be a non-empty list or tuple of none, full, selective, every_n:K (K a positive int) or a hf_ckpt.CheckpointPlan; got 'full'"),
         ({"strategies": ("full", "every_n:0")}, "strategies: each must be none, full, selective, every_n:K (K a positive int) or a hf_ckpt.CheckpointPlan; got 'every_n:0'"),

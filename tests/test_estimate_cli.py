@@ -87,7 +87,7 @@ def test_nothing_fits_is_exit_status_1(config_path, capsys):
         (["--batch", "0"], "batch_size must be a positive int; got 0"),
         (["--dtype", "float8"], "dtype must be one of float32, bfloat16, float16"),
         (["--device", "tpu"], "device must be one of cuda, cpu; got 'tpu'"),
-        (["--optimizer", "lion"], "optimizer must be one of adamw, adam, sgd_momentum, sgd; got 'lion'"),
+        (["--optimizer", "lion"], "optimizer must be one of adamw_torch, adamw_torch_fused, adafactor, sgd, rmsprop, adamw_bnb_8bit, adamw_8bit, paged_adamw_8bit, paged_adamw_32bit, lion_8bit, lion_32bit, paged_lion_8bit, paged_lion_32bit, rmsprop_bnb, rmsprop_bnb_8bit, rmsprop_bnb_32bit, ademamix, ademamix_8bit, paged_ademamix_8bit, paged_ademamix_32bit (the Trainer's optim names) or adamw, adam, sgd_momentum; got 'lion'"),
         (["--device-memory", "80"], "--device-memory: expected a size with a unit"),
         (["--json", "/no/such/dir/x.json"], "--json: the folder of '/no/such/dir/x.json' does not exist"),
         (["--plan-json", "plan.json"], "--plan-json needs --device-memory"),

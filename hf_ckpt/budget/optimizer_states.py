@@ -184,3 +184,123 @@ for _name, _states, _absmax, _unorm in (
     ("bitsandbytes.optim.ademamix.AdEMAMix", 3, 3, False),  # two EMAs in a double buffer, and nu
 ):
     register_optimizer_states(_name, functools.partial(_bitsandbytes, _states, _absmax, _unorm))
+
+
+# -- the Trainer's ``optim`` names: one table for the estimate (``--optimizer``) and this registry ---------------
+
+
+class TrainerOptimizer:
+    """An optimizer as the ``Trainer`` builds it for one ``optim`` name: its registered class and the options
+    that change its state (``fused``, ``momentum``, bitsandbytes' ``optim_bits``)."""
+
+    __slots__ = ("cls", "options", "embeddings_32bit")
+
+    def __init__(self, cls: Union[type, str], options: dict | None = None, embeddings_32bit: bool = False) -> None:
+        self.cls = cls
+        self.options = dict(options or {})
+        #: The Trainer's 8-bit bitsandbytes optimizers keep ``nn.Embedding`` weights' state in 32 bits.
+        self.embeddings_32bit = embeddings_32bit
+
+    def __repr__(self) -> str:
+        return f"TrainerOptimizer({self.cls!r}, {self.options!r})"
+
+
+def _bnb(name: str, bits: int) -> TrainerOptimizer:
+    base = {"adamw": "Optimizer2State", "lion": "Optimizer1State", "rmsprop": "Optimizer1State"}.get(name)
+    cls = "bitsandbytes.optim.ademamix.AdEMAMix" if base is None else f"bitsandbytes.optim.optimizer.{base}"
+    return TrainerOptimizer(cls, {"optim_bits": bits}, embeddings_32bit=bits == 8)
+
+
+#: The ``Trainer``'s ``optim`` names (``TrainingArguments.optim``) the estimate knows, and how each is built with
+#: the default ``optim_args`` (paged optimizers hold the same state; paging moves it, it does not shrink it).
+TRAINER_OPTIMIZERS: dict[str, TrainerOptimizer] = {
+    "adamw_torch": TrainerOptimizer(torch.optim.AdamW),
+    "adamw_torch_fused": TrainerOptimizer(torch.optim.AdamW, {"fused": True}),
+    "adafactor": TrainerOptimizer("transformers.optimization.Adafactor", {"beta1": None}),
+    "sgd": TrainerOptimizer(torch.optim.SGD, {"momentum": 0}),
+    "rmsprop": TrainerOptimizer(torch.optim.RMSprop),
+    "adamw_bnb_8bit": _bnb("adamw", 8),
+    "adamw_8bit": _bnb("adamw", 8),
+    "paged_adamw_8bit": _bnb("adamw", 8),
+    "paged_adamw_32bit": _bnb("adamw", 32),
+    "lion_8bit": _bnb("lion", 8),
+    "lion_32bit": _bnb("lion", 32),
+    "paged_lion_8bit": _bnb("lion", 8),
+    "paged_lion_32bit": _bnb("lion", 32),
+    "rmsprop_bnb": _bnb("rmsprop", 32),
+    "rmsprop_bnb_8bit": _bnb("rmsprop", 8),
+    "rmsprop_bnb_32bit": _bnb("rmsprop", 32),
+    "ademamix": _bnb("ademamix", 32),
+    "ademamix_8bit": _bnb("ademamix", 8),
+    "paged_ademamix_8bit": _bnb("ademamix", 8),
+    "paged_ademamix_32bit": _bnb("ademamix", 32),
+}
+#: The estimate's earlier names, still accepted.
+LEGACY_OPTIMIZERS: dict[str, TrainerOptimizer] = {
+    "adamw": TrainerOptimizer(torch.optim.AdamW),
+    "adam": TrainerOptimizer(torch.optim.Adam),
+    "sgd_momentum": TrainerOptimizer(torch.optim.SGD, {"momentum": 0.9}),
+}
+
+
+def optimizer_named(name: str) -> TrainerOptimizer:
+    """The optimizer the ``Trainer`` builds for ``optim=name`` (or one of the estimate's earlier names)."""
+    found = TRAINER_OPTIMIZERS.get(name) or LEGACY_OPTIMIZERS.get(name)
+    if found is None:
+        raise ValueError(f"optimizer must be one of {', '.join(TRAINER_OPTIMIZERS)} (the Trainer's optim names) "
+                         f"or {', '.join(LEGACY_OPTIMIZERS)}; got {name!r}")
+    return found
+
+
+class _Planned:
+    """A parameter not allocated: what the counts read (shape, numel, element size, device)."""
+
+    def __init__(self, shape: tuple[int, ...], element_size: int, device: str) -> None:
+        self.shape, self._element_size, self.device = torch.Size(shape), element_size, torch.device(device)
+
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    def element_size(self) -> int:
+        return self._element_size
+
+    def dim(self) -> int:
+        return len(self.shape)
+
+
+class _BitsAndBytesDefaults:
+    """What bitsandbytes' ``get_config`` answers for a parameter of a Trainer-built optimizer: its defaults
+    (``min_8bit_size`` 4096, no ``max_unorm``) and the Trainer's 32-bit override of embeddings."""
+
+    def __init__(self, group: dict, bits: int) -> None:
+        self.param_groups, self._bits = [group], bits
+
+    def get_config(self, gindex: int, pindex: int, group: dict) -> dict:
+        return {"optim_bits": self._bits, "min_8bit_size": 4096, "max_unorm": 0.0}
+
+
+def planned_state_bytes(name: str, shape: tuple[int, ...], element_size: int, device: str,
+                        embedding: bool = False) -> int:
+    """Bytes the first step of the Trainer's ``optim=name`` allocates on ``device`` for one trainable parameter
+    of ``shape`` and ``element_size``, counted by the same registered function as a live optimizer
+    (``embedding``: the parameter is an ``nn.Embedding`` weight)."""
+    spec = optimizer_named(name)
+    state_bytes = _REGISTRY[spec.cls]
+    parameter = _Planned(tuple(shape), element_size, device)
+    group = {**spec.options, "params": [parameter]}
+    optimizer: Any = None
+    if "optim_bits" in spec.options:
+        bits = 32 if embedding and spec.embeddings_32bit else spec.options["optim_bits"]
+        optimizer = _BitsAndBytesDefaults(group, bits)
+    return state_bytes(optimizer, group, parameter)
+
+
+def like_parameter(name: str) -> tuple[int, int] | None:
+    """(state tensors the size and dtype of the parameter, float32 scalars) of ``optim=name`` where its state is
+    only that (torch's AdamW, Adam, SGD, ...: what a sharded estimate scales); None for other states."""
+    spec = optimizer_named(name)
+    state_bytes = _REGISTRY.get(spec.cls)
+    if isinstance(state_bytes, functools.partial) and state_bytes.func is _like_parameter:
+        buffers, scalars = state_bytes.args
+        return buffers(spec.options), scalars
+    return None

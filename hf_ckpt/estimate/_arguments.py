@@ -8,9 +8,9 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
+from hf_ckpt.budget.optimizer_states import optimizer_named
 from hf_ckpt.runtime.plans import CheckpointPlan
 from hf_ckpt.estimate._attention import DEVICES
-from hf_ckpt.estimate._states import OPTIMIZERS
 from hf_ckpt.strategies import ALL_STRATEGIES
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -61,9 +61,12 @@ def check_device(value: Any) -> str:
 
 
 def check_optimizer(value: Any) -> str:
-    if isinstance(value, str) and value.lower() in OPTIMIZERS:
-        return value.lower()
-    raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}; got {value!r}")
+    """A ``Trainer`` ``optim`` name (or an earlier estimate name), lower-cased."""
+    try:
+        optimizer_named(value.lower() if isinstance(value, str) else None)
+    except ValueError as error:  # the message names the accepted values; the value as given
+        raise ValueError(f"{str(error).rsplit('; got ', 1)[0]}; got {value!r}") from None
+    return value.lower()
 
 
 def check_peft_config(value: Any) -> Any:

@@ -19,6 +19,7 @@ from hf_ckpt.runtime.apply import apply_options, remove
 from hf_ckpt.runtime.units import format_bytes, format_flops
 from hf_ckpt.measure.step import measure_step
 from hf_ckpt.estimate._estimate import estimate
+from hf_ckpt.estimate._labels import batch_for
 from hf_ckpt.estimate._model import load_config, model_class
 from hf_ckpt.strategies import kind_class
 
@@ -84,7 +85,8 @@ def run_check(source: Any, strategies: tuple[str, ...] = ("none", "full", "every
     model = cls(tiny).float().train()
     vocab = tiny.get_text_config().vocab_size if hasattr(tiny, "get_text_config") else tiny.vocab_size
     ids = torch.randint(3, vocab, (BATCH, SEQ), generator=torch.Generator().manual_seed(0))
-    batch = {"input_ids": ids, "labels": ids.clone()}
+    batch = batch_for(model, BATCH, SEQ)  # labels of the head's shape (zeros: a valid class, position, token)
+    batch = {**batch, "input_ids": ids, **({"labels": ids.clone()} if batch.get("labels") is batch["input_ids"] else {})}
     predicted = estimate(tiny, batch_size=BATCH, seq_len=SEQ, dtype="float32", device="cpu", strategies=strategies)
     print(f"check: {cls.__name__}, tiny copy ({predicted.num_blocks} blocks, {predicted.traced_blocks} traced), "
           f"batch {BATCH} x seq {SEQ}, float32, a real CPU step per strategy")

@@ -9,6 +9,7 @@ import os
 
 from hf_ckpt.runtime.units import format_bytes, format_flops, parse_size
 from hf_ckpt.cli.errors import CommandError
+from hf_ckpt.estimate._arguments import check_dtype
 from hf_ckpt.estimate._check import run_check
 from hf_ckpt.estimate._estimate import estimate
 from hf_ckpt.estimate._plan import plan_from_estimate, step_transient
@@ -19,41 +20,120 @@ def _folder_exists(option: str, path: str | None) -> None:
         raise CommandError(f"{option}: the folder of {path!r} does not exist")
 
 
-def _lora(rank: int | None):
+def _names(option: str, value: str | None) -> list[str] | None:
+    if value is None:
+        return None
+    names = [name.strip() for name in value.split(",") if name.strip()]
+    if not names:
+        raise CommandError(f"{option} must name at least one module (comma-separated); got {value!r}")
+    return names
+
+
+def _lora(args: argparse.Namespace):
+    """The ``LoraConfig`` the ``--lora-*`` flags describe, or None without ``--lora-r``."""
+    rank = args.lora_r
+    given = [option for option, value in (("--lora-targets", args.lora_targets), ("--lora-alpha", args.lora_alpha),
+                                          ("--lora-dropout", args.lora_dropout),
+                                          ("--lora-modules-to-save", args.lora_modules_to_save)) if value is not None]
     if rank is None:
+        if given:
+            raise CommandError(f"{given[0]} needs --lora-r")
         return None
     if rank < 1:
         raise CommandError(f"--lora-r must be a positive int; got {rank}")
+    dropout = 0.0 if args.lora_dropout is None else args.lora_dropout
+    if not 0.0 <= dropout < 1.0:
+        raise CommandError(f"--lora-dropout must be at least 0 and below 1; got {args.lora_dropout}")
+    targets = _names("--lora-targets", args.lora_targets)
     try:
         from peft import LoraConfig
     except ImportError:
         raise CommandError("--lora-r needs the peft package (pip install peft)") from None
-    return LoraConfig(r=rank, lora_alpha=2 * rank, target_modules="all-linear", lora_dropout=0.0)
+    return LoraConfig(r=rank, lora_alpha=2 * rank if args.lora_alpha is None else args.lora_alpha,
+                      target_modules=targets if targets is not None and targets != ["all-linear"] else "all-linear",
+                      lora_dropout=dropout, modules_to_save=_names("--lora-modules-to-save", args.lora_modules_to_save))
+
+
+def _quantization(args: argparse.Namespace):
+    """The ``BitsAndBytesConfig`` the ``--quantize`` flags describe, or None."""
+    four_bit_only = [option for option, given in (("--quant-type", args.quant_type is not None),
+                                                   ("--double-quant", args.double_quant),
+                                                   ("--quant-compute-dtype", args.quant_compute_dtype is not None))
+                     if given]
+    if args.quantize is None:
+        if four_bit_only:
+            raise CommandError(f"{four_bit_only[0]} needs --quantize 4bit")
+        return None
+    if args.quantize not in ("4bit", "8bit"):
+        raise CommandError(f"--quantize must be 4bit or 8bit; got {args.quantize!r}")
+    if args.quantize == "8bit":
+        if four_bit_only:
+            raise CommandError(f"{four_bit_only[0]} applies to --quantize 4bit only")
+        from transformers import BitsAndBytesConfig
+
+        return BitsAndBytesConfig(load_in_8bit=True)
+    quant_type = args.quant_type or "nf4"
+    if quant_type not in ("nf4", "fp4"):
+        raise CommandError(f"--quant-type must be nf4 or fp4; got {quant_type!r}")
+    from transformers import BitsAndBytesConfig
+
+    try:
+        compute = check_dtype(args.quant_compute_dtype or args.autocast or args.dtype)
+    except ValueError as error:
+        option = "--quant-compute-dtype" if args.quant_compute_dtype else "--autocast" if args.autocast else "--dtype"
+        raise CommandError(f"{option}: {error}") from None
+    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=quant_type,
+                              bnb_4bit_use_double_quant=args.double_quant, bnb_4bit_compute_dtype=compute)
 
 
 _OPTIONS = {"world_size": "--world-size", "shard": "--shard", "offload_optimizer": "--offload-optimizer",
-            "head_chunk_size": "--head-chunk-size",
+            "head_chunk_size": "--head-chunk-size", "quantization_config": "--quantize",
+            "attn_implementation": "--attn",
             "offload_parameters": "--offload-parameters"}
 
 
 def _option_names(message: str) -> str:
     """An estimate() error with its argument spelled as the command's option (``world_size`` -> ``--world-size``)."""
+    if message.startswith("peft_config: "):  # peft refused the adapters the --lora-* flags describe
+        option = "--lora-targets" if "target" in message.lower() else "--lora-modules-to-save" \
+            if "modules_to_save" in message else "--lora-r"
+        return option + message[len("peft_config"):]
     for argument, option in _OPTIONS.items():
         if message.startswith(argument + " ") or message.startswith(argument + ":"):
             return option + message[len(argument):]
     return message
 
 
+def _row_of(plan, made) -> str | None:
+    """The table's row for the same setting as ``plan``: every block on one strategy (and the head as the row's)."""
+    kinds = set(plan.strategies)
+    if len(kinds) != 1:
+        return None
+    (kind,) = kinds
+    if plan.head_chunk_size is not None:
+        kind = f"full+head:{plan.head_chunk_size}" if kind == "full" else ""
+    return kind if kind in made.activation_bytes else None
+
+
 def _plan_line(plan, made) -> str:
+    """The plan's figures: its table row's where the table has the same setting (one figure per setting), else the
+    solver's, each block counted at its largest whatever its neighbours run, as the line says."""
     counts = {s: plan.strategies.count(s) for s in ("full", "selective", "none")}
-    ratio = (made.step_flops["none"] + plan.predicted_recompute_flops) / made.step_flops["none"]
-    peak = made.fixed_bytes + plan.predicted_bytes + step_transient(made, plan.head_chunk_size or False)
     head = "" if plan.head_chunk_size is None else f", head in chunks of {plan.head_chunk_size} tokens"
+    row = _row_of(plan, made)
+    if row is not None:
+        activations, peak = made.activation_bytes[row], made.peak_bytes[row]
+        recompute, ratio, source = made.recompute_flops[row], made.flops_ratio[row], f" (the table's row {row})"
+    else:
+        activations, recompute = plan.predicted_bytes, plan.predicted_recompute_flops
+        ratio = (made.step_flops["none"] + recompute) / made.step_flops["none"]
+        peak = made.fixed_bytes + activations + step_transient(made, plan.head_chunk_size or False)
+        source = " (activations: each block at its most, whatever its neighbours run)"
     return (f"cheapest plan that fits: {counts['full']} full, {counts['selective']} selective, {counts['none']} none"
             f"{head}; "
-            f"activations {format_bytes(plan.predicted_bytes)}, peak {format_bytes(peak)}"
-            f"{' per device' if made.shard != 'none' else ''}, recompute {format_flops(plan.predicted_recompute_flops)}"
-            f", FLOPs ratio {ratio:.3f}x")
+            f"activations {format_bytes(activations)}, peak {format_bytes(peak)}"
+            f"{' per device' if made.shard != 'none' else ''}, recompute {format_flops(recompute)}"
+            f", FLOPs ratio {ratio:.3f}x{source}")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -70,15 +150,19 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError("--plan-json needs --device-memory (the plan is the cheapest that fits it)")
     if args.check and args.keep_outputs:
         raise CommandError("--keep-outputs: --check compares the Trainer's step (outputs dropped) only; drop one")
+    quantization = _quantization(args)
+    if args.check and quantization is not None:
+        raise CommandError("--quantize: --check compares an unquantized step (bitsandbytes is not needed); drop one")
     if args.check:
         return run_check(args.config)
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
     try:
         made = estimate(args.config, batch_size=args.batch, seq_len=args.seq, dtype=args.dtype, autocast=args.autocast,
-                        device=args.device, optimizer=args.optimizer, peft_config=_lora(args.lora_r), strategies=strategies,
+                        device=args.device, optimizer=args.optimizer, peft_config=_lora(args), strategies=strategies,
                         keep_outputs=args.keep_outputs, world_size=args.world_size, shard=args.shard,
                         offload_optimizer=args.offload_optimizer, offload_parameters=args.offload_parameters,
-                        head_chunk_size=args.head_chunk_size)
+                        head_chunk_size=args.head_chunk_size, quantization_config=quantization,
+                        attn_implementation=args.attn)
     except (ValueError, FileNotFoundError) as error:
         raise CommandError(_option_names(str(error))) from None
     print(str(made).rsplit("\n", 1 + len(made.activation_bytes) + 1)[0])

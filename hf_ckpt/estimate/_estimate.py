@@ -20,6 +20,8 @@ from hf_ckpt.estimate._model import (
     model_class,
     reduced_config,
 )
+from hf_ckpt.estimate._labels import batch_for, check_text_model
+from hf_ckpt.estimate._quantized import as_traced, check_quantization, dequantized_bytes, quantized_weights
 from hf_ckpt.estimate._result import MemoryEstimate
 from hf_ckpt.estimate._sharding import check_sharding, shard_estimate
 from hf_ckpt.estimate._trace import TRACED, Trace, fake_mode, to_fake, trace
@@ -29,7 +31,8 @@ DEFAULT_STRATEGIES = ("none", "full", "every_n:2", "selective")
 _NOTES = (
     "activations: bytes of tensor storages alive when forward returns, traced on fake tensors (allocator "
     "rounding and fragmentation not included)",
-    "batches without padding mask (causal attention via is_causal); labels of seq_len tokens",
+    "batches without padding mask (causal attention via is_causal); labels of the head's shape (seq_len tokens, "
+    "one per sequence for classification, answer start and end for question answering)",
     "peak: fixed states + activations + the largest transient of the step; gradients counted whole "
     "throughout backward; optimizer-step temporaries (foreach buffers) not included",
 )
@@ -65,16 +68,21 @@ def _with_peft(model: nn.Module, peft_config: Any) -> nn.Module:
         return model
     from peft import get_peft_model
 
-    return get_peft_model(model, copy.deepcopy(peft_config))
+    try:
+        wrapped = get_peft_model(model, copy.deepcopy(peft_config))
+    except ValueError as error:  # peft's own words (a target module not in the model, ...), the argument named
+        raise ValueError(f"peft_config: {error}") from None
+    saved = [name for name, module in wrapped.named_modules() if type(module).__name__ == "ModulesToSaveWrapper"]
+    missing = [key for key in getattr(peft_config, "modules_to_save", None) or ()
+               if not any(name == key or name.endswith("." + key) for name in saved)]
+    if missing:  # peft skips them without a word
+        raise ValueError(f"peft_config: modules_to_save {', '.join(missing)} not found in the model")
+    return wrapped
 
 
 def _inputs(model: nn.Module, batch_size: int, seq_len: int, mode: Any) -> dict[str, torch.Tensor]:
-    vocab = getattr(getattr(model, "config", None), "vocab_size", None)
     with mode:
-        ids = torch.zeros((batch_size, seq_len), dtype=torch.long)
-        if isinstance(vocab, int) and vocab > 0:
-            ids = ids % vocab
-    return {"input_ids": ids, "labels": ids}
+        return batch_for(model, batch_size, seq_len)
 
 
 def _traced_name(full_blocks: list, traced_blocks: list, representative: Sequence[int]):
@@ -123,19 +131,79 @@ def _bound(traced: Trace, representative: Sequence[int], i: int, strategy: str, 
     return traced.largest(representative[i], strategy)
 
 
-def _models(model_or_config: Any, torch_dtype: torch.dtype, peft_config: Any):
-    """(config, class, the full model on meta, the reduced copy on meta), adapters added to both."""
+#: ``attn_implementation`` values: None (the model's default, SDPA), or the one named.
+ATTN_IMPLEMENTATIONS = ("eager", "sdpa", "flash")
+
+
+def _check_attn(value: Any, device: str, given_model: bool) -> str | None:
+    if value is not None and value not in ATTN_IMPLEMENTATIONS:
+        raise ValueError(f"attn_implementation must be one of {', '.join(ATTN_IMPLEMENTATIONS)} (or None: the "
+                         f"model's default); got {value!r}")
+    if value == "flash" and device != "cuda":
+        raise ValueError("attn_implementation: flash (flash_attention_2) runs on CUDA only; use device='cuda'")
+    if value is not None and given_model:
+        raise ValueError("attn_implementation: a model built on the meta device keeps its own attention; pass its "
+                         "config instead")
+    return value
+
+
+def _attention(device: str, dtype: torch.dtype, attn: str | None) -> dict[str, Any]:
+    """The estimate's ``attention`` field: eager attention is traced as written on every device."""
+    if attn == "eager":
+        return {"device": device, "modelled": False, "note": "traced: eager attention runs its own ops on any device",
+                "kernel": "eager (keeps the attention probabilities, batch x heads x seq x seq)"}
+    model = attention_model(device, dtype)
+    return {"device": model.device, "modelled": model.modelled, "kernel": model.kernel, "note": model.note}
+
+
+def _models(model_or_config: Any, torch_dtype: torch.dtype, peft_config: Any, quant: Any = None,
+            attn: str | None = None):
+    """(config, class, the full model on meta, the reduced copy on meta, the quantized weights' stored bytes by
+    ``id`` and the largest dequantized weight), adapters added to both; ``attn="eager"``: eager attention."""
     config, cls, full, found_peft = _source(model_or_config, torch_dtype)
+    if attn == "eager":
+        config = copy.deepcopy(config)
+        config._attn_implementation = "eager"
     peft_config = peft_config if peft_config is not None else found_peft
+    if quant is not None and peft_config is None:
+        raise ValueError("quantization_config: a quantized base trains only adapters; pass peft_config (e.g. "
+                         "peft.LoraConfig: QLoRA)")
     if full is None:
         full = build_on_meta(cls, config, torch_dtype)
     else:
         full = copy.deepcopy(full).to(dtype=torch_dtype).train()
         if hasattr(full, "tie_weights"):  # a model built on meta may not have tied its embeddings yet
             full.tie_weights()
+    check_text_model(full)
+    stored = quantized_weights(full, quant) if quant is not None else {}
+    dequantized = dequantized_bytes(full, stored, quant) if quant is not None else 0
     full = _with_peft(full, peft_config)
-    reduced = _with_peft(build_on_meta(cls, reduced_config(config), torch_dtype), peft_config)
-    return config, cls, full, reduced
+    reduced = build_on_meta(cls, reduced_config(config), torch_dtype)
+    as_traced(reduced, quant)
+    reduced = _with_peft(reduced, peft_config)
+    return config, cls, full, reduced, stored, dequantized
+
+
+def _quantization(value: Any, dtype: torch.dtype, sharding: Any):
+    """``quantization_config`` checked (:func:`check_quantization`); single device only."""
+    quant = check_quantization(value, dtype)
+    if quant is not None and sharding.shard != "none":
+        raise ValueError(f"quantization_config: a quantized base under shard={sharding.shard!r} is not modelled; "
+                         "estimate it with shard='none'")
+    return quant
+
+
+def _with_dequantized(traced: Trace, dequantized: int) -> None:
+    """Each transient at least the largest dequantized weight of a quantized base (forward and backward of its
+    layers make it while the activations are held)."""
+    if not dequantized:
+        return
+    transients = [traced.transient, traced.chunked_transient]
+    if traced.smaller_chunked:
+        transients.append(traced.smaller_chunked[1])
+    for transient in transients:
+        for strategy, value in transient.items():
+            transient[strategy] = max(value, dequantized)
 
 
 def _per_strategy(traced: Trace, rep: Sequence[int], strategies: Sequence[Any], num_blocks: int,
@@ -257,6 +325,8 @@ def estimate(
     offload_optimizer: bool = False,
     offload_parameters: bool = False,
     head_chunk_size: int | None = None,
+    quantization_config: Any = None,
+    attn_implementation: str | None = None,
 ) -> MemoryEstimate:
     """Estimate one training step's memory and compute, per checkpointing strategy, without allocating.
 
@@ -274,7 +344,11 @@ def estimate(
             (the ``Trainer``'s ``bf16=True``/``fp16=True`` over ``dtype="float32"`` weights); None: no autocast.
             Traced with CPU autocast's op lists (see :mod:`hf_ckpt.estimate._trace`).
         device: ``"cuda"`` (attention kernels modelled, see :mod:`hf_ckpt.estimate._attention`) or ``"cpu"``.
-        optimizer: ``"adamw"``, ``"adam"``, ``"sgd_momentum"`` or ``"sgd"``.
+        optimizer: The ``Trainer``'s ``optim`` name (``"adamw_torch"``, ``"adamw_torch_fused"``, ``"adamw_8bit"``,
+            ``"paged_adamw_8bit"``, ``"adafactor"``, ``"lion_8bit"``, ``"sgd"``, ...: the keys of
+            :data:`hf_ckpt.budget.optimizer_states.TRAINER_OPTIMIZERS`), or ``"adamw"`` (the default, torch's
+            AdamW), ``"adam"``, ``"sgd_momentum"`` (momentum 0.9). Sharded estimates take those whose state is
+            tensors the size of the parameter.
         peft_config: A ``peft.PeftConfig`` (e.g. ``LoraConfig(r=16)``): only the adapters train.
         strategies: The settings to report, in ``hf-ckpt bench --settings``'s vocabulary: ``none``, ``full``,
             ``selective``, ``every_n:K``, or a :class:`~hf_ckpt.CheckpointPlan`. ``none`` is always included
@@ -297,6 +371,16 @@ def estimate(
             :func:`head_chunk_for` (at least 128 tokens, or ``seq_len`` where shorter), and where that floor raised
             it, the memory rule's smaller chunk traced too (the ``head_smaller_*`` fields), for plans whose budget
             needs its smaller transients. Not estimated where the model refuses it (the reason is in ``unusable``).
+        quantization_config: A ``transformers.BitsAndBytesConfig`` (``load_in_4bit`` with ``nf4``/``fp4`` and
+            double quantization, or ``load_in_8bit``) the base is loaded with; with ``peft_config``: QLoRA. The
+            quantized weights count as bitsandbytes stores them, the layers transformers leaves out (the output
+            embeddings) in ``dtype``; each transient is at least the largest weight dequantized (see
+            :mod:`hf_ckpt.estimate._quantized`). Its compute dtype must be ``dtype``; single device only.
+
+        attn_implementation: The attention the model runs: None (its default, SDPA: on CUDA the fused kernels,
+            modelled), ``"sdpa"`` (the same), ``"flash"`` (flash_attention_2, CUDA only: what the fused kernels
+            keep, modelled) or ``"eager"`` (the attention written out, traced as it runs on any device: it keeps the
+            attention probabilities). Needs a config, not a built model.
 
     Returns:
         A :class:`MemoryEstimate`.
@@ -309,7 +393,9 @@ def estimate(
         _checked(model_or_config, batch_size, seq_len, dtype, autocast, device, optimizer, peft_config, strategies,
                  keep_outputs, head_chunk_size)
     sharding = check_sharding(world_size, shard, offload_optimizer, offload_parameters)
-    config, cls, full, reduced = _models(model_or_config, torch_dtype, peft_config)
+    quant = _quantization(quantization_config, autocast_dtype or torch_dtype, sharding)
+    attn = _check_attn(attn_implementation, device, isinstance(model_or_config, nn.Module))
+    config, cls, full, reduced, stored, dequantized = _models(model_or_config, torch_dtype, peft_config, quant, attn)
     full_blocks, traced_blocks = blocks_of(full), blocks_of(reduced)
     if not full_blocks:
         raise ValueError(f"model_or_config: {cls.__name__} has no repeated blocks to checkpoint")
@@ -317,9 +403,10 @@ def estimate(
     num_blocks = len(full_blocks)
     traced = _trace_reduced(reduced, traced_blocks, strategies, num_blocks, batch_size, seq_len, device,
                             autocast_dtype, keep_outputs, _head_chunks(config, batch_size, seq_len, head_chunk_size))
+    _with_dequantized(traced, dequantized)
     renamed = _traced_name(full_blocks, traced_blocks, mapping.representative)
     per_device = shard_estimate(full, full_blocks, sharding, optimizer, device,
-                                lambda name: renamed(name) in traced.used_parameters)
+                                lambda name: renamed(name) in traced.used_parameters, stored)
     del full
     rep, usable = mapping.representative, traced.strategies
     block_bytes = {s: tuple(_bound(traced, rep, i, s, usable) for i in range(num_blocks)) for s in usable}
@@ -330,16 +417,14 @@ def estimate(
         traced, rep, strategies, num_blocks, block_flops, none_flops, per_device
     )
 
-    attention = attention_model(device, autocast_dtype or torch_dtype)
     return MemoryEstimate(
         model_type=getattr(config, "model_type", None),
         model_class=cls.__name__,
         device=device,
         dtype=str(torch_dtype).removeprefix("torch."),
         autocast=str(autocast_dtype).removeprefix("torch.") if autocast_dtype is not None else None,
-        batch_size=batch_size,
-        seq_len=seq_len,
-        optimizer=optimizer,
+        batch_size=batch_size, seq_len=seq_len, optimizer=optimizer,
+        quantization=quant.describe() if quant is not None else None,
         peft=str(getattr(peft_config, "peft_type", "")).split(".")[-1] or None if peft_config is not None else None,
         parameters=per_device.whole.parameters,
         trainable_parameters=per_device.whole.trainable_parameters,
@@ -348,9 +433,7 @@ def estimate(
         optimizer_bytes=per_device.optimizer_bytes,
         activation_bytes=activation,
         peak_bytes=peak,
-        recompute_flops=recompute,
-        step_flops=step,
-        flops_ratio=ratio,
+        recompute_flops=recompute, step_flops=step, flops_ratio=ratio,
         num_blocks=num_blocks,
         traced_blocks=mapping.traced_blocks,
         block_bytes=block_bytes,
@@ -359,8 +442,7 @@ def estimate(
         representative=rep,
         transient_bytes={s: traced.transient[s] for s in traced.transient},
         unusable=unusable,
-        attention={"device": attention.device, "modelled": attention.modelled, "kernel": attention.kernel,
-                   "note": attention.note},
+        attention=_attention(device, autocast_dtype or torch_dtype, attn),
         notes=(*_NOTES, OUTPUTS_NOTES[keep_outputs]),
         keep_outputs=keep_outputs, **_head_fields(traced),
         **per_device.fields(),

@@ -83,6 +83,8 @@ class MemoryEstimate:
         head_smaller_base_bytes, head_smaller_transient_bytes, head_smaller_recompute_flops: ``head_base_bytes``,
             ``head_transient_bytes`` and ``head_recompute_flops`` for ``head_smaller_chunk_size`` (more chunks
             retain a little more: each keeps its loss share and its checkpoint's record).
+        quantization: The bitsandbytes quantization of the base (``"4bit nf4, double quant, compute bfloat16"``,
+            ``"8bit (LLM.int8)"``) counted in ``parameters_bytes`` and the transients, or None.
     """
 
     model_type: str | None
@@ -134,6 +136,7 @@ class MemoryEstimate:
     head_smaller_base_bytes: int = 0
     head_smaller_transient_bytes: dict[str, int] = field(default_factory=dict)
     head_smaller_recompute_flops: int = 0
+    quantization: str | None = None
 
     @property
     def fixed_bytes(self) -> int:
@@ -193,6 +196,7 @@ class MemoryEstimate:
 
     def __str__(self) -> str:
         lora = f", {self.peft}" if self.peft else ""
+        lora += f" on a {self.quantization} base" if self.quantization else ""
         loop = "outputs kept through backward" if self.keep_outputs else "outputs dropped (the Trainer's step)"
         head = (
             f"{self.model_class} ({self.parameters / 1e9:.2f}B parameters, {self.num_blocks} blocks, "

@@ -42,7 +42,8 @@ from typing import Any, Callable, Sequence
 
 from torch import nn
 
-from hf_ckpt.estimate._states import OPTIMIZERS, count_states
+from hf_ckpt.budget.optimizer_states import like_parameter, optimizer_named
+from hf_ckpt.estimate._states import count_states
 
 #: The sharding strategies ``estimate(shard=...)`` and ``hf-ckpt estimate --shard`` accept.
 SHARDS = ("none", "fsdp-full", "fsdp-grad-op", "zero1", "zero2", "zero3")
@@ -323,19 +324,30 @@ class PerDevice:
 
 
 def shard_estimate(model: nn.Module, blocks: Sequence[Any], sharding: Sharding, optimizer: str, device: str,
-                   receives_gradient: Callable[[str], bool]) -> PerDevice:
+                   receives_gradient: Callable[[str], bool], stored: dict[int, int] | None = None) -> PerDevice:
     """The states of ``model`` (on meta) on one device, whole and under ``sharding``; ``blocks`` are FSDP's units
     (each :class:`~hf_ckpt.runtime.blocks.Block`'s module); ``receives_gradient(name)``: the step reaches the parameter."""
-    whole = count_states(model, optimizer, device, receives_gradient)
+    whole = count_states(model, optimizer, device, receives_gradient, stored)
     if sharding.shard == "none":
         return PerDevice(sharding, whole, None)
     params = parameters_of(model, [block.module for block in blocks], receives_gradient)
-    states, step_bytes = OPTIMIZERS[optimizer]
-    sharded = device_states(params, sharding, states, step_bytes if device == "cpu" else 0, module_sizes(model))
+    states, scalars = _shardable(optimizer, sharding)
+    on_device = device == "cpu" or bool(optimizer_named(optimizer).options.get("fused"))
+    sharded = device_states(params, sharding, states, 4 * scalars if on_device else 0, module_sizes(model))
     engine_optimizer = None
     if sharding.engine == "zero":  # a master copy and the states, all fp32, of every trained parameter
         engine_optimizer = (1 + states) * sum(p.numel for p in params if p.trainable) * _FP32
     return PerDevice(sharding, whole, sharded, engine_optimizer)
+
+
+def _shardable(optimizer: str, sharding: Sharding) -> tuple[int, int]:
+    """(state tensors like the parameter, float32 scalars) of ``optimizer``; a sharded estimate scales only those."""
+    found = like_parameter(optimizer)
+    if found is None:
+        raise ValueError(f"optimizer: {optimizer} under shard={sharding.shard!r} is not modelled (its state is not "
+                         "tensors the size of the parameter); sharded estimates take adamw_torch, adamw_torch_fused, "
+                         "rmsprop, sgd, adamw, adam or sgd_momentum")
+    return found
 
 
 def optimizer_definition(shard: str) -> str:

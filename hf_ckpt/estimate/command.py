@@ -24,6 +24,33 @@ NAME = "estimate"
 HELP = "will it fit? predicted training memory and recompute cost per checkpointing strategy, from a config"
 
 
+def _add_adapter_arguments(parser: argparse.ArgumentParser) -> None:
+    """LoRA as peft configures it, and a quantized base (QLoRA)."""
+    parser.add_argument("--lora-r", type=int, default=None, metavar="R",
+                        help="train LoRA adapters of rank R (peft; float32 adapters, as peft keeps them), the base "
+                             "frozen")
+    parser.add_argument("--lora-targets", default=None, metavar="NAMES",
+                        help="with --lora-r: comma-separated module names to adapt (peft's target_modules; default "
+                             "all-linear)")
+    parser.add_argument("--lora-alpha", type=float, default=None, metavar="ALPHA",
+                        help="with --lora-r: lora_alpha (default 2R; it scales, it does not change memory)")
+    parser.add_argument("--lora-dropout", type=float, default=None, metavar="P",
+                        help="with --lora-r: lora_dropout (default 0); above 0 each adapted module keeps its dropped "
+                             "input and the dropout mask for backward")
+    parser.add_argument("--lora-modules-to-save", default=None, metavar="NAMES",
+                        help="with --lora-r: comma-separated modules trained whole beside the adapters (peft's "
+                             "modules_to_save, e.g. lm_head)")
+    parser.add_argument("--quantize", default=None, metavar="BITS",
+                        help="the base loaded by bitsandbytes in 4bit or 8bit (transformers' BitsAndBytesConfig); "
+                             "with --lora-r: QLoRA")
+    parser.add_argument("--quant-type", default=None, metavar="TYPE", help="with --quantize 4bit: nf4 (default) or fp4")
+    parser.add_argument("--double-quant", action="store_true",
+                        help="with --quantize 4bit: double quantization (bnb_4bit_use_double_quant)")
+    parser.add_argument("--quant-compute-dtype", default=None, metavar="DTYPE",
+                        help="with --quantize 4bit: bnb_4bit_compute_dtype (default: --autocast, else --dtype; only "
+                             "that dtype is modelled)")
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Declare ``hf-ckpt estimate``'s options."""
     parser.add_argument("config", metavar="CONFIG", help="a config.json, or a folder holding one")
@@ -34,9 +61,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="mixed precision: forward under autocast to bfloat16 or float16, over --dtype weights "
                              "(the Trainer's bf16=True with float32 weights: --dtype float32 --autocast bf16)")
     parser.add_argument("--device", default="cuda", help="cuda (default; attention kernels modelled) or cpu")
-    parser.add_argument("--optimizer", default="adamw", help="adamw (default), adam, sgd_momentum or sgd")
-    parser.add_argument("--lora-r", type=int, default=None, metavar="R",
-                        help="train LoRA adapters of rank R on every linear layer (peft), the base frozen")
+    parser.add_argument("--optimizer", default="adamw",
+                        help="the Trainer's optim name (adamw_torch, adamw_torch_fused, adamw_8bit, paged_adamw_8bit, "
+                             "adafactor, lion_8bit, sgd, ...), or adamw (default), adam, sgd_momentum")
+    _add_adapter_arguments(parser)
+    parser.add_argument("--attn", default=None, metavar="KIND",
+                        help="the model's attention: eager (traced as written: keeps the attention probabilities), "
+                             "sdpa (the default) or flash (flash_attention_2, CUDA only)")
     parser.add_argument("--strategies", default="none,full,every_n:2,selective",
                         help="comma-separated: none, full, selective, every_n:K (default %(default)s)")
     parser.add_argument("--keep-outputs", action="store_true",

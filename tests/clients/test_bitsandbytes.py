@@ -84,3 +84,30 @@ def test_auto_in_the_trainer_leaves_room_for_adamw_8bit(patched, tmp_path):
     request = get_state(model).budget
     assert type(unwrap(request.optimizer())) is optim.AdamW
     assert request.auto_bytes == activations
+
+
+@pytest.mark.parametrize("name", ["adamw_8bit", "adamw_bnb_8bit", "paged_adamw_8bit", "lion_8bit",
+                                  "paged_adamw_32bit", "ademamix_8bit"])
+def test_estimate_by_optim_name_equals_the_trainers_first_step(name, tmp_path):
+    """``hf_ckpt.estimate(optimizer=name)`` counts what the Trainer's ``optim=name`` allocates, to the byte:
+    8-bit state with a float32 scale per 256 elements from 4096 elements, float32 below, and the Trainer's
+    32-bit override of embeddings."""
+    import transformers
+
+    def config():
+        return transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                                        num_key_value_heads=2, num_hidden_layers=2, vocab_size=96,
+                                        max_position_embeddings=64)
+
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config())
+    args = transformers.TrainingArguments(output_dir=str(tmp_path), optim=name, use_cpu=True, report_to=[])
+    optimizer = transformers.Trainer(model=model, args=args).create_optimizer()
+    ids = torch.randint(0, 96, (2, 8))
+    model(input_ids=ids, labels=ids).loss.backward()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        optimizer.step()
+    made = hf_ckpt.estimate(config(), batch_size=2, seq_len=8, dtype="float32", device="cpu", optimizer=name,
+                            strategies=("none",))
+    assert made.optimizer_bytes == _state_bytes(unwrap(optimizer)) > 0
