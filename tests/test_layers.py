@@ -36,6 +36,7 @@ DEFERRED = {
     ("hf_ckpt.runtime.apply", "hf_ckpt.strategies.outside.hook"): "the saved-tensor hook's runtime loads only for plans that use it",
     ("hf_ckpt.runtime.apply", "hf_ckpt.runtime.direct"): "wrapping directly called blocks loads only for models with a stack flag",
     ("hf_ckpt.runtime.apply", "hf_ckpt.runtime.head"): "the chunked head (and its source check) loads only when head_chunk_size is set",
+    ("hf_ckpt.runtime.apply", "hf_ckpt.runtime.mlp_chunks"): "the chunked MLP (and its position-wise check) loads only when mlp_chunk_size is set",
     ("hf_ckpt.patch", "hf_ckpt.integrations.trainer"): "transformers' Trainer is imported only when patching",
 }
 #: The lab's packages: what decides or measures (the planners, budgets, the estimator, the bench, verify, the CLI).
@@ -47,8 +48,10 @@ LAB_PACKAGES = _CLIMBS.LAB_PACKAGES
 TOP_LEVEL_MODULES = 12
 #: The most lines of hf_ckpt source a training step with a runtime setting may load (4,500 before #38: the patched
 #: step then loaded 4,496; after it 4,624: private torch attributes behind runtime/_torch.py, the kinds' answers
-#: in the registry and the one EnableRequest add about 330 lines, distributed.apply's wrapper no longer loads).
-RUNTIME_LINES = 4650
+#: in the registry and the one EnableRequest add about 330 lines, distributed.apply's wrapper no longer loads;
+#: 4,648 before #47, whose mlp_chunk_size option adds 36 lines to core, config, apply and the mixin the patched step
+#: loads: 4,684; the chunked MLP's own module loads only with the setting).
+RUNTIME_LINES = 4700
 
 
 def _module_name(path: Path) -> str:
@@ -235,6 +238,8 @@ elif setting == "plan":
     hf_ckpt.enable(model, plan=sys.argv[2])
 elif setting == "head_chunk_size":
     hf_ckpt.enable(model, head_chunk_size=4)
+elif setting == "mlp_chunk_size":
+    hf_ckpt.enable(model, mlp_chunk_size=4)
 elif setting == "patched":
     hf_ckpt.patch_transformers()
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"every_n_layers": 2})
@@ -255,7 +260,7 @@ def _has_loss_function() -> bool:
 
 
 _SETTINGS = ("every_n_layers", "selective", "offload", "plan", *(("head_chunk_size",) if _has_loss_function() else ()),
-             "patched")
+             "mlp_chunk_size", "patched")
 
 
 @pytest.fixture(scope="module")
