@@ -83,6 +83,8 @@ class MemoryEstimate:
         head_smaller_base_bytes, head_smaller_transient_bytes, head_smaller_recompute_flops: ``head_base_bytes``,
             ``head_transient_bytes`` and ``head_recompute_flops`` for ``head_smaller_chunk_size`` (more chunks
             retain a little more: each keeps its loss share and its checkpoint's record).
+        mlp_chunk_size: The chunk (tokens) of the chunked MLP estimated (the rows ``full+mlp:<m>`` and
+            ``full+head:<c>+mlp:<m>``), or None where it was not (not asked, or refused: the reason in ``unusable``).
     """
 
     model_type: str | None
@@ -134,6 +136,7 @@ class MemoryEstimate:
     head_smaller_base_bytes: int = 0
     head_smaller_transient_bytes: dict[str, int] = field(default_factory=dict)
     head_smaller_recompute_flops: int = 0
+    mlp_chunk_size: int | None = None
 
     @property
     def fixed_bytes(self) -> int:
