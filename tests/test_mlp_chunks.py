@@ -188,3 +188,23 @@ def test_the_mixin_names_it_in_the_dict_too():
     from hf_ckpt.runtime.config import HF_CKPT_KEYS
 
     assert "mlp_chunk_size" in HF_CKPT_KEYS
+
+
+def test_the_bench_setting():
+    from hf_ckpt.measure import parse_setting
+
+    setting = parse_setting("mlp:3")
+    model, batch = tiny_llama(layers=3), _batch()
+    setting.apply(model)
+    sizes = _ChunkSizes(model)
+    train_step(model, batch)
+    assert setting.name == "mlp:3" and max(sizes.tokens) == 3
+    setting.remove(model)
+    sizes.tokens.clear()
+    train_step(model, batch)
+    assert set(sizes.tokens) == {16}
+    for bad in ("mlp", "mlp:0", "mlp:x"):
+        with pytest.raises(ValueError) as raised:
+            parse_setting(bad)
+        assert str(raised.value) == (
+            f"mlp needs a positive int, the tokens per chunk (mlp:4096); got mlp:{bad.partition(':')[2]}")
