@@ -13,9 +13,11 @@ CPU core), so the search does not trace at every step: each plan's device and ho
 lengths (``FIT_LENGTHS`` times the chunk, all chunked), fitted exactly by a quadratic in the length (linear terms:
 hidden states, checkpointed inputs, the flash kernel's log-sum-exp; quadratic: an attention that materialises its
 scores), the fit is searched for the longest length (a multiple of ``granularity``) whose bytes fit, and that length
-is traced once more to verify it; where the trace says it does not fit, the length steps down by the traced excess
-over the fit's slope and is traced again (at most :data:`_VERIFY_TRIES` times). The plain ``full`` length is the
-fit's, for comparison.
+is traced. Extrapolated that far, a fit through short lengths can be off by a few GiB, so the answer is refined on
+traced values: the line through the last two traced lengths (a secant) gives the next length, which is traced, until
+a traced length fits and the line puts the next step up over a budget (at most :data:`_VERIFY_TRIES` traces at long
+lengths); the answer is the longest traced length that fits. The other plans' lengths are the fit's, for
+comparison (plain ``full`` among them).
 
 **What binds** at the next step up (``seq_len + granularity``): ``host memory`` where the offloaded inputs exceed it,
 else ``attention's own memory`` where the fit's quadratic term (attention's scores) grows the device bytes more than
@@ -47,7 +49,7 @@ FIT_LENGTHS = (4, 8, 16)
 #: Head and MLP chunks (tokens) when none is given: small against the lengths searched (a 128k-vocabulary head
 #: holds about 2 GiB of logits at 2048 tokens; an 8B model's MLP about 0.5 GiB of intermediates at 4096).
 HEAD_CHUNK, MLP_CHUNK = 2048, 4096
-_VERIFY_TRIES = 4
+_VERIFY_TRIES = 4  # traces at long lengths, at most
 _LONGEST = 1 << 26  # the search's ceiling: 64M tokens per sequence
 
 OFFLOAD = "offload"
@@ -184,14 +186,38 @@ def _longest(fit: PlanFit, device_memory: int, host_memory: int | None, granular
     return low * granularity
 
 
-def _over(fit: PlanFit, traced: tuple[int, int], seq_len: int, device_memory: int, host_memory: int | None) -> int:
-    """Tokens to step down by where the trace at ``seq_len`` exceeds a budget (its excess over the fit's slope),
-    else 0."""
-    _a, b, c = fit.device
-    tokens = max(traced[0] - device_memory, 0) / max(b + 2 * c * seq_len, 1.0)
-    if host_memory is not None:
-        tokens = max(tokens, max(traced[1] - host_memory, 0) / max(fit.host[1] + 2 * fit.host[2] * seq_len, 1.0))
-    return int(tokens) + 1 if tokens > 0 else 0
+def _within(figures: tuple[int, int], device_memory: int, host_memory: int | None) -> bool:
+    return figures[0] <= device_memory and (host_memory is None or figures[1] <= host_memory)
+
+
+def _line(first: tuple[int, tuple[int, int]], second: tuple[int, tuple[int, int]], which: int, at: int) -> float:
+    (s0, f0), (s1, f1) = first, second
+    slope = (f1[which] - f0[which]) / (s1 - s0) if s1 != s0 else 0.0
+    return f1[which] + slope * (at - s1)
+
+
+def _secant(first: tuple[int, tuple[int, int]], second: tuple[int, tuple[int, int]], device_memory: int,
+            host_memory: int | None, granularity: int) -> int:
+    """The longest multiple of ``granularity`` the line through two traced ``(length, (device, host))`` points
+    keeps within the budgets."""
+    low, high = 0, _LONGEST // granularity
+    while low < high:
+        middle = (low + high + 1) // 2
+        at = middle * granularity
+        if _line(first, second, 0, at) <= device_memory and (
+                host_memory is None or _line(first, second, 1, at) <= host_memory):
+            low = middle
+        else:
+            high = middle - 1
+    return low * granularity
+
+
+def _crossing(first: tuple[int, tuple[int, int]], second: tuple[int, tuple[int, int]], at: int, device_memory: int,
+              host_memory: int | None) -> str | None:
+    """Which budget the line through two traced points exceeds at ``at`` (host first), or None."""
+    if host_memory is not None and _line(first, second, 1, at) > host_memory:
+        return "host memory"
+    return "device memory" if _line(first, second, 0, at) > device_memory else None
 
 
 def _binds(fit: PlanFit, seq_len: int, granularity: int, host_memory: int | None) -> str:
@@ -265,33 +291,44 @@ def max_seq(
     longest = {plan: _longest(fit, device_bytes, host_bytes, granularity) for plan, fit in fits.items()}
     best = max(longest, key=lambda plan: longest[plan])  # the plainest plan among equals (dict order)
     seq_len, traced_lengths = longest[best], list(lengths)
-    made, figures, verified = None, {}, False
+    # refine on traced values: the line through the last two traced lengths (secant), until a traced length fits
+    # and the line puts the next step up over a budget
+    points = [(lengths[-1], made_at[-1][1][best])]
+    answer, made, figures = 0, None, {}
     for _ in range(_VERIFY_TRIES):
-        if not seq_len:
+        if not seq_len or any(seq_len == length for length, _f in points[1:]):
             break
-        made, figures = traced(seq_len)
+        now, now_figures = traced(seq_len)
         traced_lengths.append(seq_len)
-        steps = _over(fits[best], figures[best], seq_len, device_bytes, host_bytes)
-        if not steps:
-            verified = True
+        points.append((seq_len, now_figures[best]))
+        fits_now = _within(now_figures[best], device_bytes, host_bytes)
+        if fits_now and seq_len > answer:
+            answer, made, figures = seq_len, now, now_figures
+        following = _secant(points[-2], points[-1], device_bytes, host_bytes, granularity)
+        if fits_now and following <= seq_len:
             break
-        seq_len = max(0, seq_len - granularity * (-(-steps // granularity)))
-    if seq_len and not verified:
-        raise ValueError(f"max_seq: the fit of {best} did not converge to a length the trace confirms "
-                         f"(traced {', '.join(map(str, traced_lengths))}); give a coarser granularity")
+        seq_len = following if fits_now or following < seq_len else seq_len - granularity
+    if longest[best] and not answer:
+        raise ValueError(f"max_seq: no traced length of {best} fits (traced {', '.join(map(str, traced_lengths))}); "
+                         "give a coarser granularity")
+    seq_len = answer
+    binds = _binds(fits[best], seq_len, granularity, host_bytes)
+    if len(points) > 1 and binds != "attention's own memory":
+        binds = _crossing(points[-2], points[-1], seq_len + granularity, device_bytes, host_bytes) or binds
     copy = compute = None
     if best.endswith(f"+{OFFLOAD}") and made is not None and made.device == "cuda":
         inputs, flops = made.block_bytes.get("full", ()), made.block_recompute_flops.get("full", ())
         copy = max(inputs, default=0) / pcie_bandwidth
         compute = min(flops, default=0) / device_flops
     return MaxSeq(
-        seq_len=seq_len, plan=best if seq_len else None, binds=_binds(fits[best], seq_len, granularity, host_bytes),
+        seq_len=seq_len, plan=best if seq_len else None, binds=binds,
         device_bytes=int(figures.get(best, (0, 0))[0]), host_bytes=int(figures.get(best, (0, 0))[1]),
         lengths=longest, refused=refused, batch_size=batch_size, device_memory=device_bytes, host_memory=host_bytes,
         granularity=granularity, traced_lengths=tuple(traced_lengths), copy_seconds=copy, compute_seconds=compute,
         pcie_bandwidth=float(pcie_bandwidth), device_flops=float(device_flops),
         notes=(f"method: each plan traced at {', '.join(map(str, lengths))} tokens and fitted by a quadratic in the "
-               f"length; the answer traced again at {seq_len:,} tokens to verify it",
+               f"length; {best} then traced at {', '.join(f'{n:,}' for n in traced_lengths[len(lengths):])} tokens "
+               "(the longest that fits is the answer; the other plans' lengths are the fit's)",
                "plans: full checkpointing; + the head in chunks; + every block's MLP in chunks; + checkpointed "
                "block inputs offloaded to the host (with host memory given)"),
     )
