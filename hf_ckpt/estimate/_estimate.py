@@ -332,10 +332,8 @@ def estimate(
             :func:`head_chunk_for` (at least 128 tokens, or ``seq_len`` where shorter), and where that floor raised
             it, the memory rule's smaller chunk traced too (the ``head_smaller_*`` fields), for plans whose budget
             needs its smaller transients. Not estimated where the model refuses it (the reason is in ``unusable``).
-        mlp_chunk_size: The chunk (tokens) of the chunked MLP (``hf_ckpt.enable(mlp_chunk_size=...)``): the rows
-            ``full+mlp:<m>`` and, with the chunked head, ``full+head:<c>+mlp:<m>`` (every block full, each block's
-            MLP recomputed one chunk at a time); None: not estimated. Not estimated where the model refuses it (the
-            reason is in ``unusable``).
+        mlp_chunk_size: The chunked MLP's chunk (tokens): the rows ``full+mlp:<m>`` and ``full+head:<c>+mlp:<m>``
+            (every block full, each MLP recomputed a chunk at a time); None, or refused (the reason in ``unusable``): none.
 
     Returns:
         A :class:`MemoryEstimate`.
@@ -352,8 +350,7 @@ def estimate(
     full_blocks, traced_blocks = blocks_of(full), blocks_of(reduced)
     if not full_blocks:
         raise ValueError(f"model_or_config: {cls.__name__} has no repeated blocks to checkpoint")
-    mapping = map_blocks(full_blocks, traced_blocks)
-    num_blocks = len(full_blocks)
+    mapping, num_blocks = map_blocks(full_blocks, traced_blocks), len(full_blocks)
     traced = _trace_reduced(reduced, traced_blocks, strategies, num_blocks, batch_size, seq_len, device,
                             autocast_dtype, keep_outputs, _head_chunks(config, batch_size, seq_len, head_chunk_size),
                             mlp_chunk_size)

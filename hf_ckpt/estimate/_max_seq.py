@@ -229,6 +229,32 @@ def _binds(fit: PlanFit, seq_len: int, granularity: int, host_memory: int | None
     return "attention's own memory" if quadratic > b * granularity else "device memory"
 
 
+def _refine(traced: Any, best: str, seq_len: int, last: tuple[int, tuple[int, int]],
+            device_memory: int, host_memory: int | None, granularity: int, traced_lengths: list[int]) -> tuple:
+    """The longest traced length of ``best`` that fits, from the fit's ``seq_len``: each traced length's figures,
+    then the line through the last two traced points (a secant) gives the next, until a traced length fits and the
+    line puts the next step up over a budget. Returns (the length, its estimate, its figures, the points traced)."""
+    points, start = [last], seq_len
+    answer, made, figures = 0, None, {}
+    for _ in range(_VERIFY_TRIES):
+        if not seq_len or any(seq_len == length for length, _f in points[1:]):
+            break
+        now, now_figures = traced(seq_len)
+        traced_lengths.append(seq_len)
+        points.append((seq_len, now_figures[best]))
+        fits_now = _within(now_figures[best], device_memory, host_memory)
+        if fits_now and seq_len > answer:
+            answer, made, figures = seq_len, now, now_figures
+        following = _secant(points[-2], points[-1], device_memory, host_memory, granularity)
+        if fits_now and following <= seq_len:
+            break
+        seq_len = following if fits_now or following < seq_len else seq_len - granularity
+    if start and not answer:
+        raise ValueError(f"max_seq: no traced length of {best} fits (traced {', '.join(map(str, traced_lengths))}); "
+                         "give a coarser granularity")
+    return answer, made, figures, points
+
+
 def max_seq(
     model_or_config: Any,
     *,
@@ -284,33 +310,15 @@ def max_seq(
     unit = max(head, mlp)
     lengths = [-(-unit * k // batch_size) for k in FIT_LENGTHS]
     made_at = [traced(s) for s in lengths]
-    refused = {name: why for name, why in made_at[0][0].unusable.items() if name != "none"}
+    refused = {name: why for name, why in made_at[0][0].unusable.items() if name in names or name == mlp_row_name(mlp)}
     fits = {plan: PlanFit(plan, _quadratic([(s, f[plan][0]) for s, (_m, f) in zip(lengths, made_at)]),
                           _quadratic([(s, f[plan][1]) for s, (_m, f) in zip(lengths, made_at)]))
             for plan in made_at[0][1] if all(plan in f for _m, f in made_at)}
     longest = {plan: _longest(fit, device_bytes, host_bytes, granularity) for plan, fit in fits.items()}
     best = max(longest, key=lambda plan: longest[plan])  # the plainest plan among equals (dict order)
     seq_len, traced_lengths = longest[best], list(lengths)
-    # refine on traced values: the line through the last two traced lengths (secant), until a traced length fits
-    # and the line puts the next step up over a budget
-    points = [(lengths[-1], made_at[-1][1][best])]
-    answer, made, figures = 0, None, {}
-    for _ in range(_VERIFY_TRIES):
-        if not seq_len or any(seq_len == length for length, _f in points[1:]):
-            break
-        now, now_figures = traced(seq_len)
-        traced_lengths.append(seq_len)
-        points.append((seq_len, now_figures[best]))
-        fits_now = _within(now_figures[best], device_bytes, host_bytes)
-        if fits_now and seq_len > answer:
-            answer, made, figures = seq_len, now, now_figures
-        following = _secant(points[-2], points[-1], device_bytes, host_bytes, granularity)
-        if fits_now and following <= seq_len:
-            break
-        seq_len = following if fits_now or following < seq_len else seq_len - granularity
-    if longest[best] and not answer:
-        raise ValueError(f"max_seq: no traced length of {best} fits (traced {', '.join(map(str, traced_lengths))}); "
-                         "give a coarser granularity")
+    answer, made, figures, points = _refine(traced, best, seq_len, (lengths[-1], made_at[-1][1][best]),
+                                            device_bytes, host_bytes, granularity, traced_lengths)
     seq_len = answer
     binds = _binds(fits[best], seq_len, granularity, host_bytes)
     if len(points) > 1 and binds != "attention's own memory":
