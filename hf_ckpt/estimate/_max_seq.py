@@ -85,7 +85,8 @@ class MaxSeq:
             ``attention's own memory``.
         device_bytes: The plan's predicted device peak at ``seq_len`` (traced).
         host_bytes: Host bytes of its offloaded inputs at ``seq_len`` (0 without offload).
-        lengths: The longest length of each plan, from the fit (``full`` is the plain-checkpointing comparison).
+        lengths: The longest length of each plan: ``plan``'s traced (``seq_len``), the others' from the fit (``full``
+            is the plain-checkpointing comparison).
         refused: Plans that cannot run on this model, with the reason.
         copy_seconds, compute_seconds: With offload: one block input's copy at ``pcie_bandwidth`` and one block's
             forward at ``device_flops``, at ``seq_len``.
@@ -129,7 +130,8 @@ class MaxSeq:
                          + (f", host {format_bytes(self.host_bytes)}" if self.host_bytes else "") + ")")
             lines.append(f"  at {self.seq_len + self.granularity:,} tokens {self.binds} binds")
         for name, length in self.lengths.items():
-            lines.append(f"  {name:<32} {length:>12,} tokens")
+            how = "traced" if name == self.plan else "fitted"
+            lines.append(f"  {name:<32} {length:>12,} tokens ({how})")
         for name, why in self.refused.items():
             lines.append(f"  {name:<32} refused: {why}")
         if self.copies_hidden is not None:
@@ -331,7 +333,7 @@ def max_seq(
     return MaxSeq(
         seq_len=seq_len, plan=best if seq_len else None, binds=binds,
         device_bytes=int(figures.get(best, (0, 0))[0]), host_bytes=int(figures.get(best, (0, 0))[1]),
-        lengths=longest, refused=refused, batch_size=batch_size, device_memory=device_bytes, host_memory=host_bytes,
+        lengths={**longest, best: seq_len}, refused=refused, batch_size=batch_size, device_memory=device_bytes, host_memory=host_bytes,
         granularity=granularity, traced_lengths=tuple(traced_lengths), copy_seconds=copy, compute_seconds=compute,
         pcie_bandwidth=float(pcie_bandwidth), device_flops=float(device_flops),
         notes=(f"method: each plan traced at {', '.join(map(str, lengths))} tokens and fitted by a quadratic in the "
