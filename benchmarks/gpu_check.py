@@ -9,7 +9,12 @@ each strategy runs real training steps (forward, backward, AdamW step) and compa
 The CUDA attention figures of the estimate are modelled (flash / memory-efficient kernels keep output and
 log-sum-exp); this script is what verifies them. Without CUDA it says so and exits 0.
 
-    PYTHONPATH=. python benchmarks/gpu_check.py [--batch 2 --seq 2048]
+``--overlap`` checks the longest-sequence plan's parts instead (#47): every block full with the MLP in chunks
+(``mlp_chunk_size``), without and with the checkpointed inputs offloaded (``offload=True``): the activations on the
+device against the estimate (the offloaded plan's: ``full+mlp:<m>`` less the inputs moved to the host, two kept in
+flight), and the step time with offload against without (the copies hide behind compute when they are about equal).
+
+    PYTHONPATH=. python benchmarks/gpu_check.py [--batch 2 --seq 2048] [--overlap [--mlp-chunk 1024]]
 """
 
 from __future__ import annotations
@@ -34,6 +39,8 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--seq", type=int, default=2048)
     parser.add_argument("--strategies", default="none,full,every_n:2,selective")
+    parser.add_argument("--overlap", action="store_true", help="the chunked MLP and offloaded checkpoints (#47)")
+    parser.add_argument("--mlp-chunk", type=int, default=1024)
     args = parser.parse_args()
     import torch
 
@@ -46,6 +53,8 @@ def main() -> int:
     import hf_ckpt
     from hf_ckpt.estimate import estimate
 
+    if args.overlap:
+        return _overlap(args)
     strategies = [s for s in args.strategies.split(",") if s]
     config = _config()
     predicted = estimate(config, batch_size=args.batch, seq_len=args.seq, dtype="bfloat16", device="cuda",
@@ -83,6 +92,47 @@ def main() -> int:
               f"{100 * (act_pred - activations) / activations:+6.1f}%   {peak / 2**30:9.3f} {peak_pred / 2**30:9.3f} "
               f"{100 * (peak_pred - peak) / peak:+6.1f}%")
     hf_ckpt.disable(model)
+    return 0
+
+
+def _overlap(args) -> int:
+    """Device activations and step time of full+mlp chunks, without and with offloaded checkpointed inputs."""
+    import time
+
+    import torch
+    import transformers
+
+    import hf_ckpt
+    from hf_ckpt.estimate import estimate
+
+    config, chunk = _config(), args.mlp_chunk
+    made = estimate(config, batch_size=args.batch, seq_len=args.seq, dtype="bfloat16", device="cuda",
+                    strategies=("full",), mlp_chunk_size=chunk)
+    inputs = made.block_bytes["full"]
+    row = f"full+mlp:{chunk}"
+    predicted = {"mlp": made.activation_bytes[row],
+                 "mlp+offload": made.activation_bytes[row] - (sum(inputs) - 2 * max(inputs))}
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).to(device="cuda", dtype=torch.bfloat16).train()
+    ids = torch.randint(3, config.vocab_size, (args.batch, args.seq), device="cuda")
+    print(f"{'setting':12s} {'activations GiB':>16s} {'estimate':>9s} {'diff':>7s} {'step s':>8s}")
+    for name, options in (("mlp", {}), ("mlp+offload", {"offload": True})):
+        hf_ckpt.enable(model, mlp_chunk_size=chunk, **options)
+        times = []
+        for _round in range(3):
+            model.zero_grad(set_to_none=True)
+            torch.cuda.synchronize()
+            before, start = torch.cuda.memory_allocated(), time.perf_counter()
+            loss = model(input_ids=ids, labels=ids).loss
+            torch.cuda.synchronize()
+            activations = torch.cuda.memory_allocated() - before
+            loss.backward()
+            del loss
+            torch.cuda.synchronize()
+            times.append(time.perf_counter() - start)
+        hf_ckpt.disable(model)
+        print(f"{name:12s} {activations / 2**30:16.3f} {predicted[name] / 2**30:9.3f} "
+              f"{100 * (predicted[name] - activations) / activations:+6.1f}% {sorted(times)[1]:8.3f}")
     return 0
 
 

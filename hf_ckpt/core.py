@@ -59,6 +59,7 @@ def enable(
     offload: bool = False,
     checkpoint_fn: Any = None,
     head_chunk_size: int | None = None,
+    mlp_chunk_size: int | None = None,
     **checkpoint_kwargs: Any,
 ) -> nn.Module:
     """Enable activation checkpointing on a loaded model, without subclassing it.
@@ -110,6 +111,11 @@ def enable(
             time, each chunk checkpointed (non-reentrant), so the full logits are never held; the output then has
             ``loss`` and ``logits=None``. Without labels, in eval mode or under ``no_grad``: full logits, as
             before. A model whose forward changes the logits or the loss its own way is refused at the call.
+        mlp_chunk_size: Run every block's MLP (its ``mlp``, ``feed_forward`` or ``ffn`` child) over this many
+            tokens at a time (batch and sequence flattened), each chunk checkpointed (non-reentrant), so only one
+            chunk's intermediate activations are alive at once; gradients are exact. Under ``no_grad`` the MLP runs
+            unchunked. A block without such a child, or whose MLP is not position-wise (experts and routers,
+            convolutions or shifts along the sequence), is refused at the call (see :mod:`hf_ckpt.runtime.mlp_chunks`).
         **checkpoint_kwargs: Passed to ``torch.utils.checkpoint.checkpoint`` (``use_reentrant``,
             ``preserve_rng_state``, ``context_fn``, ``determinism_check``, ``debug``, ...), their values checked.
             ``use_reentrant`` defaults to ``False`` and is always passed explicitly.
@@ -136,7 +142,7 @@ def enable(
         model, checkpoint_kwargs, "checkpoint_kwargs", every_n_layers=every_n_layers, layers=layers,
         num_layers=num_layers, method=method, strategy=strategy, policy=policy, plan=plan, budget=budget,
         sample_inputs=sample_inputs, keep_outputs=keep_outputs, offload=offload, checkpoint_fn=checkpoint_fn,
-        head_chunk_size=head_chunk_size,
+        head_chunk_size=head_chunk_size, mlp_chunk_size=mlp_chunk_size,
     )
 
 

@@ -78,8 +78,8 @@ class GradientCheckpointingMixin:
         Args:
             gradient_checkpointing_kwargs: Keyword arguments for ``torch.utils.checkpoint.checkpoint``; may also
                 hold hf_ckpt's own options (``every_n_layers``, ``offload``, ``layers``, ``num_layers``,
-                ``method``, ``strategy``, ``policy``, ``plan``, ``budget``, ``keep_outputs``, ``head_chunk_size``),
-                which are taken out before the rest is passed on. ``budget`` (``"40GiB"``, ``0.5``, ``"50%"``,
+                ``method``, ``strategy``, ``policy``, ``plan``, ``budget``, ``keep_outputs``, ``head_chunk_size``,
+                ``mlp_chunk_size``), which are taken out before the rest is passed on. ``budget`` (``"40GiB"``, ``0.5``, ``"50%"``,
                 ``"auto"``) plans from the first training batch's shapes, for the ``Trainer``'s step or, with
                 ``keep_outputs=True``, for a loop that keeps the outputs through backward (see
                 :func:`hf_ckpt.enable`).

@@ -36,6 +36,7 @@ DEFERRED = {
     ("hf_ckpt.runtime.apply", "hf_ckpt.strategies.outside.hook"): "the saved-tensor hook's runtime loads only for plans that use it",
     ("hf_ckpt.runtime.apply", "hf_ckpt.runtime.direct"): "wrapping directly called blocks loads only for models with a stack flag",
     ("hf_ckpt.runtime.apply", "hf_ckpt.runtime.head"): "the chunked head (and its source check) loads only when head_chunk_size is set",
+    ("hf_ckpt.runtime.apply", "hf_ckpt.runtime.mlp_chunks"): "the chunked MLP (and its position-wise check) loads only when mlp_chunk_size is set",
     ("hf_ckpt.patch", "hf_ckpt.integrations.trainer"): "transformers' Trainer is imported only when patching",
 }
 #: The lab's packages: what decides or measures (the planners, budgets, the estimator, the bench, verify, the CLI).
@@ -49,8 +50,9 @@ TOP_LEVEL_MODULES = 12
 #: step then loaded 4,496; after it 4,624: private torch attributes behind runtime/_torch.py, the kinds' answers
 #: in the registry and the one EnableRequest add about 330 lines, distributed.apply's wrapper no longer loads;
 #: 4,710 after #44: the chunked head in hooks that compose with other wrappers, the stale record's warning, and
-#: runtime/wrapping.py, about 90 lines).
-RUNTIME_LINES = 4750
+#: runtime/wrapping.py, about 90 lines; #47's mlp_chunk_size option adds 36 lines to core, config, apply and the
+#: mixin the patched step loads (the chunked MLP's own module loads only with the setting).
+RUNTIME_LINES = 4800
 
 
 def _module_name(path: Path) -> str:
@@ -237,6 +239,8 @@ elif setting == "plan":
     hf_ckpt.enable(model, plan=sys.argv[2])
 elif setting == "head_chunk_size":
     hf_ckpt.enable(model, head_chunk_size=4)
+elif setting == "mlp_chunk_size":
+    hf_ckpt.enable(model, mlp_chunk_size=4)
 elif setting == "patched":
     hf_ckpt.patch_transformers()
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"every_n_layers": 2})
@@ -257,7 +261,7 @@ def _has_loss_function() -> bool:
 
 
 _SETTINGS = ("every_n_layers", "selective", "offload", "plan", *(("head_chunk_size",) if _has_loss_function() else ()),
-             "patched")
+             "mlp_chunk_size", "patched")
 
 
 @pytest.fixture(scope="module")

@@ -62,6 +62,7 @@ EXAMPLES: dict[str, dict] = {
     "offload": {"offload": True},
     "checkpoint_fn": {"checkpoint_fn": torch.utils.checkpoint.checkpoint, "use_reentrant": False},
     "head_chunk_size": {"head_chunk_size": 4},
+    "mlp_chunk_size": {"mlp_chunk_size": 4},
     "budget": {"budget": 0.5, "sample_inputs": "BATCH"},
     "sample_inputs": {"budget": 0.6, "sample_inputs": "BATCH"},
     "keep_outputs": {"budget": 0.5, "keep_outputs": False},

@@ -140,6 +140,10 @@ _OTHER_WORDS = {
     ("estimate/_check.py", "'full' not in strategies"): "the estimate's rows asked for: full's row is what the chunked "
     "head's row follows",
     ("estimate/_estimate.py", "'full' not in traced.chunked_base"): "the traced row named full",
+    ("estimate/_trace.py", "'full' in chunked[0]"): "the chunked head's traced row named full, on which the chunked "
+    "MLP's rows build",
+    ("estimate/_trace.py", "'full' in usable"): "the chunked MLP's rows are traced with every block full",
+    ("estimate/_trace.py", "'full' not in unusable"): "the chunked MLP's rows are traced with every block full",
     ("estimate/_sharding.py", "name == 'none'"): "a sharding named none",
     ("integrations/deepspeed.py", "value not in (None, False, 0, 'none', 'auto')"): "a DeepSpeed config value",
 }

@@ -20,7 +20,7 @@ DEFAULT_REPEAT = 25
 DEFAULT_WARMUP = 1
 #: The built-in setting spellings, for ``--help`` without importing torch (a test keeps this equal to
 #: ``hf_ckpt.measure.available_settings()``).
-SETTING_SYNTAX = "none, full, every_n:N, offload, head:N, upstream:full|upstream:every_n:N, selective[:POLICY], plan:F, oplevel:F, graphplan:F, compile:F, compile_seeded:F"
+SETTING_SYNTAX = "none, full, every_n:N, offload, head:N, mlp:N, upstream:full|upstream:every_n:N, selective[:POLICY], plan:F, oplevel:F, graphplan:F, compile:F, compile_seeded:F"
 
 
 #: ``--settings``: parsed by :func:`hf_ckpt.measure.parse_settings` (imports torch when given).

@@ -7,6 +7,8 @@
 * :func:`plan_for` -> :class:`~hf_ckpt.CheckpointPlan`: the cheapest per-block plan within a budget, solved by
   :func:`hf_ckpt.planning.planner.solve` on the estimate's per-block profile (no sample batch, no real step).
   ``hf_ckpt.plan(config, batch_size=..., seq_len=..., budget=...)`` calls it.
+* :func:`max_seq` -> :class:`MaxSeq`: the longest sequence for which some plan fits a device (and host) memory
+  (``hf-ckpt estimate CONFIG --max-seq --device-memory SIZE [--host-memory SIZE]``).
 * ``hf-ckpt estimate CONFIG --batch B --seq S`` (:mod:`hf_ckpt.estimate.command`) prints the table.
 
 The package is callable, so ``hf_ckpt.estimate(config, batch_size=1, seq_len=8192)`` works while
@@ -26,6 +28,8 @@ _EXPORTS = {
     "DEFAULT_STRATEGIES": "._estimate",
     "estimate": "._estimate",
     "MemoryEstimate": "._result",
+    "MaxSeq": "._max_seq",
+    "max_seq": "._max_seq",
     "plan_for": "._plan",
     "plan_from_estimate": "._plan",
     "profile_of": "._plan",
@@ -36,6 +40,7 @@ __all__ = sorted(_EXPORTS)
 
 if TYPE_CHECKING:  # for type checkers and the API docs: the same names, imported eagerly
     from hf_ckpt.estimate._estimate import DEFAULT_STRATEGIES, estimate
+    from hf_ckpt.estimate._max_seq import MaxSeq, max_seq
     from hf_ckpt.estimate._plan import plan_for, plan_from_estimate, profile_of, write_plan
     from hf_ckpt.estimate._result import MemoryEstimate
 

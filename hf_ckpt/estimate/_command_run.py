@@ -6,12 +6,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+from dataclasses import asdict
 
 from hf_ckpt.runtime.units import format_bytes, format_flops, parse_size
 from hf_ckpt.cli.errors import CommandError
 from hf_ckpt.estimate._arguments import check_dtype
 from hf_ckpt.estimate._check import run_check
 from hf_ckpt.estimate._estimate import estimate
+from hf_ckpt.estimate._max_seq import max_seq
 from hf_ckpt.estimate._plan import plan_from_estimate, step_transient
 
 
@@ -88,7 +90,8 @@ def _quantization(args: argparse.Namespace):
 
 _OPTIONS = {"world_size": "--world-size", "shard": "--shard", "offload_optimizer": "--offload-optimizer",
             "head_chunk_size": "--head-chunk-size", "quantization_config": "--quantize",
-            "attn_implementation": "--attn",
+            "attn_implementation": "--attn", "mlp_chunk_size": "--mlp-chunk-size",
+            "host_memory": "--host-memory", "device_memory": "--device-memory", "pcie_bandwidth": "--pcie-bandwidth",
             "offload_parameters": "--offload-parameters"}
 
 
@@ -136,6 +139,32 @@ def _plan_line(plan, made) -> str:
             f", FLOPs ratio {ratio:.3f}x{source}")
 
 
+def _max_seq(args: argparse.Namespace, device_memory: int | None) -> int:
+    """``--max-seq``: the longest sequence that fits, printed (and written as JSON); 1 when nothing fits."""
+    if device_memory is None:
+        raise CommandError("--max-seq needs --device-memory (the memory the step must fit)")
+    if args.seq is not None:
+        raise CommandError("--max-seq searches for the sequence length itself; drop --seq")
+    if args.check or args.plan_json is not None:
+        raise CommandError("--max-seq cannot be combined with --check or --plan-json; drop them")
+    try:
+        found = max_seq(args.config, device_memory=device_memory, batch_size=args.batch, host_memory=args.host_memory,
+                        head_chunk_size=args.head_chunk_size, mlp_chunk_size=args.mlp_chunk_size,
+                        pcie_bandwidth=args.pcie_bandwidth * 1e9, dtype=args.dtype, autocast=args.autocast,
+                        device=args.device, optimizer=args.optimizer, peft_config=_lora(args.lora_r),
+                        keep_outputs=args.keep_outputs, world_size=args.world_size, shard=args.shard,
+                        offload_optimizer=args.offload_optimizer, offload_parameters=args.offload_parameters)
+    except (ValueError, FileNotFoundError) as error:
+        raise CommandError(_option_names(str(error))) from None
+    print(found)
+    if args.json is not None:
+        with open(args.json, "w", encoding="utf-8") as handle:
+            json.dump(asdict(found), handle, indent=2)
+            handle.write("\n")
+        print(f"result written to {args.json}")
+    return 0 if found.seq_len else 1
+
+
 def run(args: argparse.Namespace) -> int:
     """Run ``hf-ckpt estimate``; returns the exit status."""
     _folder_exists("--json", args.json)
@@ -155,6 +184,12 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError("--quantize: --check compares an unquantized step (bitsandbytes is not needed); drop one")
     if args.check:
         return run_check(args.config)
+    if args.max_seq:
+        return _max_seq(args, device_memory)
+    if args.seq is None:
+        raise CommandError("--seq is required (tokens per sequence), but with --max-seq")
+    if args.host_memory is not None:
+        raise CommandError("--host-memory only applies with --max-seq; drop it or add --max-seq")
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
     try:
         made = estimate(args.config, batch_size=args.batch, seq_len=args.seq, dtype=args.dtype, autocast=args.autocast,
@@ -162,7 +197,7 @@ def run(args: argparse.Namespace) -> int:
                         keep_outputs=args.keep_outputs, world_size=args.world_size, shard=args.shard,
                         offload_optimizer=args.offload_optimizer, offload_parameters=args.offload_parameters,
                         head_chunk_size=args.head_chunk_size, quantization_config=quantization,
-                        attn_implementation=args.attn)
+                        attn_implementation=args.attn, mlp_chunk_size=args.mlp_chunk_size)
     except (ValueError, FileNotFoundError) as error:
         raise CommandError(_option_names(str(error))) from None
     print(str(made).rsplit("\n", 1 + len(made.activation_bytes) + 1)[0])

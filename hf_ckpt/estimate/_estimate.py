@@ -226,7 +226,36 @@ def _per_strategy(traced: Trace, rep: Sequence[int], strategies: Sequence[Any], 
         ratio[name] = step[name] / none_flops if none_flops else 1.0
     figures = activation, peak, recompute, step, ratio, unusable
     _with_chunked_head(traced, figures, fixed, step_peak)
+    _with_chunked_mlp(traced, rep, num_blocks, figures, fixed, step_peak)
     return figures
+
+
+def mlp_row_name(mlp_chunk: int, head_chunk: int | None = None) -> str:
+    """The estimate's row with every block full and the MLP in chunks of ``mlp_chunk`` tokens:
+    ``full+mlp:<m>``, or ``full+head:<c>+mlp:<m>`` with the head in chunks of ``head_chunk``."""
+    return f"full+head:{head_chunk}+mlp:{mlp_chunk}" if head_chunk else f"full+mlp:{mlp_chunk}"
+
+
+def _with_chunked_mlp(traced: Trace, rep: Sequence[int], num_blocks: int, figures: tuple, fixed: int,
+                      step_peak: int) -> None:
+    """Adds the rows of :func:`mlp_row_name` (every block full, the MLP chunked; the head whole and chunked) to the
+    per-strategy figures: the traced base and blocks scaled to the full depth, the traced transient (one block's
+    recompute, its MLP one chunk at a time), the FLOPs of the MLP's second recompute scaled by the blocks."""
+    activation, peak, recompute, step, ratio, unusable = figures
+    if traced.mlp_chunk is None or "full" not in activation:
+        return
+    if traced.mlp_refused is not None or not traced.mlp_rows:
+        unusable[mlp_row_name(traced.mlp_chunk)] = traced.mlp_refused or "the chunked MLP was not traced"
+        return
+    traced_count = len(traced.block_flops)
+    for head_chunk, (base, per_block, transient, added) in traced.mlp_rows.items():
+        name = mlp_row_name(traced.mlp_chunk, head_chunk)
+        activation[name] = base + sum(per_block[r] for r in rep)
+        peak[name] = max(fixed + activation[name] + transient, step_peak)
+        head_flops = traced.chunked_flops if head_chunk else 0
+        recompute[name] = recompute["full"] + head_flops + (added * num_blocks) // max(1, traced_count)
+        step[name] = step["full"] + recompute[name] - recompute["full"]
+        ratio[name] = ratio["full"] * step[name] / step["full"] if step["full"] else 1.0
 
 
 def head_chunk_for(tokens: int, hidden: int, vocab: int, seq_len: int | None = None) -> int:
@@ -277,11 +306,13 @@ def _head_fields(traced: Trace) -> dict[str, Any]:
 
 
 def _checked(model_or_config, batch_size, seq_len, dtype, autocast, device, optimizer, peft_config, strategies,
-             keep_outputs, head_chunk_size=None):
+             keep_outputs, head_chunk_size=None, mlp_chunk_size=None):
     """Every argument of :func:`estimate`, checked at the call (each error names its argument)."""
     arguments.check_source(model_or_config)
     if head_chunk_size is not None:
         arguments.check_positive_int("head_chunk_size", head_chunk_size)
+    if mlp_chunk_size is not None:
+        arguments.check_positive_int("mlp_chunk_size", mlp_chunk_size)
     return (
         arguments.check_positive_int("batch_size", batch_size),
         arguments.check_positive_int("seq_len", seq_len),
@@ -297,15 +328,18 @@ def _checked(model_or_config, batch_size, seq_len, dtype, autocast, device, opti
 
 def _trace_reduced(reduced: nn.Module, traced_blocks: list, strategies: Sequence[Any], num_blocks: int,
                    batch_size: int, seq_len: int, device: str, autocast: torch.dtype | None,
-                   keep_outputs: bool = False, head_chunks: tuple[int | None, int | None] = (None, None)) -> Trace:
-    """The reduced model traced on fake tensors under every per-block strategy the asked strategies use."""
+                   keep_outputs: bool = False, head_chunks: tuple[int | None, int | None] = (None, None),
+                   mlp_chunk: int | None = None) -> Trace:
+    """The reduced model traced on fake tensors under every per-block strategy the asked strategies use (and
+    ``full`` where ``mlp_chunk`` is given: the chunked MLP's rows build on it)."""
     mode = fake_mode()
     to_fake(reduced, mode)
     needed = {s for strategy in strategies for s in _per_block(strategy, num_blocks)} | {"none"}
+    needed |= {"full"} if mlp_chunk else set()
     mixed = any(len(set(_per_block(strategy, num_blocks))) > 1 for strategy in strategies) or set(TRACED) <= needed
     return trace(reduced, traced_blocks, _inputs(reduced, batch_size, seq_len, mode), mode, device,
                  tuple(s for s in TRACED if s in needed), mixed=mixed, autocast=autocast, keep_outputs=keep_outputs,
-                 head_chunk=head_chunks[0], smaller_chunk=head_chunks[1])
+                 head_chunk=head_chunks[0], smaller_chunk=head_chunks[1], mlp_chunk=mlp_chunk)
 
 
 def estimate(
@@ -327,6 +361,7 @@ def estimate(
     head_chunk_size: int | None = None,
     quantization_config: Any = None,
     attn_implementation: str | None = None,
+    mlp_chunk_size: int | None = None,
 ) -> MemoryEstimate:
     """Estimate one training step's memory and compute, per checkpointing strategy, without allocating.
 
@@ -381,6 +416,8 @@ def estimate(
             modelled), ``"sdpa"`` (the same), ``"flash"`` (flash_attention_2, CUDA only: what the fused kernels
             keep, modelled) or ``"eager"`` (the attention written out, traced as it runs on any device: it keeps the
             attention probabilities). Needs a config, not a built model.
+        mlp_chunk_size: The chunked MLP's chunk (tokens): the rows ``full+mlp:<m>`` and ``full+head:<c>+mlp:<m>``
+            (every block full, each MLP recomputed a chunk at a time); None, or refused (the reason in ``unusable``): none.
 
     Returns:
         A :class:`MemoryEstimate`.
@@ -391,7 +428,7 @@ def estimate(
     """
     batch_size, seq_len, torch_dtype, autocast_dtype, device, optimizer, peft_config, strategies, keep_outputs = \
         _checked(model_or_config, batch_size, seq_len, dtype, autocast, device, optimizer, peft_config, strategies,
-                 keep_outputs, head_chunk_size)
+                 keep_outputs, head_chunk_size, mlp_chunk_size)
     sharding = check_sharding(world_size, shard, offload_optimizer, offload_parameters)
     quant = _quantization(quantization_config, autocast_dtype or torch_dtype, sharding)
     attn = _check_attn(attn_implementation, device, isinstance(model_or_config, nn.Module))
@@ -399,10 +436,10 @@ def estimate(
     full_blocks, traced_blocks = blocks_of(full), blocks_of(reduced)
     if not full_blocks:
         raise ValueError(f"model_or_config: {cls.__name__} has no repeated blocks to checkpoint")
-    mapping = map_blocks(full_blocks, traced_blocks)
-    num_blocks = len(full_blocks)
+    mapping, num_blocks = map_blocks(full_blocks, traced_blocks), len(full_blocks)
     traced = _trace_reduced(reduced, traced_blocks, strategies, num_blocks, batch_size, seq_len, device,
-                            autocast_dtype, keep_outputs, _head_chunks(config, batch_size, seq_len, head_chunk_size))
+                            autocast_dtype, keep_outputs, _head_chunks(config, batch_size, seq_len, head_chunk_size),
+                            mlp_chunk_size)
     _with_dequantized(traced, dequantized)
     renamed = _traced_name(full_blocks, traced_blocks, mapping.representative)
     per_device = shard_estimate(full, full_blocks, sharding, optimizer, device,
@@ -444,6 +481,6 @@ def estimate(
         unusable=unusable,
         attention=_attention(device, autocast_dtype or torch_dtype, attn),
         notes=(*_NOTES, OUTPUTS_NOTES[keep_outputs]),
-        keep_outputs=keep_outputs, **_head_fields(traced),
+        keep_outputs=keep_outputs, **_head_fields(traced), mlp_chunk_size=traced.mlp_chunk if traced.mlp_rows else None,
         **per_device.fields(),
     )

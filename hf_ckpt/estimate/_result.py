@@ -85,6 +85,8 @@ class MemoryEstimate:
             retain a little more: each keeps its loss share and its checkpoint's record).
         quantization: The bitsandbytes quantization of the base (``"4bit nf4, double quant, compute bfloat16"``,
             ``"8bit (LLM.int8)"``) counted in ``parameters_bytes`` and the transients, or None.
+        mlp_chunk_size: The chunk (tokens) of the chunked MLP estimated (the rows ``full+mlp:<m>`` and
+            ``full+head:<c>+mlp:<m>``), or None where it was not (not asked, or refused: the reason in ``unusable``).
     """
 
     model_type: str | None
@@ -137,6 +139,7 @@ class MemoryEstimate:
     head_smaller_transient_bytes: dict[str, int] = field(default_factory=dict)
     head_smaller_recompute_flops: int = 0
     quantization: str | None = None
+    mlp_chunk_size: int | None = None
 
     @property
     def fixed_bytes(self) -> int:

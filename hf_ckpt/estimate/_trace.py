@@ -85,6 +85,10 @@ class Trace:
             second, smaller chunk, or ``()`` when not traced.
         heads: ``heads[j]``: the position of the head of traced block ``j``'s stack (its first block, where that
             block is a type of its own), or None.
+        mlp_chunk: The chunk (tokens) the chunked MLP (``mlp_chunk_size``) was traced with, or None.
+        mlp_rows: Every block ``full`` and its MLP chunked, keyed by the head's chunk (None: the head whole):
+            ``(base bytes, bytes per traced block, transient, FLOPs added to the step with every block full)``.
+        mlp_refused: Why the chunked MLP cannot run on this model (``enable``'s error), or None.
     """
 
     base_bytes: dict[str, int]
@@ -102,6 +106,9 @@ class Trace:
     chunked_refused: str | None = None
     head_chunk: int | None = None
     smaller_chunked: tuple = ()
+    mlp_chunk: int | None = None
+    mlp_rows: dict[int | None, tuple[int, tuple[int, ...], int, int]] = field(default_factory=dict)
+    mlp_refused: str | None = None
 
     @property
     def strategies(self) -> tuple[str, ...]:
@@ -233,13 +240,14 @@ def _forward(model: nn.Module, inputs: Mapping[str, Any], autocast: torch.dtype 
         return model(**inputs)
 
 
-def _apply(model: nn.Module, strategies: tuple[str, ...], head_chunk: int | None = None) -> None:
-    """Set one strategy per block (a :class:`~hf_ckpt.CheckpointPlan`) and the chunked head if ``head_chunk``, or
-    remove checkpointing for all-none without it."""
+def _apply(model: nn.Module, strategies: tuple[str, ...], head_chunk: int | None = None,
+           mlp_chunk: int | None = None) -> None:
+    """Set one strategy per block (a :class:`~hf_ckpt.CheckpointPlan`), the chunked head if ``head_chunk`` and the
+    chunked MLP if ``mlp_chunk``, or remove checkpointing for all-none without them."""
     remove(model)
-    if any(kind_class(s).recomputes for s in strategies) or head_chunk:
+    if any(kind_class(s).recomputes for s in strategies) or head_chunk or mlp_chunk:
         config = CheckpointConfig.from_arguments({}, dict_name="checkpoint_kwargs", plan=CheckpointPlan(strategies),
-                                                 head_chunk_size=head_chunk)
+                                                 head_chunk_size=head_chunk, mlp_chunk_size=mlp_chunk)
         apply_config(model, config)
 
 
@@ -268,6 +276,33 @@ def _chunked_head(model: nn.Module, blocks: list[Block], inputs: Mapping[str, An
     finally:
         remove(model)
     return base, transient, chunked - plain, None, head_chunk
+
+
+def _chunked_mlp(model: nn.Module, blocks: list[Block], inputs: Mapping[str, Any], mode: Any, device: str,
+                 mlp_chunk: int | None, head_chunks: tuple[int | None, ...], autocast: torch.dtype | None,
+                 keep_outputs: bool) -> tuple[dict, str | None]:
+    """:attr:`Trace.mlp_rows` and :attr:`Trace.mlp_refused`: every block ``full`` with the MLP in chunks of
+    ``mlp_chunk``, with the head whole and in each of ``head_chunks``; nothing without ``mlp_chunk``."""
+    rows: dict = {}
+    if not mlp_chunk:
+        return rows, None
+    full = ("full",) * len(blocks)
+    try:
+        _apply(model, full)
+        plain, _ = _flops_step(model, inputs, mode, autocast=autocast)
+        for head_chunk in (None, *head_chunks):
+            _apply(model, full, head_chunk, mlp_chunk)  # a model that refuses it raises ValueError here
+            base, per_block, transient = _memory_step(model, blocks, inputs, mode, device, autocast, keep_outputs)
+            _apply(model, full, None, mlp_chunk)
+            flops, _ = _flops_step(model, inputs, mode, autocast=autocast)
+            rows[head_chunk] = (base, per_block, transient, flops - plain)
+    except ValueError as error:
+        return {}, str(error)
+    except (RuntimeError, TypeError) as error:  # never the estimate's failure: the row is left out, with the reason
+        return {}, f"the chunked MLP could not be traced on this model: {error}"
+    finally:
+        remove(model)
+    return rows, None
 
 
 @contextlib.contextmanager
@@ -450,12 +485,14 @@ def trace(
     keep_outputs: bool = False,
     head_chunk: int | None = None,
     smaller_chunk: int | None = None,
+    mlp_chunk: int | None = None,
 ) -> Trace:
     """Trace the fake ``model`` (its blocks ``blocks``) on ``inputs`` under each of ``strategies`` (and, with
     ``mixed``, their alternations, for plans that mix strategies), under autocast to ``autocast`` if given; with
     ``keep_outputs`` the model's outputs are held into backward (counted outside the blocks); with ``head_chunk``
     each uniform strategy once more with the output projection and loss chunked (``head_chunk_size``), and with
-    ``smaller_chunk`` once more in chunks of that many tokens."""
+    ``smaller_chunk`` once more in chunks of that many tokens; with ``mlp_chunk`` every block full and its MLP in
+    chunks of that many tokens, the head whole and chunked (:func:`_chunked_mlp`)."""
     count = len(blocks)
     base: dict[str, int] = {}
     seen: dict[tuple[int, str | None, str, str | None, str | None], int] = {}
@@ -493,6 +530,9 @@ def trace(
         chunked = _chunked_head(model, blocks, inputs, mode, device, usable, unusable, head_chunk, autocast, keep_outputs)
         smaller = () if not chunked or chunked[3] is not None else _chunked_head(
             model, blocks, inputs, mode, device, usable, unusable, smaller_chunk, autocast, keep_outputs)
+        heads_chunked = (head_chunk,) if chunked and chunked[3] is None and "full" in chunked[0] else ()
+        mlp_rows, mlp_refused = _chunked_mlp(model, blocks, inputs, mode, device, mlp_chunk, heads_chunked, autocast,
+                                             keep_outputs) if "full" in usable and "full" not in unusable else ({}, None)
         remove(model)
         used: set[str] = set()
         step_flops, _per_module = _flops_step(model, inputs, mode, used, autocast)
@@ -505,4 +545,4 @@ def trace(
     for parameter in model.parameters():
         parameter.grad = None
     return Trace(base, seen, transient, step_flops, block_flops, recompute, unusable, frozenset(used), heads, *chunked,
-                 smaller_chunked=smaller)
+                 smaller_chunked=smaller, mlp_chunk=mlp_chunk, mlp_rows=mlp_rows, mlp_refused=mlp_refused)

@@ -9,7 +9,9 @@ one row per strategy (activation memory, predicted peak, whether it fits, FLOPs 
 ``--device-memory``, the cheapest per-block plan whose whole step fits (``--plan-json`` saves it for
 ``hf_ckpt.enable(model, plan=...)``). For a causal LM the row ``full+head:<tokens>`` is every block checkpointed
 with the output projection and loss in checkpointed chunks (``head_chunk_size``); a plan chunks the head only
-when nothing fits without. ``--check`` instead runs a real CPU step of a tiny model of the same
+when nothing fits without; ``--mlp-chunk-size`` adds the rows with every block's MLP in chunks too. ``--max-seq``
+(with ``--device-memory``, no ``--seq``) prints the longest sequence that fits instead (:mod:`hf_ckpt.estimate._max_seq`).
+``--check`` instead runs a real CPU step of a tiny model of the same
 architecture and compares it with the estimate. Exit status: 0, 1 when nothing fits (or the check fails), 2 for
 bad arguments. The parser; the run is :mod:`hf_ckpt.estimate._command_run`.
 """
@@ -55,7 +57,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Declare ``hf-ckpt estimate``'s options."""
     parser.add_argument("config", metavar="CONFIG", help="a config.json, or a folder holding one")
     parser.add_argument("--batch", type=int, required=True, help="sequences per step (per device)")
-    parser.add_argument("--seq", type=int, required=True, help="tokens per sequence")
+    parser.add_argument("--seq", type=int, default=None,
+                        help="tokens per sequence (required, but with --max-seq, which searches for it)")
     parser.add_argument("--dtype", default="bfloat16", help="bfloat16 (default), float16 or float32")
     parser.add_argument("--autocast", default=None, metavar="DTYPE",
                         help="mixed precision: forward under autocast to bfloat16 or float16, over --dtype weights "
@@ -86,6 +89,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--head-chunk-size", type=int, default=None, metavar="TOKENS",
                         help="tokens per chunk of the chunked head (the row full+head:TOKENS; default: chosen from "
                              "the vocabulary and hidden sizes, at least 128 tokens or the sequence length)")
+    parser.add_argument("--mlp-chunk-size", type=int, default=None, metavar="TOKENS",
+                        help="tokens per chunk of the chunked MLP (the rows full+mlp:TOKENS and "
+                             "full+head:<c>+mlp:TOKENS; default: not estimated, 4096 with --max-seq)")
+    parser.add_argument("--max-seq", action="store_true",
+                        help="with --device-memory: the longest --seq at --batch for which some plan fits (full; + head "
+                             "chunks; + MLP chunks; + checkpointed inputs offloaded, with --host-memory), the plan, and "
+                             "what binds at the next step up")
+    parser.add_argument("--host-memory", default=None, metavar="SIZE",
+                        help="with --max-seq: host memory for offloaded checkpointed inputs (256GiB); without it, no plan "
+                             "offloads")
+    parser.add_argument("--pcie-bandwidth", type=float, default=25.0, metavar="GB/S",
+                        help="with --max-seq: host<->device copy bandwidth in GB/s, against which offload copies are "
+                             "compared with a block's compute (default 25: PCIe 4.0 x16 effective)")
     parser.add_argument("--device-memory", default=None, metavar="SIZE",
                         help="memory of one device (80GiB): marks what fits and prints the cheapest plan that fits")
     parser.add_argument("--json", metavar="PATH", help="write the estimate (and the plan) as JSON to PATH")

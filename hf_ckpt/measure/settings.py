@@ -174,6 +174,21 @@ def _head(argument: str | None) -> Setting:
     )
 
 
+def _mlp(argument: str | None) -> Setting:
+    try:
+        tokens = int(argument) if argument is not None else 0
+    except ValueError:
+        tokens = 0
+    if tokens < 1:
+        raise ValueError(f"mlp needs a positive int, the tokens per chunk (mlp:4096); got mlp:{argument or ''}")
+    return Setting(
+        f"mlp:{tokens}",
+        f"hf_ckpt.enable(model, mlp_chunk_size={tokens}): every block, each block's MLP in chunks of {tokens} tokens",
+        apply=lambda model: apply_options(model, mlp_chunk_size=tokens),
+        remove=remove,
+    )
+
+
 def _upstream_functions() -> tuple[str, Any, Any]:
     """transformers' own enable/disable functions (the originals, if ``hf_ckpt.patch_transformers`` is active)."""
     from transformers import PreTrainedModel
@@ -399,6 +414,8 @@ _BUILT_IN = (
      "hf_ckpt.enable(model, offload=True): every block, inputs kept on host"),
     ("head", _head, "head:N",
      "hf_ckpt.enable(model, head_chunk_size=N): every block, a causal LM's head and loss in checkpointed chunks"),
+    ("mlp", _mlp, "mlp:N",
+     "hf_ckpt.enable(model, mlp_chunk_size=N): every block, each block's MLP in checkpointed chunks of N tokens"),
     ("upstream", _upstream, "upstream:full|upstream:every_n:N",
      "the same setting through transformers' own activation/gradient_checkpointing_enable"),
     ("selective", _selective, "selective[:POLICY]",

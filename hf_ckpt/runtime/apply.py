@@ -72,6 +72,7 @@ def install(model: nn.Module, config: CheckpointConfig, *, source: Source = Sour
     target = target_model(model)
     binding = None if pending else resolve(target, config)  # everything that can fail on this model fails here
     head = _head_runtime(target, config, budget, pending)
+    mlp = _mlp_runtime(target, config)
     outside = None if binding is None else _outside_modules(target, config, binding)
     if binding is not None and binding.legacy and wrappers is None:
         _warn_legacy(target)
@@ -91,6 +92,8 @@ def install(model: nn.Module, config: CheckpointConfig, *, source: Source = Sour
             _install_direct(state, binding)
     if head is not None:
         head.install(state, target)
+    if mlp is not None:
+        mlp.install(state, target)
     if outside is not None:  # one saved-tensor hook for both: recomputed modules, remade block outputs
         outside[0].install(state, [model, target], outside[1])
     guard = new_guard_hook(target) if binding is not None and wrappers is None else None
@@ -117,6 +120,19 @@ def _head_runtime(target: nn.Module, config: CheckpointConfig, budget: PlannedBu
     if refused and not pending:
         raise ValueError(f"head_chunk_size cannot apply to {type(target).__name__}: {refused}. Drop head_chunk_size.")
     return None if refused else _head
+
+
+def _mlp_runtime(target: nn.Module, config: CheckpointConfig) -> Any:
+    """The chunked MLP's module when ``mlp_chunk_size`` is given, else None; refused, with an error naming the
+    reason, where a block has no position-wise MLP child."""
+    if config.mlp_chunk_size is None:
+        return None
+    from hf_ckpt.runtime import mlp_chunks as _mlp  # deferred: the chunked MLP loads only when it may run
+
+    refused = _mlp.refusal(target)
+    if refused:
+        raise ValueError(f"mlp_chunk_size cannot apply to {type(target).__name__}: {refused}. Drop mlp_chunk_size.")
+    return _mlp
 
 
 def _outside_modules(target: nn.Module, config: CheckpointConfig, binding: Binding) -> tuple[Any, list] | None:

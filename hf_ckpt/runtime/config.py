@@ -29,7 +29,7 @@ from hf_ckpt.strategies import SELECTIVE, WHOLE_MODEL_STRATEGIES, Strategy, pars
 #: ``torch.utils.checkpoint.checkpoint``.
 HF_CKPT_KEYS = (
     "every_n_layers", "layers", "num_layers", "method", "strategy", "policy", "plan", "offload", "checkpoint_fn",
-    "head_chunk_size",
+    "head_chunk_size", "mlp_chunk_size",
 )
 
 
@@ -56,6 +56,14 @@ def _check_head_chunk_size(value: Any) -> None:
         raise TypeError(f"head_chunk_size must be {_HEAD_CHUNK_ACCEPTS}; got {value!r} of type {_type_name(value)}")
     if value is not None and value < 1:
         raise ValueError(f"head_chunk_size must be {_HEAD_CHUNK_ACCEPTS}; got {value!r}")
+
+
+_MLP_CHUNK_ACCEPTS = "a positive int (tokens per chunk of each block's MLP) or None (no chunking)"
+
+
+def _check_mlp_chunk_size(value: Any) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise ValueError(f"mlp_chunk_size must be {_MLP_CHUNK_ACCEPTS}; got {value!r} of type {_type_name(value)}")
 
 
 def _check_offload(value: Any) -> bool:
@@ -197,6 +205,8 @@ class CheckpointConfig:
             ``strategy="selective"`` (or a plan with selective blocks) or ``context_fn``.
         head_chunk_size: For a causal LM: run the output projection and the loss of a training step with labels
             over this many tokens at a time, each chunk checkpointed (:mod:`hf_ckpt.runtime.head`); ``None``: not chunked.
+        mlp_chunk_size: Run every block's MLP over this many tokens at a time, each chunk checkpointed, with grad
+            enabled (:mod:`hf_ckpt.runtime.mlp_chunks`); ``None``: not chunked.
     """
 
     every_n_layers: int = 1
@@ -210,10 +220,12 @@ class CheckpointConfig:
     checkpoint_kwargs: Mapping[str, Any] = field(default_factory=lambda: {"use_reentrant": False})
     checkpoint_fn: Any = None
     head_chunk_size: int | None = None
+    mlp_chunk_size: int | None = None
 
     def __post_init__(self) -> None:
         _check_every_n_layers(self.every_n_layers)
         _check_head_chunk_size(self.head_chunk_size)
+        _check_mlp_chunk_size(self.mlp_chunk_size)
         _check_offload(self.offload)
         object.__setattr__(self, "layers", _check_layers(self.layers))
         _check_num_layers(self.num_layers)
@@ -310,6 +322,8 @@ class CheckpointConfig:
             parts.append("offload=True")
         if self.head_chunk_size is not None:
             parts.append(f"head_chunk_size={self.head_chunk_size}")
+        if self.mlp_chunk_size is not None:
+            parts.append(f"mlp_chunk_size={self.mlp_chunk_size}")
         parts.extend(f"{key}={value!r}" for key, value in sorted(self.checkpoint_kwargs.items()))
         return ", ".join(parts)
 

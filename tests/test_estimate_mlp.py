@@ -1,0 +1,85 @@
+"""The chunked MLP (``mlp_chunk_size``) in the estimate: the rows ``full+mlp:<m>`` and ``full+head:<c>+mlp:<m>``.
+
+What users rely on: on a model whose MLP dominates (intermediate 16x hidden), the row's peak is far below ``full``'s
+and, measured on a CPU step, the retained bytes and the peak agree with the estimate within 3 %; a model that refuses
+the setting gets no row, the reason said; a bad chunk is refused at the call.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+
+import hf_ckpt
+from hf_ckpt.estimate import estimate
+from hf_ckpt.measure.memory import StorageTracker
+
+BATCH, SEQ, CHUNK = 2, 256, 64
+
+
+def _config(**overrides):
+    options = dict(hidden_size=64, intermediate_size=1024, num_attention_heads=4, num_key_value_heads=2,
+                   num_hidden_layers=4, vocab_size=256, max_position_embeddings=512)
+    return transformers.LlamaConfig(**{**options, **overrides})
+
+
+@pytest.fixture(scope="module")
+def made():
+    return estimate(_config(), batch_size=BATCH, seq_len=SEQ, dtype="float32", device="cpu",
+                    strategies=("none", "full"), head_chunk_size=CHUNK, mlp_chunk_size=CHUNK)
+
+
+@pytest.mark.slow
+def test_the_rows_of_the_chunked_mlp(made):
+    assert made.mlp_chunk_size == CHUNK
+    for name in (f"full+mlp:{CHUNK}", f"full+head:{CHUNK}+mlp:{CHUNK}"):
+        assert made.peak_bytes[name] - made.fixed_bytes < 0.4 * (made.peak_bytes["full"] - made.fixed_bytes)
+        assert made.step_flops[name] > made.step_flops["full"]  # each MLP recomputed once more, chunk by chunk
+        assert name in made.table()
+
+
+def test_a_model_that_refuses_it_gets_no_row_and_the_reason():
+    config = transformers.MixtralConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                        num_attention_heads=4, num_key_value_heads=2, vocab_size=64,
+                                        num_local_experts=4)
+    made = estimate(config, batch_size=1, seq_len=16, dtype="float32", device="cpu", strategies=("full",),
+                    mlp_chunk_size=4)
+    assert made.mlp_chunk_size is None and "full+mlp:4" not in made.peak_bytes
+    assert made.unusable["full+mlp:4"].startswith("mlp_chunk_size cannot apply to MixtralForCausalLM: the MLP of block 0")
+
+
+@pytest.mark.parametrize("value", [0, -1, "64"])
+def test_a_bad_chunk_is_refused_at_the_call(value):
+    with pytest.raises((ValueError, TypeError)) as raised:
+        estimate(_config(), batch_size=1, seq_len=16, mlp_chunk_size=value)
+    assert "mlp_chunk_size" in str(raised.value)
+
+
+def _measured(model, ids) -> tuple[int, int]:
+    """(bytes retained at the end of forward, peak of the step), gradients allocated before the step (as the
+    estimate counts them: whole, apart)."""
+    for parameter in model.parameters():
+        parameter.grad = torch.zeros_like(parameter)
+    with StorageTracker() as tracker:
+        loss = model(input_ids=ids, labels=ids).loss
+        retained = tracker.live_bytes().get("cpu", 0)
+        loss.backward()
+        del loss
+        peak = tracker.peak_bytes().get("cpu", 0)
+    return retained, peak
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore")
+def test_measured_memory_agrees_with_the_estimate_within_3_percent(made):
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(_config()).train()
+    ids = torch.randint(0, 256, (BATCH, SEQ), generator=torch.Generator().manual_seed(0))
+    for name, options in (("full", {}), (f"full+mlp:{CHUNK}", {"mlp_chunk_size": CHUNK}),
+                          (f"full+head:{CHUNK}+mlp:{CHUNK}", {"mlp_chunk_size": CHUNK, "head_chunk_size": CHUNK})):
+        hf_ckpt.enable(model, **options)
+        retained, peak = _measured(model, ids)
+        hf_ckpt.disable(model)
+        assert made.activation_bytes[name] == pytest.approx(retained, rel=0.03), name
+        assert made.peak_bytes[name] - made.fixed_bytes == pytest.approx(peak, rel=0.03), name
