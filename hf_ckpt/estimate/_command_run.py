@@ -7,6 +7,7 @@ import argparse
 import json
 import os
 from dataclasses import asdict
+from typing import Any
 
 from hf_ckpt.runtime.units import format_bytes, format_flops, parse_size
 from hf_ckpt.cli.errors import CommandError
@@ -139,7 +140,7 @@ def _plan_line(plan, made) -> str:
             f", FLOPs ratio {ratio:.3f}x{source}")
 
 
-def _max_seq(args: argparse.Namespace, device_memory: int | None) -> int:
+def _max_seq(args: argparse.Namespace, device_memory: int | None, quantization: Any) -> int:
     """``--max-seq``: the longest sequence that fits, printed (and written as JSON); 1 when nothing fits."""
     if device_memory is None:
         raise CommandError("--max-seq needs --device-memory (the memory the step must fit)")
@@ -151,9 +152,10 @@ def _max_seq(args: argparse.Namespace, device_memory: int | None) -> int:
         found = max_seq(args.config, device_memory=device_memory, batch_size=args.batch, host_memory=args.host_memory,
                         head_chunk_size=args.head_chunk_size, mlp_chunk_size=args.mlp_chunk_size,
                         pcie_bandwidth=args.pcie_bandwidth * 1e9, dtype=args.dtype, autocast=args.autocast,
-                        device=args.device, optimizer=args.optimizer, peft_config=_lora(args.lora_r),
+                        device=args.device, optimizer=args.optimizer, peft_config=_lora(args),
                         keep_outputs=args.keep_outputs, world_size=args.world_size, shard=args.shard,
-                        offload_optimizer=args.offload_optimizer, offload_parameters=args.offload_parameters)
+                        offload_optimizer=args.offload_optimizer, offload_parameters=args.offload_parameters,
+                        quantization_config=quantization, attn_implementation=args.attn)
     except (ValueError, FileNotFoundError) as error:
         raise CommandError(_option_names(str(error))) from None
     print(found)
@@ -165,8 +167,8 @@ def _max_seq(args: argparse.Namespace, device_memory: int | None) -> int:
     return 0 if found.seq_len else 1
 
 
-def run(args: argparse.Namespace) -> int:
-    """Run ``hf-ckpt estimate``; returns the exit status."""
+def _device_memory(args: argparse.Namespace) -> int | None:
+    """``--device-memory`` in bytes (None: not given), checked with the options that need it."""
     _folder_exists("--json", args.json)
     _folder_exists("--plan-json", args.plan_json)
     device_memory = None
@@ -177,6 +179,12 @@ def run(args: argparse.Namespace) -> int:
             raise CommandError(f"--device-memory: {error}") from None
     if args.plan_json is not None and device_memory is None:
         raise CommandError("--plan-json needs --device-memory (the plan is the cheapest that fits it)")
+    return device_memory
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``hf-ckpt estimate``; returns the exit status."""
+    device_memory = _device_memory(args)
     if args.check and args.keep_outputs:
         raise CommandError("--keep-outputs: --check compares the Trainer's step (outputs dropped) only; drop one")
     quantization = _quantization(args)
@@ -185,7 +193,7 @@ def run(args: argparse.Namespace) -> int:
     if args.check:
         return run_check(args.config)
     if args.max_seq:
-        return _max_seq(args, device_memory)
+        return _max_seq(args, device_memory, quantization)
     if args.seq is None:
         raise CommandError("--seq is required (tokens per sequence), but with --max-seq")
     if args.host_memory is not None:
