@@ -12,7 +12,7 @@
 2. **At the first training forward** (training mode, grad enabled) the hook reads the batch size and sequence
    length from the forward's arguments (the model's ``main_input_name``, ``inputs_embeds``, decoder inputs and
    labels: the longest sequence), estimates the step with :func:`hf_ckpt.estimate.estimate` on meta and fake
-   tensors (no real step, no allocation), under the autocast the forward runs in (:mod:`hf_ckpt.budget.precision`),
+   tensors (no real step, no allocation), under the autocast the forward runs in (:mod:`hf_ckpt.meters.precision`),
    solves the cheapest plan within the budget and applies it through
    the normal binding, before any block of this step runs; the first step's recompute probe measures it as it
    measures any setting. One INFO line on the ``hf_ckpt`` logger gives the budget, the shapes, the plan and its
@@ -49,7 +49,7 @@ from hf_ckpt.runtime.apply import apply_config, install
 from hf_ckpt.runtime.binding import resolve
 from hf_ckpt.runtime.compat import has_peft_adapters
 from hf_ckpt.budget.optimizer_states import pending_state_bytes, unwrap
-from hf_ckpt.budget.precision import autocast_dtype
+from hf_ckpt.meters.precision import autocast_dtype
 from hf_ckpt.runtime.state import CheckpointState, Source, get_state
 from hf_ckpt.runtime.target import target_model
 from hf_ckpt.runtime.units import format_bytes, precision_label

@@ -7,7 +7,7 @@
 * :func:`plan_for` -> :class:`~hf_ckpt.CheckpointPlan`: the cheapest per-block plan within a budget, solved by
   :func:`hf_ckpt.planning.planner.solve` on the estimate's per-block profile (no sample batch, no real step).
   ``hf_ckpt.plan(config, batch_size=..., seq_len=..., budget=...)`` calls it.
-* ``hf-ckpt estimate CONFIG --batch B --seq S`` (:mod:`hf_ckpt.estimate.command`) prints the table.
+* ``hf-ckpt estimate CONFIG --batch B --seq S`` (:mod:`hf_ckpt.cli.estimate`) prints the table.
 
 The package is callable, so ``hf_ckpt.estimate(config, batch_size=1, seq_len=8192)`` works while
 ``hf_ckpt.estimate.plan_for`` stays reachable; names load on first use (the command must not import torch for

@@ -17,7 +17,7 @@ import torch
 
 from hf_ckpt.runtime.apply import apply_options, remove
 from hf_ckpt.runtime.units import format_bytes, format_flops
-from hf_ckpt.measure.step import measure_step
+from hf_ckpt.meters.step import measure_step
 from hf_ckpt.estimate._estimate import estimate
 from hf_ckpt.estimate._model import load_config, model_class
 from hf_ckpt.strategies import kind_class

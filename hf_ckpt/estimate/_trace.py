@@ -37,8 +37,8 @@ from hf_ckpt.runtime.target import target_model
 from hf_ckpt.runtime._torch import TorchDispatchMode, tree_leaves, tree_map
 from hf_ckpt.runtime.blocks import Block
 from hf_ckpt.runtime.config import CheckpointConfig
-from hf_ckpt.measure.memory import StorageTracker, block_labels
-from hf_ckpt.measure.step import loss_of
+from hf_ckpt.meters.memory import StorageTracker, block_labels
+from hf_ckpt.meters.step import loss_of
 from hf_ckpt.runtime.plans import CheckpointPlan
 from hf_ckpt.strategies.selective.policy import SelectiveRecomputeError
 from hf_ckpt.strategies import kind_class

@@ -23,12 +23,12 @@ from torch import nn
 from hf_ckpt.runtime import _torch
 from hf_ckpt.runtime.apply import apply_options, remove
 from hf_ckpt.runtime.warn import warn_once
-from hf_ckpt.patch import original
+from hf_ckpt.runtime.upstream import original
 from hf_ckpt.planning.planner import plan as make_plan
 from hf_ckpt.strategies.selective.policy import SELECTIVE_POLICIES
 from hf_ckpt.strategies.oplevel.spec import OpLevel
 from hf_ckpt.measure._compiled import CompiledReference, compile_unavailable, seeded_unavailable
-from hf_ckpt.measure.step import training_step
+from hf_ckpt.meters.step import training_step
 
 
 @dataclass(frozen=True)

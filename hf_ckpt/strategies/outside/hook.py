@@ -13,7 +13,7 @@ plan names in ``outside_blocks``:
    module's ``forward`` again on the same inputs (no hooks, no grad, the autocast state of the forward), once per
    call. Its consumers (the LM head, the blocks, the loss) then hold only the inputs, which are kept anyway.
 
-Only cheap modules qualify: the planner (:func:`hf_ckpt.strategies.outside.menu.cheap_modules`) measures one forward and picks the outermost modules that hold
+Only cheap modules qualify: the planner (:func:`hf_ckpt.planning.menus.outside.cheap_modules`) measures one forward and picks the outermost modules that hold
 no block, spend at most a few FLOPs per output element (norms, activations, rotary
 tables, embeddings, a whole embeddings module) and draw no random numbers outside torch's dropout modules: those
 are made again from the RNG state the call drew from. A call's argument that is the unchanged output of an

@@ -3,3 +3,13 @@ partitioner, run in eager mode. ``spec`` is its registered :class:`~hf_ckpt.Bloc
 and ``boundary`` are its runtime (the split graphs, the recomputable norms, the block output remade in backward);
 ``menu`` is the lab's part: the partition options each block type offers a planner, measured in real steps.
 """
+
+from hf_ckpt.runtime.kinds import register_lazy
+
+
+def _kind():
+    from hf_ckpt.strategies.partition.spec import Partition  # loaded when a setting first uses the kind
+    return Partition
+
+
+register_lazy("partition", _kind)

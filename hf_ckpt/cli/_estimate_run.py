@@ -1,5 +1,5 @@
 """``hf-ckpt estimate``, run: the estimate printed (and written as JSON), the cheapest plan that fits, or
-``--check`` (the parser is :mod:`hf_ckpt.estimate.command`)."""
+``--check`` (the parser is :mod:`hf_ckpt.cli.estimate`)."""
 
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ one row per strategy (activation memory, predicted peak, whether it fits, FLOPs 
 with the output projection and loss in checkpointed chunks (``head_chunk_size``); a plan chunks the head only
 when nothing fits without. ``--check`` instead runs a real CPU step of a tiny model of the same
 architecture and compares it with the estimate. Exit status: 0, 1 when nothing fits (or the check fails), 2 for
-bad arguments. The parser; the run is :mod:`hf_ckpt.estimate._command_run`.
+bad arguments. The parser; the run is :mod:`hf_ckpt.cli._estimate_run`.
 """
 
 from __future__ import annotations
@@ -63,4 +63,4 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="compare the estimate with a real CPU step of a tiny model of this architecture")
 
 
-run = runner("hf_ckpt.estimate._command_run:run")
+run = runner("hf_ckpt.cli._estimate_run:run")

@@ -4,8 +4,8 @@ Every planner states its choices the same way, as a menu: per block, a list of :
 block retains with it, its cost, a tie-break rank and the recompute FLOPs to report), plus the bytes retained outside
 the blocks. The measured block planner (:mod:`hf_ckpt.planning.planner`) and the estimated plans
 (:mod:`hf_ckpt.estimate`) pass a :class:`BlockProfile` to :func:`solve`, which reads its menu (:meth:`BlockProfile.menu`);
-the op-level planner (:mod:`hf_ckpt.strategies.oplevel.menu`) passes its menu, into which the partition and outside
-menus (:mod:`hf_ckpt.strategies.partition.menu`, :mod:`hf_ckpt.strategies.outside.menu`) put their options, to
+the op-level planner (:mod:`hf_ckpt.planning.menus.oplevel`) passes its menu, into which the partition and outside
+menus (:mod:`hf_ckpt.planning.menus.partition`, :mod:`hf_ckpt.planning.menus.outside`) put their options, to
 :func:`solve_menu` with ``exact=True``.
 
 Retained bytes add up over blocks, so the problem is a multiple-choice knapsack: reach the required savings (the
