@@ -99,7 +99,7 @@ def seeded_unavailable() -> str | None:
 def _saving_random_partitioner() -> Any:
     """An inductor ``custom_partitioner_fn``: the min-cut partitioner, with every node that draws random numbers
     marked ``MUST_SAVE`` (its output, a seed or a mask, is kept for backward instead of drawn again there)."""
-    from functorch.compile import min_cut_rematerialization_partition
+    min_cut_rematerialization_partition = _torch.aot_partitioner().min_cut_rematerialization_partition
     from torch.utils.checkpoint import CheckpointPolicy
 
     class SavingRandom(_torch.custom_partitioner_class()):

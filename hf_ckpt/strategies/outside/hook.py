@@ -43,7 +43,7 @@ from hf_ckpt.strategies.partition.boundary import pack as boundary_pack
 from hf_ckpt.strategies.partition.boundary import unpack as _unpack
 from hf_ckpt.runtime.rng import rng_state, set_rng_state
 from hf_ckpt.runtime.storage import storage_of
-from hf_ckpt.runtime._torch import saved_tensors_hook_active, version_counter, view_base
+from hf_ckpt.runtime._torch import saved_alpha, saved_tensors_hook_active, version_counter, view_base
 from hf_ckpt.runtime.warn import warn_once
 
 #: A module's recompute counts as cheap up to this many matmul-class FLOPs per element of its output.
@@ -228,7 +228,7 @@ def _sum_of_outputs(nodes: dict, node: Any, output_nr: int, depth: int = 0) -> A
     parts = [_sum_of_outputs(nodes, *operand, depth + 1) for operand in node.next_functions]
     if None in parts:
         return None
-    return functools.partial(_added, *parts, getattr(node, "_saved_alpha", 1))
+    return functools.partial(_added, *parts, saved_alpha(node))
 
 
 def _added(first: Any, second: Any, alpha: Any) -> torch.Tensor:
