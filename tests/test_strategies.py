@@ -129,22 +129,6 @@ _PACKAGE = Path(hf_ckpt.__file__).parent
 #: ``CheckpointConfig.strategy``, the default, asks whether a strategy was given, whatever its kind).
 _NAMES = {*strategies.kinds(), *FINER_CHOICES}
 _CONSTANTS = {"NONE", "FULL", "SELECTIVE"}
-#: Comparisons with the same words that are not about a strategy kind: (file, expression) -> why.
-_OTHER_WORDS = {
-    ("cli/_bench_run.py", "setting.name == 'none'"): "the bench's baseline setting (measure.settings' own names)",
-    ("measure/report.py", "'full' in report"): "a bench setting named full",
-    ("measure/report.py", "'selective' not in report"): "a bench setting named selective",
-    ("measure/report.py", "result.setting in ('full', 'none')"): "bench settings named full and none",
-    ("measure/settings.py", "inner == 'full'"): "the argument of the bench setting upstream:full",
-    ("estimate/_estimate.py", "'full' not in activation"): "the estimate's row named full (a JSON key)",
-    ("estimate/_check.py", "'full' not in strategies"): "the estimate's rows asked for: full's row is what the chunked "
-    "head's row follows",
-    ("estimate/_estimate.py", "'full' not in traced.chunked_base"): "the traced row named full",
-    ("estimate/_sharding.py", "name == 'none'"): "a sharding named none",
-    ("integrations/deepspeed.py", "value not in (None, False, 0, 'none', 'auto')"): "a DeepSpeed config value",
-}
-
-
 def _names_a_kind(node: ast.AST) -> bool:
     if isinstance(node, ast.Constant) and isinstance(node.value, str):
         return node.value.partition(":")[0] in _NAMES
@@ -170,15 +154,16 @@ def _kind_comparisons(source: str) -> list[tuple[int, str]]:
 
 
 def test_no_strategy_name_is_compared_outside_the_registry():
-    """Adding a kind is one folder and one registration: outside ``hf_ckpt/strategies/`` the package asks the
-    registry or the kind (``recomputes``, ``takes_policy``, ``refuses``, ...), never compares a spelling."""
+    """Adding a kind is one folder and one registration: outside ``hf_ckpt/strategies/`` and the registry
+    (``runtime/kinds.py``) the package asks the registry or the kind (``recomputes``, ``takes_policy``, ``refuses``,
+    ``keeps_everything``, ...), never compares a spelling. Other namespaces that share a word (the bench's settings,
+    the estimate's rows, shardings) name theirs with their own constants. No exception."""
     found = []
     for path in sorted(_PACKAGE.rglob("*.py")):
         relative = path.relative_to(_PACKAGE).as_posix()
-        if relative.startswith("strategies/"):
+        if relative.startswith("strategies/") or relative == "runtime/kinds.py":
             continue
-        found += [f"hf_ckpt/{relative}:{line}: {text}" for line, text in _kind_comparisons(path.read_text())
-                  if (relative, text) not in _OTHER_WORDS]
+        found += [f"hf_ckpt/{relative}:{line}: {text}" for line, text in _kind_comparisons(path.read_text())]
     assert not found, "strategy names compared outside hf_ckpt/strategies/:\n" + "\n".join(found)
 
 

@@ -9,6 +9,7 @@ import os
 
 from hf_ckpt.runtime.units import format_bytes, format_flops, parse_size
 from hf_ckpt.cli.errors import CommandError
+from hf_ckpt.strategies import ALL_STRATEGIES
 from hf_ckpt.estimate._check import run_check
 from hf_ckpt.estimate._estimate import estimate
 from hf_ckpt.estimate._plan import plan_from_estimate, step_transient
@@ -45,7 +46,7 @@ def _option_names(message: str) -> str:
 
 
 def _plan_line(plan, made) -> str:
-    counts = {s: plan.strategies.count(s) for s in ("full", "selective", "none")}
+    counts = {s: plan.strategies.count(s) for s in ALL_STRATEGIES}
     ratio = (made.step_flops["none"] + plan.predicted_recompute_flops) / made.step_flops["none"]
     peak = made.fixed_bytes + plan.predicted_bytes + step_transient(made, plan.head_chunk_size or False)
     head = "" if plan.head_chunk_size is None else f", head in chunks of {plan.head_chunk_size} tokens"

@@ -18,7 +18,7 @@ import torch
 from hf_ckpt.runtime.apply import apply_options, remove
 from hf_ckpt.runtime.units import format_bytes, format_flops
 from hf_ckpt.meters.step import measure_step
-from hf_ckpt.estimate._estimate import estimate
+from hf_ckpt.estimate._estimate import EVERY_BLOCK_ROW, estimate
 from hf_ckpt.estimate._model import load_config, model_class
 from hf_ckpt.strategies import kind_class
 
@@ -117,6 +117,6 @@ def run_check(source: Any, strategies: tuple[str, ...] = ("none", "full", "every
 def _chunked_head_row(predicted: Any, strategies: tuple[str, ...]) -> tuple[str, ...]:
     """The row ``full+head:<chunk>`` of a causal LM (estimated, or listed in ``unusable`` with the reason), after
     ``full``; none for a model with no chunked head to estimate."""
-    if "full" not in strategies:
+    if EVERY_BLOCK_ROW not in strategies:
         return ()
     return tuple(name for name in (*predicted.activation_bytes, *predicted.unusable) if name.startswith("full+head:"))

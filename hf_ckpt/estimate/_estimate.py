@@ -24,7 +24,9 @@ from hf_ckpt.estimate._result import MemoryEstimate
 from hf_ckpt.estimate._sharding import check_sharding, shard_estimate
 from hf_ckpt.estimate._trace import TRACED, Trace, fake_mode, to_fake, trace
 
-DEFAULT_STRATEGIES = ("none", "full", "every_n:2", "selective")
+#: The row of every block checkpointed whole: the chunked head's row (``full+head:<chunk>``) builds on it.
+EVERY_BLOCK_ROW = "full"
+DEFAULT_STRATEGIES = ("none", EVERY_BLOCK_ROW, "every_n:2", "selective")
 
 _NOTES = (
     "activations: bytes of tensor storages alive when forward returns, traced on fake tensors (allocator "
@@ -182,10 +184,10 @@ def _head_chunks(config: Any, batch_size: int, seq_len: int, given: int | None) 
 def _with_chunked_head(traced: Trace, figures: tuple, fixed: int, step_peak: int) -> None:
     """Adds the row ``full+head:<chunk>`` (every block full, the head chunked) to the per-strategy figures."""
     activation, peak, recompute, step, ratio, unusable = figures
-    if traced.head_chunk is None or "full" not in activation:
+    if traced.head_chunk is None or EVERY_BLOCK_ROW not in activation:
         return
     name = f"full+head:{traced.head_chunk}"
-    if traced.chunked_refused is not None or "full" not in traced.chunked_base:
+    if traced.chunked_refused is not None or EVERY_BLOCK_ROW not in traced.chunked_base:
         unusable[name] = traced.chunked_refused or "the chunked head was not traced"
         return
     activation[name] = activation["full"] - traced.base_bytes["full"] + traced.chunked_base["full"]

@@ -31,6 +31,10 @@ from hf_ckpt.measure._compiled import CompiledReference, compile_unavailable, se
 from hf_ckpt.meters.step import training_step
 
 
+#: The bench's settings that checkpoint nothing (the baseline), every block and every block selectively.
+BASELINE, EVERY_BLOCK, EVERY_BLOCK_SELECTIVE = "none", "full", "selective"
+
+
 @dataclass(frozen=True)
 class Setting:
     """A named configuration the benchmark can switch on and off (``"every_n:2"``, ``"plan:0.5"``).
@@ -190,7 +194,7 @@ def _upstream(argument: str | None) -> Setting:
     if argument is None:
         raise ValueError(f"upstream needs the setting to compare, {accepted}; got upstream")
     inner, colon, inner_argument = argument.partition(":")
-    if inner == "full" and not colon:
+    if inner == EVERY_BLOCK and not colon:
         n = 1
     elif inner == "every_n":
         n = _every_n(inner_argument if colon else None, spelled="upstream:every_n")

@@ -160,6 +160,11 @@ def kind_of(spelling: str) -> str:
     return spelling.partition(":")[0]
 
 
+def keeps_everything(name: str) -> bool:
+    """Whether ``name`` spells a kind that recomputes nothing (``none``); False for any other name (``"outside"``)."""
+    return kind_of(name) in _registered and not strategy_class(kind_of(name)).recomputes
+
+
 def kind_class(spelling: str) -> type["Strategy"]:
     """The class of ``spelling``'s kind, to ask it (``kind_class(s).recomputes``) without parsing its argument."""
     return strategy_class(kind_of(spelling))

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from hf_ckpt.runtime.kinds import (
     ALL_STRATEGIES, FULL, MODIFIERS, NONE, SELECTIVE, WHOLE_MODEL_STRATEGIES, BlockStrategy, Full, NoCheckpoint, Setting,
-    Strategy, Wrap, kind_class, kind_of, kinds, parse, register, strategy_class, summary_order,
+    Strategy, Wrap, keeps_everything, kind_class, kind_of, kinds, parse, register, strategy_class,
+    summary_order,
 )
 from hf_ckpt.strategies import oplevel, outside, partition, selective  # noqa: F401  (each registers its kind)
 
