@@ -10,11 +10,9 @@ from the first batch and saves the plan in the Trainer's ``output_dir`` (the pat
 
 from __future__ import annotations
 
-from typing import Any
-
 from hf_ckpt.runtime import upstream
 from hf_ckpt.runtime.upstream import PATCHED_NAMES as _PATCHED_NAMES
-from hf_ckpt.runtime.upstream import original
+from hf_ckpt.runtime.upstream import original  # noqa: F401  (hf_ckpt.patch.original, as before)
 from hf_ckpt.runtime.warn import warn_once
 from hf_ckpt.mixin import GradientCheckpointingMixin
 

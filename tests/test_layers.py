@@ -228,6 +228,17 @@ def test_the_contract_check_sees_an_import_inside_a_function_that_climbs(tmp_pat
     assert _lint(config) == 1
 
 
+@pytest.mark.any_release
+def test_every_caller_goes_through_the_parsed_request():
+    """One door in: a config is made from the user's (or the lab's) arguments only by ``EnableRequest``
+    (``runtime/request.py``); every other module hands a parsed request on (``runtime.apply.apply_request``)."""
+    making = [str(path.relative_to(PACKAGE)) for path in sorted(PACKAGE.rglob("*.py"))
+              if path.relative_to(PACKAGE).as_posix() not in ("runtime/request.py", "runtime/config.py")
+              and any(isinstance(node, ast.Attribute) and node.attr == "from_arguments"
+                      for node in ast.walk(ast.parse(path.read_text())))]
+    assert making == []
+
+
 _STEP = """
 import json, sys, warnings
 import torch

@@ -45,7 +45,7 @@ import torch
 from torch import nn
 
 from hf_ckpt.budget import forms as _budget
-from hf_ckpt.runtime.apply import apply_config, install
+from hf_ckpt.runtime.apply import apply_request, install
 from hf_ckpt.runtime.binding import resolve
 from hf_ckpt.runtime.compat import has_peft_adapters
 from hf_ckpt.budget.optimizer_states import pending_state_bytes, unwrap
@@ -151,7 +151,7 @@ def enable_within(model: nn.Module, request: EnableRequest) -> nn.Module:
     policy = request.options.get("policy")
     made = make_plan(model, request.sample_inputs, request.budget, policy=policy, **dict(request.kwargs_dict or {}))
     takes_policy = any(kind_class(s).takes_policy for s in made.strategies)
-    return apply_config(model, request.config_with(plan=made, policy=policy if takes_policy else None))
+    return apply_request(model, request, plan=made, policy=policy if takes_policy else None)
 
 
 def defer(model: nn.Module, request: EnableRequest) -> nn.Module:

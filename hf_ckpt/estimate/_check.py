@@ -15,7 +15,8 @@ from typing import Any
 
 import torch
 
-from hf_ckpt.runtime.apply import apply_options, remove
+from hf_ckpt.runtime.apply import apply_request, remove
+from hf_ckpt.runtime.request import EnableRequest
 from hf_ckpt.runtime.units import format_bytes, format_flops
 from hf_ckpt.meters.step import measure_step
 from hf_ckpt.estimate._estimate import EVERY_BLOCK_ROW, estimate
@@ -95,11 +96,11 @@ def run_check(source: Any, strategies: tuple[str, ...] = ("none", "full", "every
             continue
         remove(model)
         if strategy.startswith("every_n:"):
-            apply_options(model, every_n_layers=int(strategy.split(":")[1]))
+            apply_request(model, EnableRequest.of(every_n_layers=int(strategy.split(":")[1])))
         elif strategy.startswith("full+head:"):
-            apply_options(model, head_chunk_size=int(strategy.split(":")[1]))
+            apply_request(model, EnableRequest.of(head_chunk_size=int(strategy.split(":")[1])))
         elif kind_class(strategy).recomputes:
-            apply_options(model, strategy=strategy)
+            apply_request(model, EnableRequest.of(strategy=strategy))
         measured = measure_step(model, batch)
         memory = 100.0 * (predicted.activation_bytes[strategy] - measured.retained_bytes) / max(1, measured.retained_bytes)
         flops = 100.0 * (predicted.step_flops[strategy] - measured.flops) / max(1, measured.flops)

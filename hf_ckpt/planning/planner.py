@@ -42,7 +42,7 @@ from hf_ckpt.solver.knapsack import budget_bytes as _in_bytes
 from hf_ckpt.runtime.target import target_model
 from hf_ckpt.runtime.units import format_bytes as _mib
 from hf_ckpt.runtime.units import parse_budget
-from hf_ckpt.runtime.config import CheckpointConfig
+from hf_ckpt.runtime.request import EnableRequest
 from hf_ckpt.estimate import plan_for
 from hf_ckpt.meters.step import LossFn
 from hf_ckpt.planning.menus.oplevel import plan_oplevel
@@ -132,8 +132,8 @@ def plan(
         if reason is not None:
             raise ValueError(f"strategies: {kind!r} cannot run here: {reason}")
     check_trainable(target_model(model), "plan: ")
-    CheckpointConfig.from_arguments(checkpoint_kwargs, dict_name="checkpoint_kwargs", policy=policy,
-                                    strategy="selective" if policy is not None else None)
+    EnableRequest.parse(checkpoint_kwargs, "checkpoint_kwargs", takes_budget=False, policy=policy,
+                        strategy="selective" if policy is not None else None)  # checked as enable checks them
     if set(FINER_CHOICES) & set(strategies):  # finer options: hf_ckpt.strategies.oplevel plans
         return plan_oplevel(model, sample_inputs, budget, strategies=strategies, policy=policy, loss_fn=loss_fn,
                             **checkpoint_kwargs)

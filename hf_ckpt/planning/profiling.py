@@ -23,13 +23,13 @@ from typing import Any, Iterator, Mapping, Sequence
 import torch
 from torch import nn
 
-from hf_ckpt.runtime.apply import apply_config, remove
+from hf_ckpt.runtime.apply import apply_request, remove
 from hf_ckpt.planning.preserve import preserved
 from hf_ckpt.solver.knapsack import BlockProfile
+from hf_ckpt.runtime.request import EnableRequest
 from hf_ckpt.runtime.state import suspended
 from hf_ckpt.runtime.target import target_model
 from hf_ckpt.runtime.blocks import Block, find_blocks
-from hf_ckpt.runtime.config import CheckpointConfig
 from hf_ckpt.meters.flops import count_flops
 from hf_ckpt.meters.memory import StorageTracker, block_labels
 from hf_ckpt.meters.step import LossFn, loss_of, model_device, run_forward
@@ -69,8 +69,8 @@ def apply_setting(model: nn.Module, checkpoint_kwargs: Mapping[str, Any], **sett
     """Take back the model's checkpointing setting and apply ``setting`` (a ``strategy``, a ``plan``, ...) with
     ``checkpoint_kwargs``: how a profiling step configures the model."""
     remove(model)
-    apply_config(model, CheckpointConfig.from_arguments(dict(checkpoint_kwargs), dict_name="checkpoint_kwargs",
-                                                        **setting))
+    apply_request(model, EnableRequest.parse(dict(checkpoint_kwargs), "checkpoint_kwargs", takes_budget=False,
+                                             **setting))
 
 
 def measured_step(model: nn.Module, blocks: list[Block], inputs: Mapping[str, Any],

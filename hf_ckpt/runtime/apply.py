@@ -8,7 +8,7 @@ that record says the model had; :func:`checkpointed_layers` reads back which blo
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from typing import Any, Callable
 
 from torch import nn
 
@@ -22,6 +22,7 @@ from hf_ckpt.runtime.target import target_model
 from hf_ckpt.runtime.warn import warn_once
 from hf_ckpt.runtime.blocks import find_blocks
 from hf_ckpt.runtime.config import CheckpointConfig
+from hf_ckpt.runtime.request import EnableRequest
 from hf_ckpt.runtime import extensions
 
 
@@ -36,15 +37,11 @@ def _warn_legacy(target: nn.Module) -> None:
     )
 
 
-def apply_options(model: nn.Module, kwargs_dict: Mapping[str, Any] | None = None,
-                  dict_name: str = "checkpoint_kwargs", **options: Any) -> nn.Module:
-    """:func:`apply_config` of the config these options make (:meth:`~hf_ckpt.CheckpointConfig.from_arguments`)."""
-    return apply_config(model, CheckpointConfig.from_arguments(kwargs_dict, dict_name=dict_name, **options))
-
-
-def apply_config(model: nn.Module, config: CheckpointConfig) -> nn.Module:
-    """Enable checkpointing on ``model`` as ``config`` says (:func:`install` with the flags)."""
-    install(model, config)
+def apply_request(model: nn.Module, request: EnableRequest, **changes: Any) -> nn.Module:
+    """Enable checkpointing on ``model`` as the parsed ``request`` says, with ``changes`` to its options (a budget's
+    plan): :func:`install` with the flags. The one door of every caller, the lab's included; a request's budget is
+    planned by the lab first (:mod:`hf_ckpt.budget.deferred`), which comes back here with the plan."""
+    install(model, request.config_with(**changes) if changes else request.config)
     return model
 
 

@@ -61,16 +61,26 @@ class EnableRequest:
             _check_budget_alone(self.config)
 
     @classmethod
-    def parse(cls, kwargs_dict: Mapping[str, Any] | None, dict_name: str, **arguments: Any) -> "EnableRequest":
+    def parse(cls, kwargs_dict: Mapping[str, Any] | None, dict_name: str, *, takes_budget: bool = True,
+              **arguments: Any) -> "EnableRequest":
         """The request of a ``gradient_checkpointing_enable``-style call: hf_ckpt's options as ``arguments`` (None:
         not given) or as keys of ``kwargs_dict`` (named ``dict_name`` in errors; the caller's dict is never
-        modified), the rest for ``torch.utils.checkpoint.checkpoint``."""
+        modified), the rest for ``torch.utils.checkpoint.checkpoint``. ``takes_budget=False``: a call that takes no
+        budget (``hf_ckpt.distributed.apply``), where ``budget`` is an unknown keyword as any other."""
         remaining = dict(kwargs_dict) if isinstance(kwargs_dict, Mapping) else kwargs_dict
+        if not takes_budget:
+            return cls(arguments, remaining, dict_name)
         budget = _given_once(arguments.pop("budget", None), remaining)
         keep_outputs = _keep_outputs(arguments.pop("keep_outputs", _ABSENT), remaining)
         sample_inputs = arguments.pop("sample_inputs", None)
         options = {name: value for name, value in arguments.items() if value is not None}
         return cls(options, remaining, dict_name, budget, sample_inputs, keep_outputs)
+
+    @classmethod
+    def of(cls, **options: Any) -> "EnableRequest":
+        """The request of ``hf_ckpt.enable(model, **options)``: how the lab (the bench, the planners' profiling, the
+        estimate's check) sets a model up, through the same door as users."""
+        return cls.parse(None, "checkpoint_kwargs", **options)
 
     def config_with(self, **changes: Any) -> CheckpointConfig:
         """The config of this request with ``changes`` to its options (``plan=``: a budget's plan; None: not given)."""
