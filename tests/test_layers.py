@@ -229,6 +229,19 @@ def test_the_contract_check_sees_an_import_inside_a_function_that_climbs(tmp_pat
 
 
 @pytest.mark.any_release
+def test_the_architecture_page_draws_the_contracts_layers_and_states_the_line_bound():
+    """docs/architecture.md's tree lists the packages top to bottom as the contract does, and its figure of lines a
+    training step may load is this test's."""
+    page = (PACKAGE.parent / "docs" / "architecture.md").read_text()
+    tree = page[page.index("```text\nhf_ckpt/\n") + len("```text\nhf_ckpt/\n"):]
+    tree = tree[:tree.index("```")]
+    drawn = [line.split()[0].rstrip("/").removesuffix(".py") for line in tree.splitlines()
+             if line.startswith("  ") and not line.startswith("   ") and line.split()[1] in ("PUBLIC", "LAB", "RUNTIME")]
+    assert drawn == [name for names in reversed(_CLIMBS.LAYERS) for name in names]
+    assert f"at most {RUNTIME_LINES:,} lines of hf_ckpt" in page.replace("\n", " ")
+
+
+@pytest.mark.any_release
 def test_every_caller_goes_through_the_parsed_request():
     """One door in: a config is made from the user's (or the lab's) arguments only by ``EnableRequest``
     (``runtime/request.py``); every other module hands a parsed request on (``runtime.apply.apply_request``)."""
