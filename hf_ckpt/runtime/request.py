@@ -7,6 +7,7 @@ arguments. The setting itself is a :class:`~hf_ckpt.runtime.config.CheckpointCon
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -56,7 +57,8 @@ class EnableRequest:
             object.__setattr__(self, "budget", parse_budget(self.budget, with_auto=deferred))
         if deferred and not isinstance(self.keep_outputs, bool):
             raise ValueError(f"keep_outputs must be True or False; got {self.keep_outputs!r}")
-        object.__setattr__(self, "config", self.config_with())
+        config = CheckpointConfig.from_arguments(self.kwargs_dict, dict_name=self.dict_name, **self.options)
+        object.__setattr__(self, "config", config)  # the one place the arguments are read
         if deferred:
             _check_budget_alone(self.config)
 
@@ -83,9 +85,9 @@ class EnableRequest:
         return cls.parse(None, "checkpoint_kwargs", **options)
 
     def config_with(self, **changes: Any) -> CheckpointConfig:
-        """The config of this request with ``changes`` to its options (``plan=``: a budget's plan; None: not given)."""
-        options = {**self.options, **changes}
-        return CheckpointConfig.from_arguments(self.kwargs_dict, dict_name=self.dict_name, **options)
+        """The parsed config with ``changes`` to its fields (``plan=``: a budget's plan), checked again as a whole;
+        the arguments are not read again."""
+        return dataclasses.replace(self.config, **changes)
 
 
 def _given_once(argument: Any, kwargs_dict: dict[str, Any] | None) -> Any:
