@@ -273,13 +273,6 @@ def _plan_checks(report: BenchmarkReport) -> list[Check]:
     return found
 
 
-def overhead_vs(report: BenchmarkReport, setting: str, reference: str) -> float:
-    """How much slower ``setting``'s step is than ``reference``'s: the median over rounds of the ratio of the two
-    steps of the same round, less 1. Pairing by round cancels the drift both see (rounds interleave them)."""
-    ratios = [ours / theirs for ours, theirs in zip(report[setting].step_times_s, report[reference].step_times_s)]
-    return median(ratios) - 1
-
-
 def _blocks(blocks: list[int]) -> str:
     if not blocks:
         return "-"
