@@ -19,9 +19,8 @@ from hf_ckpt.runtime.apply import apply_request, remove
 from hf_ckpt.runtime.request import EnableRequest
 from hf_ckpt.runtime.units import format_bytes, format_flops
 from hf_ckpt.meters.step import measure_step
-from hf_ckpt.estimate._estimate import EVERY_BLOCK_ROW, estimate
+from hf_ckpt.estimate._estimate import CHUNKED_HEAD_ROW, EVERY_BLOCK_ROW, estimate, row_options
 from hf_ckpt.estimate._model import load_config, model_class
-from hf_ckpt.strategies import kind_class
 
 #: Tiny sizes by config attribute name.
 _SIZES = {
@@ -95,12 +94,9 @@ def run_check(source: Any, strategies: tuple[str, ...] = ("none", "full", "every
             print(f"  {strategy:12s} not estimated: {predicted.unusable.get(strategy, '')[:120]}")
             continue
         remove(model)
-        if strategy.startswith("every_n:"):
-            apply_request(model, EnableRequest.of(every_n_layers=int(strategy.split(":")[1])))
-        elif strategy.startswith("full+head:"):
-            apply_request(model, EnableRequest.of(head_chunk_size=int(strategy.split(":")[1])))
-        elif kind_class(strategy).recomputes:
-            apply_request(model, EnableRequest.of(strategy=strategy))
+        options = row_options(strategy)
+        if options:
+            apply_request(model, EnableRequest.of(**options))
         measured = measure_step(model, batch)
         memory = 100.0 * (predicted.activation_bytes[strategy] - measured.retained_bytes) / max(1, measured.retained_bytes)
         flops = 100.0 * (predicted.step_flops[strategy] - measured.flops) / max(1, measured.flops)
@@ -120,4 +116,4 @@ def _chunked_head_row(predicted: Any, strategies: tuple[str, ...]) -> tuple[str,
     ``full``; none for a model with no chunked head to estimate."""
     if EVERY_BLOCK_ROW not in strategies:
         return ()
-    return tuple(name for name in (*predicted.activation_bytes, *predicted.unusable) if name.startswith("full+head:"))
+    return tuple(name for name in (*predicted.activation_bytes, *predicted.unusable) if name.startswith(CHUNKED_HEAD_ROW))
