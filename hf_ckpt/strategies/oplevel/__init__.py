@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from hf_ckpt.runtime.kinds import register_lazy
+from hf_ckpt.runtime.kinds import Strategy, register_lazy
 from hf_ckpt.runtime.lazy import lazy_exports
 
 #: Public name -> the module that defines it, loaded on first use (PEP 562).
@@ -30,7 +30,7 @@ if TYPE_CHECKING:  # for type checkers and the API docs: the same names, importe
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 
-def _kind():
+def _kind() -> type[Strategy]:
     from hf_ckpt.strategies.oplevel.spec import OpLevel  # loaded when a setting first uses the kind
     return OpLevel
 

@@ -5,10 +5,10 @@ the partition options each block type offers a planner are the lab's (:mod:`hf_c
 The package registers the kind when ``hf_ckpt`` is imported; ``spec`` loads when a setting first uses it.
 """
 
-from hf_ckpt.runtime.kinds import register_lazy
+from hf_ckpt.runtime.kinds import Strategy, register_lazy
 
 
-def _kind():
+def _kind() -> type[Strategy]:
     from hf_ckpt.strategies.partition.spec import Partition  # loaded when a setting first uses the kind
     return Partition
 

@@ -2,10 +2,10 @@
 registered :class:`~hf_ckpt.BlockStrategy`; ``policy`` is its runtime (the policies, what keeps which op's output).
 """
 
-from hf_ckpt.runtime.kinds import register_lazy
+from hf_ckpt.runtime.kinds import Strategy, register_lazy
 
 
-def _kind():
+def _kind() -> type[Strategy]:
     from hf_ckpt.strategies.selective.spec import Selective  # loaded when a setting first uses the kind
     return Selective
 
