@@ -151,7 +151,7 @@ def register(cls: type[Strategy]) -> type[Strategy]:
 
 
 def register_lazy(kind: str, load: Callable[[], type[Strategy]]) -> None:
-    """Register ``kind``, its class loaded by ``load()`` (and given ``kind``) the first time a setting uses it."""
+    """Register ``kind``, its class (of that ``kind``) loaded by ``load()`` the first time a setting uses it."""
     _registered[kind], _loaders[kind] = None, load
 
 
@@ -186,8 +186,10 @@ def strategy_class(kind: str) -> type[Strategy]:
     if kind not in _registered:
         raise ValueError(_unknown(kind))
     if _registered[kind] is None:
-        cls = _registered[kind] = _loaders[kind]()
-        cls.kind = kind
+        cls = _loaders[kind]()
+        if cls.kind != kind:
+            raise TypeError(f"the class registered as kind {kind!r} is {cls.__name__}, of kind {cls.kind!r}")
+        _registered[kind] = cls
     return _registered[kind]
 
 

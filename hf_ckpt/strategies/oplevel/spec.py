@@ -18,6 +18,7 @@ class OpLevel(Strategy):
         saved: The op occurrences it keeps.
     """
 
+    kind = "oplevel"
     uses_context_fn = True
     refuses = CONTEXT_FN_REFUSES
 

@@ -22,6 +22,7 @@ class Partition(Strategy):
         norms: Whether norms and softmaxes may be recomputed.
     """
 
+    kind = "partition"
     saved_tensor_hook = True
     #: Every modifier: a partitioned block runs its own graphs, not ``torch.utils.checkpoint``.
     refuses = frozenset(MODIFIERS)
