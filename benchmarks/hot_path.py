@@ -64,7 +64,7 @@ def _slowdown_hook(seconds: float):
 
 
 def _profile_setting(model, batch, loss_fn, setting, steps: int) -> dict[str, object]:
-    from hf_ckpt.measure.step import training_step
+    from hf_ckpt.meters.step import training_step
 
     setting.apply(model)
     try:
@@ -118,7 +118,7 @@ def _verdict(model, batch, loss_fn, pairs, slowdown: float, repeat: int) -> None
     from hf_ckpt.runtime.state import get_state
     from hf_ckpt.measure import report as reporting
     from hf_ckpt.measure import run_benchmark
-    from hf_ckpt.measure.step import training_step
+    from hf_ckpt.meters.step import training_step
 
     reference = {}  # upstream's step by every_n_layers: the busy-wait is slowdown x the step it is added to
     for ours, theirs in pairs:

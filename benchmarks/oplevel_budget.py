@@ -42,8 +42,8 @@ import torch
 import hf_ckpt
 from hf_ckpt.measure import measure_step
 from hf_ckpt.measure.bench import run_benchmark
-from hf_ckpt.measure.flops import count_flops
-from hf_ckpt.measure.step import training_step
+from hf_ckpt.meters.flops import count_flops
+from hf_ckpt.meters.step import training_step
 from hf_ckpt.measure.settings import parse_setting
 from hf_ckpt.measure.workload import build_workload
 from hf_ckpt.measure._compiled import CompiledReference

@@ -28,10 +28,11 @@ import sys
 import torch
 
 import hf_ckpt
-from hf_ckpt.measure.step import training_step
+from hf_ckpt.meters.step import training_step
 from hf_ckpt.measure.timing import CLOCKS, interleaved_step_times
 from hf_ckpt.measure.workload import build_workload
-from hf_ckpt.strategies.oplevel import frontier, profile_ops
+from hf_ckpt.planning.menus.oplevel import profile_ops
+from hf_ckpt.strategies.oplevel import frontier
 
 
 def main(argv: list[str] | None = None) -> int:

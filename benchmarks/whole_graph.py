@@ -29,7 +29,7 @@ import sys
 
 import torch
 
-from hf_ckpt.measure.step import training_step
+from hf_ckpt.meters.step import training_step
 from hf_ckpt.measure.workload import build_workload
 from hf_ckpt.measure._compiled import CompiledReference
 from hf_ckpt.strategies.partition.graph import _DROPOUT_AS_MASK, _eager, _partition_replaying_random_ops

@@ -266,7 +266,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "oplevel_plan_rounded",
         "the op-level planner finds the cheapest plan whose exact bytes fit, not only those its rounding sees",
-        "hf_ckpt/planning/solver.py",
+        "hf_ckpt/solver/knapsack.py",
         "        found = _exact_plan(menu, none, required, max_states)\n",
         "        found = None  # mutant: savings rounded to a byte unit\n",
         ("tests/test_solver.py",),
@@ -298,7 +298,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "outside_leaves_only",
         "cheap_modules takes a module that holds others whole",
-        "hf_ckpt/strategies/outside/menu.py",
+        "hf_ckpt/planning/menus/outside.py",
         "             if name and not any(id(d) in inside for d in m.modules())}\n",
         "             if name and not any(id(d) in inside for d in m.modules()) and not any(True for _ in m.children())}\n",
         ("tests/test_outside.py",),

@@ -9,8 +9,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from hf_ckpt.runtime.lazy import lazy_exports
+from hf_ckpt.runtime.version import VERSION
 
-__version__ = "0.1.0"
+# The packages that extend the runtime register with it (the kinds, the guard, the unwrappers), loading no torch.
+from hf_ckpt import distributed, integrations, strategies  # noqa: F401
+
+__version__ = VERSION
 
 #: Public name -> the module that defines it.
 _EXPORTS = {

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from torch import nn
 
-from hf_ckpt.runtime.apply import apply_config, remove
+from hf_ckpt.runtime.apply import apply_request, remove
 from hf_ckpt.runtime.apply import checkpointed_layers as _measured_or_flagged
 from hf_ckpt.runtime.request import EnableRequest
 
@@ -37,7 +37,7 @@ def configure(model: nn.Module, kwargs_dict: Mapping[str, Any] | None, dict_name
     become one :class:`~hf_ckpt.runtime.request.EnableRequest`, read by nothing else."""
     request = EnableRequest.parse(kwargs_dict, dict_name, **options)
     if request.budget is None:
-        return apply_config(model, request.config)
+        return apply_request(model, request)
     from hf_ckpt.budget import deferred as _deferred  # deferred: the lab (planner, estimator) loads only when a budget is asked for
 
     return _deferred.enable_within(model, request)

@@ -10,18 +10,14 @@ from the first batch and saves the plan in the Trainer's ``output_dir`` (the pat
 
 from __future__ import annotations
 
-from typing import Any
-
+from hf_ckpt.runtime import upstream
+from hf_ckpt.runtime.upstream import PATCHED_NAMES as _PATCHED_NAMES
+from hf_ckpt.runtime.upstream import original  # noqa: F401  (hf_ckpt.patch.original, as before)
 from hf_ckpt.runtime.warn import warn_once
 from hf_ckpt.mixin import GradientCheckpointingMixin
 
-_PATCHED_NAMES = (
-    "gradient_checkpointing_enable",
-    "gradient_checkpointing_disable",
-    "activation_checkpointing_enable",
-    "activation_checkpointing_disable",
-)
-_originals: dict[str, Any] = {}
+#: Upstream's methods while the patch is in effect (the runtime's record: :func:`hf_ckpt.runtime.upstream.original`).
+_originals = upstream.ORIGINALS
 
 
 def _patchable_names() -> list[str]:
@@ -82,16 +78,3 @@ def unpatch_transformers() -> None:
             "it after hf_ckpt did, and restoring upstream's method would undo that patch.",
             key=f"unpatch:{replaced}",
         )
-
-
-def original(name: str) -> Any:
-    """Upstream's ``PreTrainedModel.<name>``, also while :func:`patch_transformers` is in effect."""
-    from transformers import PreTrainedModel
-
-    if name not in _PATCHED_NAMES:
-        raise ValueError(f"name must be one of {', '.join(_PATCHED_NAMES)}; got {name!r}")
-    if name in _originals:
-        return _originals[name]
-    if name not in PreTrainedModel.__dict__:
-        raise ValueError(f"transformers.PreTrainedModel has no {name} in this release")
-    return PreTrainedModel.__dict__[name]

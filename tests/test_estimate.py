@@ -116,7 +116,7 @@ def test_autocast_retained_bytes_equal_a_step_whose_forward_runs_under_autocast(
 def _loop_keeping_outputs(model, batch, keep):
     """Bytes a real CPU step holds at the end of forward: ``outputs = model(**batch)`` kept through
     ``outputs.loss.backward()`` (``keep``), or the loss alone (the Trainer's step)."""
-    from hf_ckpt.measure.memory import StorageTracker
+    from hf_ckpt.meters.memory import StorageTracker
 
     model.zero_grad(set_to_none=True)
     with StorageTracker() as tracker:

@@ -11,7 +11,7 @@ import hf_ckpt.runtime.warn
 from hf_ckpt.measure import measure_step
 from hf_ckpt.strategies.partition import graph as _partition
 from hf_ckpt.strategies.partition.graph import partition_unavailable, partitioned_checkpoint
-from hf_ckpt.strategies.partition.menu import partition_options
+from hf_ckpt.planning.menus.partition import partition_options
 from helpers import VOCAB, tiny_bert, tiny_gpt2, tiny_llama
 
 pytestmark = pytest.mark.skipif(partition_unavailable() is not None, reason=str(partition_unavailable()))

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import hf_ckpt
-from hf_ckpt.strategies.outside.menu import cheap_modules
+from hf_ckpt.planning.menus.outside import cheap_modules
 from hf_ckpt.runtime.blocks import find_blocks
 from hf_ckpt.measure import measure_step
 from helpers import VOCAB, max_grad_diff, tiny_bert, tiny_gpt2, tiny_llama, train_step
@@ -246,7 +246,7 @@ def test_the_sum_of_gpt2s_token_and_position_embeddings_is_made_again_where_both
 def test_a_recomputed_dropout_keeps_one_rng_state():
     """The RNG state a recomputed dropout drew from makes its output again and replays its checkpoint's recompute:
     one state per call (torch's checkpoint would keep a copy of its own)."""
-    from hf_ckpt.measure.memory import StorageTracker
+    from hf_ckpt.meters.memory import StorageTracker
 
     model, batch = tiny_gpt2(), _batch()  # blocks plain: no other RNG state is kept
     state_bytes = torch.get_rng_state().untyped_storage().nbytes()

@@ -1,4 +1,4 @@
-"""The one solver (hf_ckpt.planning.solver): the exact choice on small hand-made menus, both ways (quantised for the
+"""The one solver (hf_ckpt.solver.knapsack): the exact choice on small hand-made menus, both ways (quantised for the
 block planners, exact for the op-level planner), the cheapest fitting plan against brute force, and the error where
 no plan fits."""
 
@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from hf_ckpt.planning.solver import BlockProfile, Option, solve, solve_menu
+from hf_ckpt.solver.knapsack import BlockProfile, Option, solve, solve_menu
 
 
 def _menu(*blocks):

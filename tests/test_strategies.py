@@ -1,5 +1,5 @@
 """The strategy registry: one place reads a spelling, each kind checks and builds its own function, a new kind is
-one class, and a kind's module loads only when a setting uses it."""
+one registered class, and a kind's module loads only when a setting uses it."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import torch.utils.checkpoint
 
 import hf_ckpt
 from hf_ckpt import strategies
+from hf_ckpt.runtime import kinds as registry
 from hf_ckpt.strategies import Strategy, parse, register
 from hf_ckpt.strategies import FINER_CHOICES, OUTSIDE, PLANNER_CHOICES
 from fresh import run_fresh
@@ -75,7 +76,6 @@ class _Counted(Strategy):
 
 
 def test_a_new_kind_is_one_registered_class(monkeypatch):
-    monkeypatch.setitem(strategies.KIND_MODULES, "counted", __name__)
     register(_Counted)
     try:
         model, batch = tiny_llama(), batch_for(tiny_llama())
@@ -83,7 +83,7 @@ def test_a_new_kind_is_one_registered_class(monkeypatch):
         hf_ckpt.enable(model, plan=hf_ckpt.CheckpointPlan(strategies=("counted", "none", "counted", "none")))
         recomputed, grads = recomputed_in_step(model, batch)
     finally:
-        strategies._registered.pop("counted")
+        registry._registered.pop("counted")
     assert recomputed == [0, 2]
     assert _Counted.calls == 2
     assert max_grad_diff(reference, grads) < 1e-6
@@ -127,28 +127,8 @@ def test_a_kinds_module_loads_only_when_a_setting_uses_it(plan, loaded, not_load
 _PACKAGE = Path(hf_ckpt.__file__).parent
 #: The registry's names for kinds and planner choices, and its constants that hold them (comparing with
 #: ``CheckpointConfig.strategy``, the default, asks whether a strategy was given, whatever its kind).
-_NAMES = {*strategies.KIND_MODULES, *FINER_CHOICES}
+_NAMES = {*strategies.kinds(), *FINER_CHOICES}
 _CONSTANTS = {"NONE", "FULL", "SELECTIVE"}
-#: Comparisons with the same words that are not about a strategy kind: (file, expression) -> why.
-_OTHER_WORDS = {
-    ("cli/_bench_run.py", "setting.name == 'none'"): "the bench's baseline setting (measure.settings' own names)",
-    ("measure/report.py", "'full' in report"): "a bench setting named full",
-    ("measure/report.py", "'selective' not in report"): "a bench setting named selective",
-    ("measure/report.py", "result.setting in ('full', 'none')"): "bench settings named full and none",
-    ("measure/settings.py", "inner == 'full'"): "the argument of the bench setting upstream:full",
-    ("estimate/_estimate.py", "'full' not in activation"): "the estimate's row named full (a JSON key)",
-    ("estimate/_check.py", "'full' not in strategies"): "the estimate's rows asked for: full's row is what the chunked "
-    "head's row follows",
-    ("estimate/_estimate.py", "'full' not in traced.chunked_base"): "the traced row named full",
-    ("estimate/_trace.py", "'full' in chunked[0]"): "the chunked head's traced row named full, on which the chunked "
-    "MLP's rows build",
-    ("estimate/_trace.py", "'full' in usable"): "the chunked MLP's rows are traced with every block full",
-    ("estimate/_trace.py", "'full' not in unusable"): "the chunked MLP's rows are traced with every block full",
-    ("estimate/_sharding.py", "name == 'none'"): "a sharding named none",
-    ("integrations/deepspeed.py", "value not in (None, False, 0, 'none', 'auto')"): "a DeepSpeed config value",
-}
-
-
 def _names_a_kind(node: ast.AST) -> bool:
     if isinstance(node, ast.Constant) and isinstance(node.value, str):
         return node.value.partition(":")[0] in _NAMES
@@ -174,15 +154,16 @@ def _kind_comparisons(source: str) -> list[tuple[int, str]]:
 
 
 def test_no_strategy_name_is_compared_outside_the_registry():
-    """Adding a kind is one folder and one registration: outside ``hf_ckpt/strategies/`` the package asks the
-    registry or the kind (``recomputes``, ``takes_policy``, ``refuses``, ...), never compares a spelling."""
+    """Adding a kind is one folder and one registration: outside ``hf_ckpt/strategies/`` and the registry
+    (``runtime/kinds.py``) the package asks the registry or the kind (``recomputes``, ``takes_policy``, ``refuses``,
+    ``keeps_everything``, ...), never compares a spelling. Other namespaces that share a word (the bench's settings,
+    the estimate's rows, shardings) name theirs with their own constants. No exception."""
     found = []
     for path in sorted(_PACKAGE.rglob("*.py")):
         relative = path.relative_to(_PACKAGE).as_posix()
-        if relative.startswith("strategies/"):
+        if relative.startswith("strategies/") or relative == "runtime/kinds.py":
             continue
-        found += [f"hf_ckpt/{relative}:{line}: {text}" for line, text in _kind_comparisons(path.read_text())
-                  if (relative, text) not in _OTHER_WORDS]
+        found += [f"hf_ckpt/{relative}:{line}: {text}" for line, text in _kind_comparisons(path.read_text())]
     assert not found, "strategy names compared outside hf_ckpt/strategies/:\n" + "\n".join(found)
 
 
@@ -200,7 +181,7 @@ def test_the_comparison_check_sees_each_form(line):
 
 def test_every_kind_names_only_known_modifiers_and_partition_refuses_them_all():
     """The one table of which kind takes which modifier: each kind's ``refuses``, read by every check."""
-    for kind in strategies.KIND_MODULES:
+    for kind in strategies.kinds():
         assert strategies.strategy_class(kind).refuses <= set(strategies.MODIFIERS), kind
     assert strategies.strategy_class("partition").refuses == set(strategies.MODIFIERS)
     assert strategies.strategy_class("selective").refuses == {"use_reentrant=True", "checkpoint_fn", "context_fn"}
@@ -208,6 +189,6 @@ def test_every_kind_names_only_known_modifiers_and_partition_refuses_them_all():
 
 
 def test_outside_is_a_planner_choice_and_no_kind():
-    assert OUTSIDE in PLANNER_CHOICES and OUTSIDE not in strategies.KIND_MODULES
+    assert OUTSIDE in PLANNER_CHOICES and OUTSIDE not in strategies.kinds()
     with pytest.raises(ValueError, match="each plan strategy must be one of"):
         hf_ckpt.CheckpointPlan(("outside",))

@@ -32,10 +32,14 @@ def test_no_other_module_of_the_package_names_a_private_torch_api():
 
 
 def _torch_private_attributes() -> frozenset[str]:
-    """The private names (a leading underscore, no dunder) torch's modules, tensors, parameters and aten ops have,
-    read from torch itself: an access ``x._name`` with one of them is a use of a private torch attribute."""
+    """The private names (a leading underscore, no dunder) torch's objects have, read from torch itself: modules,
+    tensors, parameters, aten ops, autograd nodes (an ``AddBackward0``'s ``_saved_alpha``) and AOT autograd's boxed
+    functions (``_boxed_call``). An access ``x._name`` with one of them is a use of a private torch attribute."""
     op = torch.ops.aten.mm
-    holders = (nn.Module, nn.Module(), torch.Tensor, torch.ones(1), nn.Parameter(torch.ones(1)), op, op.default)
+    node = torch.ones(1, requires_grad=True).add(torch.ones(1, requires_grad=True), alpha=2).grad_fn
+    boxed = _torch.aot_partitioner().make_boxed_func(lambda args: args) if _torch.aot_partitioner() else None
+    holders = (nn.Module, nn.Module(), torch.Tensor, torch.ones(1), nn.Parameter(torch.ones(1)), op, op.default, node,
+               boxed)
     return frozenset(name for holder in holders for name in dir(holder)
                      if name.startswith("_") and not (name.startswith("__") and name.endswith("__")))
 
@@ -55,7 +59,7 @@ def _own_attributes(tree: ast.AST) -> set[int]:
 def _private_torch_uses(source: str, private: frozenset[str]) -> list[str]:
     """Each use of a private torch name in ``source``: ``x._attr`` (or ``getattr``/``hasattr``/``setattr`` with that
     name) for a torch private attribute, ``torch._x`` / ``torch.a._x``, ``import torch._x``,
-    ``from torch... import _x``."""
+    ``from torch... import _x``, and any import of ``functorch`` (torch's ``torch._functorch`` under a public name)."""
     tree, found = ast.parse(source), []
     own = _own_attributes(tree)
     for node in ast.walk(tree):
@@ -72,8 +76,9 @@ def _private_torch_uses(source: str, private: frozenset[str]) -> list[str]:
             names = [alias.name for alias in node.names]
             dotted = [module] if isinstance(node, ast.ImportFrom) else names
             imported = names if isinstance(node, ast.ImportFrom) else []
-            if any(m.split(".")[0] == "torch" and (any(p.startswith("_") for p in m.split(".")) or any(
-                    n.startswith("_") for n in imported)) for m in dotted):
+            if any(m.split(".")[0] == "functorch" or m.split(".")[0] == "torch" and (any(
+                    p.startswith("_") for p in m.split(".")) or any(n.startswith("_") for n in imported))
+                   for m in dotted):
                 found.append(f"{node.lineno}: {ast.unparse(node)}")
     return found
 
@@ -94,10 +99,11 @@ def test_no_other_module_uses_a_private_torch_attribute():
 def test_the_private_attribute_count_finds_each_form():
     private = _torch_private_attributes()
     assert {"_version", "_base", "_modules", "_parameters", "_buffers", "_call_impl", "_forward_hooks",
-            "_schema"} <= private
+            "_schema", "_saved_alpha", "_boxed_call"} <= private
     forms = ["t._version", "m._modules.get('x')", "getattr(op, '_schema', None)", "torch._C.foo()",
              "torch.utils._pytree.tree_map", "import torch._dynamo", "from torch.utils import _pytree",
-             "from torch._functorch import partitioners", "nn.Module._call_impl"]
+             "from torch._functorch import partitioners", "nn.Module._call_impl", "getattr(node, '_saved_alpha', 1)",
+             "noting._boxed_call = True", "from functorch.compile import make_boxed_func", "import functorch.compile"]
     assert [len(_private_torch_uses(form, private)) for form in forms] == [1] * len(forms)
     fine = ["t.version", "self._hf_ckpt_state", "torch.nn.Module", "from torch import nn", "getattr(m, '_hf_x')",
             "class A:\n    def f(self):\n        self._indices = 1\n        return self._indices"]

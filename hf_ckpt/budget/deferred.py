@@ -12,7 +12,7 @@
 2. **At the first training forward** (training mode, grad enabled) the hook reads the batch size and sequence
    length from the forward's arguments (the model's ``main_input_name``, ``inputs_embeds``, decoder inputs and
    labels: the longest sequence), estimates the step with :func:`hf_ckpt.estimate.estimate` on meta and fake
-   tensors (no real step, no allocation), under the autocast the forward runs in (:mod:`hf_ckpt.budget.precision`),
+   tensors (no real step, no allocation), under the autocast the forward runs in (:mod:`hf_ckpt.meters.precision`),
    solves the cheapest plan within the budget and applies it through
    the normal binding, before any block of this step runs; the first step's recompute probe measures it as it
    measures any setting. One INFO line on the ``hf_ckpt`` logger gives the budget, the shapes, the plan and its
@@ -45,11 +45,11 @@ import torch
 from torch import nn
 
 from hf_ckpt.budget import forms as _budget
-from hf_ckpt.runtime.apply import apply_config, install
+from hf_ckpt.runtime.apply import apply_request, install
 from hf_ckpt.runtime.binding import resolve
 from hf_ckpt.runtime.compat import has_peft_adapters
 from hf_ckpt.budget.optimizer_states import pending_state_bytes, unwrap
-from hf_ckpt.budget.precision import autocast_dtype
+from hf_ckpt.meters.precision import autocast_dtype
 from hf_ckpt.runtime.state import CheckpointState, Source, get_state, peek_state
 from hf_ckpt.runtime.target import target_model
 from hf_ckpt.runtime.units import format_bytes, precision_label
@@ -151,7 +151,7 @@ def enable_within(model: nn.Module, request: EnableRequest) -> nn.Module:
     policy = request.options.get("policy")
     made = make_plan(model, request.sample_inputs, request.budget, policy=policy, **dict(request.kwargs_dict or {}))
     takes_policy = any(kind_class(s).takes_policy for s in made.strategies)
-    return apply_config(model, request.config_with(plan=made, policy=policy if takes_policy else None))
+    return apply_request(model, request, plan=made, policy=policy if takes_policy else None)
 
 
 def defer(model: nn.Module, request: EnableRequest) -> nn.Module:

@@ -16,7 +16,7 @@ from hf_ckpt.runtime.units import format_bytes, precision_label
 from hf_ckpt.measure import report as reporting
 from hf_ckpt.measure import workload
 from hf_ckpt.measure.bench import environment, run_benchmark, steps_of
-from hf_ckpt.measure.settings import parse_settings, upstream_supports
+from hf_ckpt.measure.settings import BASELINE, parse_settings, upstream_supports
 from hf_ckpt.cli._workload import build_workload_from
 from hf_ckpt.cli.bench import NAME
 from hf_ckpt.cli.errors import CommandError
@@ -83,7 +83,7 @@ def _run(args: argparse.Namespace, chosen: list, device: Any, clock: str) -> int
             exit_code=1,
         )
     info = {"model": work.info, "environment": environment()}
-    count = len(chosen) + (0 if any(setting.name == "none" for setting in chosen) else 1)
+    count = len(chosen) + (0 if any(setting.name == BASELINE for setting in chosen) else 1)
     bar = _progress_bar(steps_of(count, repeat=args.repeat, warmup=args.warmup), args.progress)
     try:
         report = run_benchmark(

@@ -19,7 +19,7 @@ COMMANDS: tuple[str, ...] = (
     "hf_ckpt.cli.bench",
     "hf_ckpt.cli.plan",
     "hf_ckpt.cli.verify",
-    "hf_ckpt.estimate.command",
+    "hf_ckpt.cli.estimate",
 )
 
 

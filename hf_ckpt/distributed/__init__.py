@@ -10,12 +10,13 @@
 ``hf_ckpt.enable`` itself works under the engines; ``docs/guides/distributed.md`` gives the order of calls each
 engine needs.
 
-The names load on first use (PEP 562): the runtime's guard hook imports :mod:`hf_ckpt.distributed.checks` without
-loading the wrappers, and :mod:`hf_ckpt.distributed.wrapper` installs through :mod:`hf_ckpt.runtime.apply`.
+The names load on first use (PEP 562). Imported with ``hf_ckpt``, the package registers its guard and the blocks
+engines' wrappers cover with the runtime (:mod:`hf_ckpt.runtime.extensions`), loading them at their first call.
 """
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from hf_ckpt.runtime import extensions
 from hf_ckpt.runtime.lazy import lazy_exports
 
 _EXPORTS = {"guard": ".checks", "unguard": ".checks", "apply": ".wrapper", "remove": ".wrapper",
@@ -27,3 +28,15 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
     from hf_ckpt.distributed.wrapper import apply, remove, wrapped_layers
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+
+
+@extensions.register_guard
+def _guard_hook(target: Any) -> Any:
+    from hf_ckpt.distributed import checks  # deferred (as below): registering must not load torch
+    return checks.new_hook(target)
+
+
+@extensions.register_wrapped_blocks
+def _wrapped_blocks(target: Any) -> Any:
+    from hf_ckpt.distributed import _engines
+    return _engines.wrapped_blocks(target)

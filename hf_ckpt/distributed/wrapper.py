@@ -127,7 +127,7 @@ def apply(model: nn.Module, **options: Any) -> nn.Module:
             "checkpointing off (accelerate: fsdp_activation_checkpointing: false) and call "
             "hf_ckpt.distributed.apply alone."
         )
-    config = EnableRequest(kwargs_dict=options).config  # enable's options, parsed as enable parses them
+    config = EnableRequest.parse(options, "checkpoint_kwargs", takes_budget=False).config  # parsed as enable's
     install(model, config, source=Source.DISTRIBUTED, wrappers=_wrap_blocks)
     guard(target)  # on the model until unguard: it outlives the setting
     return model

@@ -9,7 +9,7 @@
   ``hf_ckpt.plan(config, batch_size=..., seq_len=..., budget=...)`` calls it.
 * :func:`max_seq` -> :class:`MaxSeq`: the longest sequence for which some plan fits a device (and host) memory
   (``hf-ckpt estimate CONFIG --max-seq --device-memory SIZE [--host-memory SIZE]``).
-* ``hf-ckpt estimate CONFIG --batch B --seq S`` (:mod:`hf_ckpt.estimate.command`) prints the table.
+* ``hf-ckpt estimate CONFIG --batch B --seq S`` (:mod:`hf_ckpt.cli.estimate`) prints the table.
 
 The package is callable, so ``hf_ckpt.estimate(config, batch_size=1, seq_len=8192)`` works while
 ``hf_ckpt.estimate.plan_for`` stays reachable; names load on first use (the command must not import torch for

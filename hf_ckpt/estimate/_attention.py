@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 from hf_ckpt.runtime import _torch
-from hf_ckpt.budget.precision import autocast_state
+from hf_ckpt.meters.precision import autocast_state
 
 #: Devices the estimate knows a kernel model for.
 DEVICES = ("cuda", "cpu")

@@ -15,13 +15,13 @@ from typing import Any
 
 import torch
 
-from hf_ckpt.runtime.apply import apply_options, remove
+from hf_ckpt.runtime.apply import apply_request, remove
+from hf_ckpt.runtime.request import EnableRequest
 from hf_ckpt.runtime.units import format_bytes, format_flops
-from hf_ckpt.measure.step import measure_step
-from hf_ckpt.estimate._estimate import estimate
+from hf_ckpt.meters.step import measure_step
+from hf_ckpt.estimate._estimate import CHUNKED_HEAD_ROW, EVERY_BLOCK_ROW, estimate, row_options
 from hf_ckpt.estimate._labels import batch_for
 from hf_ckpt.estimate._model import load_config, model_class
-from hf_ckpt.strategies import kind_class
 
 #: Tiny sizes by config attribute name.
 _SIZES = {
@@ -96,12 +96,9 @@ def run_check(source: Any, strategies: tuple[str, ...] = ("none", "full", "every
             print(f"  {strategy:12s} not estimated: {predicted.unusable.get(strategy, '')[:120]}")
             continue
         remove(model)
-        if strategy.startswith("every_n:"):
-            apply_options(model, every_n_layers=int(strategy.split(":")[1]))
-        elif strategy.startswith("full+head:"):
-            apply_options(model, head_chunk_size=int(strategy.split(":")[1]))
-        elif kind_class(strategy).recomputes:
-            apply_options(model, strategy=strategy)
+        options = row_options(strategy)
+        if options:
+            apply_request(model, EnableRequest.of(**options))
         measured = measure_step(model, batch)
         memory = 100.0 * (predicted.activation_bytes[strategy] - measured.retained_bytes) / max(1, measured.retained_bytes)
         flops = 100.0 * (predicted.step_flops[strategy] - measured.flops) / max(1, measured.flops)
@@ -119,6 +116,6 @@ def run_check(source: Any, strategies: tuple[str, ...] = ("none", "full", "every
 def _chunked_head_row(predicted: Any, strategies: tuple[str, ...]) -> tuple[str, ...]:
     """The row ``full+head:<chunk>`` of a causal LM (estimated, or listed in ``unusable`` with the reason), after
     ``full``; none for a model with no chunked head to estimate."""
-    if "full" not in strategies:
+    if EVERY_BLOCK_ROW not in strategies:
         return ()
-    return tuple(name for name in (*predicted.activation_bytes, *predicted.unusable) if name.startswith("full+head:"))
+    return tuple(name for name in (*predicted.activation_bytes, *predicted.unusable) if name.startswith(CHUNKED_HEAD_ROW))

@@ -10,6 +10,7 @@ from torch import nn
 
 from hf_ckpt.runtime import head as _head
 from hf_ckpt.runtime.plans import CheckpointPlan
+from hf_ckpt.strategies import kind_class
 from hf_ckpt.estimate import _arguments as arguments
 from hf_ckpt.estimate._attention import attention_model
 from hf_ckpt.estimate._model import (
@@ -26,7 +27,11 @@ from hf_ckpt.estimate._result import MemoryEstimate
 from hf_ckpt.estimate._sharding import check_sharding, shard_estimate
 from hf_ckpt.estimate._trace import TRACED, Trace, fake_mode, to_fake, trace
 
-DEFAULT_STRATEGIES = ("none", "full", "every_n:2", "selective")
+#: The row of every block checkpointed whole: the chunked head's row (``full+head:<chunk>``) builds on it.
+EVERY_BLOCK_ROW = "full"
+#: The prefixes of the rows that are no kind: every n-th block full, every block full with the head in chunks.
+EVERY_N_ROW, CHUNKED_HEAD_ROW = "every_n:", f"{EVERY_BLOCK_ROW}+head:"
+DEFAULT_STRATEGIES = ("none", EVERY_BLOCK_ROW, "every_n:2", "selective")
 
 _NOTES = (
     "activations: bytes of tensor storages alive when forward returns, traced on fake tensors (allocator "
@@ -99,11 +104,20 @@ def _traced_name(full_blocks: list, traced_blocks: list, representative: Sequenc
     return rename
 
 
+def row_options(row: str) -> dict[str, Any]:
+    """The ``hf_ckpt.enable`` options that set a model up as the estimate's row ``row`` says ({} for ``none``)."""
+    if row.startswith(EVERY_N_ROW):
+        return {"every_n_layers": int(row.split(":", 1)[1])}
+    if row.startswith(CHUNKED_HEAD_ROW):
+        return {"head_chunk_size": int(row.split(":", 1)[1])}
+    return {"strategy": row} if kind_class(row).recomputes else {}
+
+
 def _per_block(strategy: Any, num_blocks: int) -> tuple[str, ...]:
     if isinstance(strategy, CheckpointPlan):
         strategy.check_fits(num_blocks)
         return strategy.strategies
-    if strategy.startswith("every_n:"):
+    if strategy.startswith(EVERY_N_ROW):
         n = int(strategy.split(":", 1)[1])
         return tuple("full" if i % n == 0 else "none" for i in range(num_blocks))
     return (strategy,) * num_blocks
@@ -279,10 +293,10 @@ def _head_chunks(config: Any, batch_size: int, seq_len: int, given: int | None) 
 def _with_chunked_head(traced: Trace, figures: tuple, fixed: int, step_peak: int) -> None:
     """Adds the row ``full+head:<chunk>`` (every block full, the head chunked) to the per-strategy figures."""
     activation, peak, recompute, step, ratio, unusable = figures
-    if traced.head_chunk is None or "full" not in activation:
+    if traced.head_chunk is None or EVERY_BLOCK_ROW not in activation:
         return
     name = f"full+head:{traced.head_chunk}"
-    if traced.chunked_refused is not None or "full" not in traced.chunked_base:
+    if traced.chunked_refused is not None or EVERY_BLOCK_ROW not in traced.chunked_base:
         unusable[name] = traced.chunked_refused or "the chunked head was not traced"
         return
     activation[name] = activation["full"] - traced.base_bytes["full"] + traced.chunked_base["full"]

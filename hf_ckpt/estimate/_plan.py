@@ -1,4 +1,4 @@
-"""A :class:`~hf_ckpt.CheckpointPlan` from an estimate: the one solver (:func:`hf_ckpt.planning.solver.solve`) on the
+"""A :class:`~hf_ckpt.CheckpointPlan` from an estimate: the one solver (:func:`hf_ckpt.solver.knapsack.solve`) on the
 estimated per-block profile's menu."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from hf_ckpt.planning.solver import BlockProfile, solve
+from hf_ckpt.solver.knapsack import BlockProfile, solve
 from hf_ckpt.runtime.units import format_bytes, parse_budget
 from hf_ckpt.runtime.plans import CheckpointPlan
 from hf_ckpt.estimate._estimate import estimate
@@ -16,7 +16,7 @@ _PLANNED = ("none", "selective", "full")
 
 
 def profile_of(estimate: MemoryEstimate, chunked_head: bool | int = False) -> BlockProfile:
-    """The estimate as the planner's :class:`~hf_ckpt.planning.solver.BlockProfile` (none, selective, full per block);
+    """The estimate as the planner's :class:`~hf_ckpt.solver.knapsack.BlockProfile` (none, selective, full per block);
     with ``chunked_head``, the base (outside the blocks) of a step whose head is chunked (``True``: in chunks of
     ``estimate.head_chunk_size`` tokens; an int: in chunks of that many, one of the chunks the estimate traced)."""
     kept = [s for s in _PLANNED if s in estimate.block_bytes]

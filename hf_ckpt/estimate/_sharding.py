@@ -46,7 +46,8 @@ from hf_ckpt.budget.optimizer_states import like_parameter, optimizer_named
 from hf_ckpt.estimate._states import count_states
 
 #: The sharding strategies ``estimate(shard=...)`` and ``hf-ckpt estimate --shard`` accept.
-SHARDS = ("none", "fsdp-full", "fsdp-grad-op", "zero1", "zero2", "zero3")
+NO_SHARD = "none"
+SHARDS = (NO_SHARD, "fsdp-full", "fsdp-grad-op", "zero1", "zero2", "zero3")
 
 #: DeepSpeed 0.19.8's ``DeepSpeedZeroConfig`` defaults, in elements.
 REDUCE_BUCKET_SIZE = int(5e8)
@@ -130,7 +131,7 @@ def check_sharding(world_size: Any, shard: Any, offload_optimizer: Any, offload_
     for argument, value in (("offload_optimizer", offload_optimizer), ("offload_parameters", offload_parameters)):
         if not isinstance(value, bool):
             raise ValueError(f"{argument} must be True or False; got {value!r}")
-    if name == "none" and (offload_optimizer or offload_parameters):
+    if name == NO_SHARD and (offload_optimizer or offload_parameters):
         raise ValueError("offload_optimizer / offload_parameters need a shard: zero1, zero2, zero3 (optimizer), "
                          "zero3 (parameters), fsdp-full or fsdp-grad-op (parameters); got shard='none'")
     if name.startswith("fsdp") and offload_optimizer:

@@ -31,14 +31,14 @@ import torch
 from torch import nn
 
 from hf_ckpt.runtime import _torch
-from hf_ckpt.runtime.apply import apply_config, remove
+from hf_ckpt.runtime.apply import apply_request, remove
 from hf_ckpt.runtime.flop_formulas import missing_formulas
 from hf_ckpt.runtime.target import target_model
 from hf_ckpt.runtime._torch import TorchDispatchMode, tree_leaves, tree_map
 from hf_ckpt.runtime.blocks import Block
-from hf_ckpt.runtime.config import CheckpointConfig
-from hf_ckpt.measure.memory import StorageTracker, block_labels
-from hf_ckpt.measure.step import loss_of
+from hf_ckpt.runtime.request import EnableRequest
+from hf_ckpt.meters.memory import StorageTracker, block_labels
+from hf_ckpt.meters.step import loss_of
 from hf_ckpt.runtime.plans import CheckpointPlan
 from hf_ckpt.strategies.selective.policy import SelectiveRecomputeError
 from hf_ckpt.strategies import kind_class
@@ -246,9 +246,8 @@ def _apply(model: nn.Module, strategies: tuple[str, ...], head_chunk: int | None
     chunked MLP if ``mlp_chunk``, or remove checkpointing for all-none without them."""
     remove(model)
     if any(kind_class(s).recomputes for s in strategies) or head_chunk or mlp_chunk:
-        config = CheckpointConfig.from_arguments({}, dict_name="checkpoint_kwargs", plan=CheckpointPlan(strategies),
-                                                 head_chunk_size=head_chunk, mlp_chunk_size=mlp_chunk)
-        apply_config(model, config)
+        apply_request(model, EnableRequest.of(plan=CheckpointPlan(strategies), head_chunk_size=head_chunk,
+                                              mlp_chunk_size=mlp_chunk))
 
 
 def _chunked_head(model: nn.Module, blocks: list[Block], inputs: Mapping[str, Any], mode: Any, device: str,

@@ -1,24 +1,20 @@
-"""Clients around transformers that wrap a model: recognised by class (module and name), never imported here.
-
-* :mod:`.sentence_transformers`: a ``SentenceTransformer`` (and its ``Transformer`` module) holds the
-  ``PreTrainedModel`` it encodes with.
-* :mod:`.deepspeed`: a ``DeepSpeedEngine`` holds the model it trains as ``.module``; the DeepSpeed config's
-  ``"activation_checkpointing"`` block.
-
-:func:`unwrap` is what the core calls where it looks for the model to act on.
-"""
+"""Clients around transformers that wrap a model, recognised by class (module and name), never imported here:
+:mod:`.sentence_transformers` (a ``SentenceTransformer`` holds the ``PreTrainedModel`` it encodes with) and
+:mod:`.deepspeed` (a ``DeepSpeedEngine`` holds its model as ``.module``; the config's ``"activation_checkpointing"``
+block). Imported with ``hf_ckpt``, the package registers its unwrapper and DeepSpeed's config check with the runtime
+(:mod:`hf_ckpt.runtime.extensions`), loading the clients' modules at their first call."""
 
 from __future__ import annotations
 
-from torch import nn
+from typing import Any
 
-from hf_ckpt.runtime.compat import defined_in
-from hf_ckpt.integrations import deepspeed, sentence_transformers
+from hf_ckpt.runtime import extensions
 
 
-def unwrap(model: nn.Module) -> nn.Module | None:
-    """The module a client wrapper holds (a ``DeepSpeedEngine``'s model, a ``SentenceTransformer``'s
-    ``PreTrainedModel``), or None when ``model`` is no client wrapper."""
+@extensions.register_unwrapper
+def unwrap(model: Any) -> Any:
+    """The module a client wrapper holds, or None when ``model`` is no client wrapper."""
+    from hf_ckpt.integrations import deepspeed, sentence_transformers  # deferred: registering must not load torch
     for client in (deepspeed, sentence_transformers):
         inner = client.unwrap(model)
         if inner is not None:
@@ -26,4 +22,7 @@ def unwrap(model: nn.Module) -> nn.Module | None:
     return None
 
 
-__all__ = ["defined_in", "unwrap"]
+@extensions.register_config_check
+def _check_config(model: Any, config: Any, owner: Any) -> None:
+    from hf_ckpt.integrations import deepspeed
+    deepspeed.warn_ignored_config(model, config.checkpoint_fn, owner=owner)

@@ -84,12 +84,16 @@ def active_config(model: Any = None) -> Mapping[str, Any] | None:
     return _transformers_config() or _accelerate_config()
 
 
+#: The values of DeepSpeed's ``"activation_checkpointing"`` keys that leave a key off.
+_OFF = (None, False, 0, "none", "auto")
+
+
 def ignored_keys(config: Mapping[str, Any] | None) -> list[str]:
     """The keys of ``config``'s ``"activation_checkpointing"`` block that are set (true or a number)."""
     block = (config or {}).get("activation_checkpointing")
     if not isinstance(block, Mapping):
         return []
-    return [key for key, value in block.items() if value not in (None, False, 0, "none", "auto")]
+    return [key for key, value in block.items() if value not in _OFF]
 
 
 def _uses_configured_deepspeed_checkpoint(checkpoint_fn: Any) -> bool:

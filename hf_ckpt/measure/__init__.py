@@ -15,24 +15,24 @@ from __future__ import annotations
 
 from hf_ckpt.runtime.lazy import lazy_exports
 
-#: Public name -> the module that defines it. Loaded on first use (PEP 562): the planner builds on the measuring
-#: primitives (memory, flops, step) while the bench settings build on the planner, so importing one primitive
-#: must not import the bench.
+#: Public name -> the module that defines it. Loaded on first use (PEP 562). The measuring primitives (memory,
+#: flops, step) live in :mod:`hf_ckpt.meters`, below the planners, while the bench settings here build on the
+#: planner.
 _EXPORTS = {
     "BenchmarkReport": ".bench",
     "SettingResult": ".bench",
     "run_benchmark": ".bench",
-    "count_flops": ".flops",
-    "StorageTracker": ".memory",
+    "count_flops": "hf_ckpt.meters.flops",
+    "StorageTracker": "hf_ckpt.meters.memory",
     "Check": ".report",
     "checks": ".report",
     "format_checks": ".report",
     "format_table": ".report",
     "plot_tradeoff": ".report",
     "to_dict": ".report",
-    "StepMeasurement": ".step",
-    "measure_step": ".step",
-    "training_step": ".step",
+    "StepMeasurement": "hf_ckpt.meters.step",
+    "measure_step": "hf_ckpt.meters.step",
+    "training_step": "hf_ckpt.meters.step",
     "Setting": ".settings",
     "available_settings": ".settings",
     "parse_settings": ".settings",

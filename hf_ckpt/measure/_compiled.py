@@ -41,8 +41,8 @@ from torch import nn
 from hf_ckpt.runtime import _torch
 from hf_ckpt.runtime.flop_formulas import flop_registry
 from hf_ckpt.strategies.partition.graph import draws_random
-from hf_ckpt.measure.flops import elementwise_elements
-from hf_ckpt.measure.step import forward_loss
+from hf_ckpt.meters.flops import elementwise_elements
+from hf_ckpt.meters.step import forward_loss
 
 
 def compile_unavailable() -> str | None:
@@ -75,7 +75,7 @@ def graph_flops(graph_module: Any) -> int:
 
 
 def graph_elementwise(graph_module: Any) -> int:
-    """Elementwise output elements of an aten FX graph, counted as :func:`hf_ckpt.measure.flops.count_flops`
+    """Elementwise output elements of an aten FX graph, counted as :func:`hf_ckpt.meters.flops.count_flops`
     counts them in eager mode. The partitioned graphs are decomposed (a layer norm is several nodes), so only
     differences between graphs of the same model compare (``compile:F`` less ``compile:1``)."""
     registry = flop_registry()
@@ -99,7 +99,7 @@ def seeded_unavailable() -> str | None:
 def _saving_random_partitioner() -> Any:
     """An inductor ``custom_partitioner_fn``: the min-cut partitioner, with every node that draws random numbers
     marked ``MUST_SAVE`` (its output, a seed or a mask, is kept for backward instead of drawn again there)."""
-    from functorch.compile import min_cut_rematerialization_partition
+    min_cut_rematerialization_partition = _torch.aot_partitioner().min_cut_rematerialization_partition
     from torch.utils.checkpoint import CheckpointPolicy
 
     class SavingRandom(_torch.custom_partitioner_class()):

@@ -1,6 +1,6 @@
 """The benchmark: every setting on the same model and batch, measured the same way.
 
-For each setting (:class:`~hf_ckpt.measure.settings.Setting`) :func:`run_benchmark` switches it on, runs :func:`~hf_ckpt.measure.step.measure_step`
+For each setting (:class:`~hf_ckpt.measure.settings.Setting`) :func:`run_benchmark` switches it on, runs :func:`~hf_ckpt.meters.step.measure_step`
 (memory, recompute, FLOPs) and switches it off again; then it times plain training steps of all settings,
 interleaved round-robin, and keeps the median. ``none`` is always measured: every ratio is relative to it.
 
@@ -20,12 +20,12 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 from torch import nn
 
-from hf_ckpt import __version__
+from hf_ckpt.runtime.version import VERSION
 from hf_ckpt.runtime.apply import checkpointed_layers, remove
 from hf_ckpt.runtime.state import AttributeSnapshot, CheckpointState, clear_state, get_state, set_state
 from hf_ckpt.runtime.target import target_model
 from hf_ckpt.measure.settings import Setting, parse_setting
-from hf_ckpt.measure.step import LossFn, StepMeasurement, measure_step, model_device, training_step
+from hf_ckpt.meters.step import LossFn, StepMeasurement, measure_step, model_device, training_step
 from hf_ckpt.measure.timing import CLOCKS, interleaved_step_times, median, synchronizer
 
 BASELINE = "none"
@@ -276,7 +276,7 @@ def environment() -> dict[str, Any]:
     import transformers
 
     return {
-        "hf_ckpt": __version__,
+        "hf_ckpt": VERSION,
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "python": platform.python_version(),

@@ -9,6 +9,7 @@ from typing import Any, Sequence
 from hf_ckpt.runtime.units import format_bytes, format_flops
 from hf_ckpt.measure.bench import BenchmarkReport
 from hf_ckpt.measure.labels import place_labels
+from hf_ckpt.measure.settings import BASELINE, EVERY_BLOCK, EVERY_BLOCK_SELECTIVE
 from hf_ckpt.measure.timing import median
 
 MIB = 2**20
@@ -161,8 +162,8 @@ def checks(report: BenchmarkReport) -> list[Check]:
                 measured == result.selected_blocks,
             )
         )
-    if "full" in report:
-        fraction = report.retained_fraction("full")
+    if EVERY_BLOCK in report:
+        fraction = report.retained_fraction(EVERY_BLOCK)
         found.append(
             Check(
                 "full: retained activation memory <= 15% of none",
@@ -221,9 +222,9 @@ def _timing_checks(report: BenchmarkReport) -> list[Check]:
 
 
 def _selective_checks(report: BenchmarkReport) -> list[Check]:
-    if "selective" not in report:
+    if EVERY_BLOCK_SELECTIVE not in report:
         return []
-    saving = 1 - report.retained_fraction("selective")
+    saving = 1 - report.retained_fraction(EVERY_BLOCK_SELECTIVE)
     ratio = report.flops_ratio("selective")
     return [
         Check("selective: saves >= 30% of none's activation memory", f"{saving:.1%}",
@@ -238,7 +239,7 @@ def _every_n_costs(report: BenchmarkReport) -> dict[str, tuple[int, int]]:
     return {
         result.setting: (result.measurement.retained_bytes, result.measurement.flops)
         for result in report.results
-        if result.setting in ("full", "none") or result.setting.startswith("every_n:")
+        if result.setting in (EVERY_BLOCK, BASELINE) or result.setting.startswith("every_n:")
     }
 
 
@@ -270,13 +271,6 @@ def _plan_checks(report: BenchmarkReport) -> list[Check]:
         found.append(Check("plans: strictly cheaper than every_n for at least one budget",
                            f"{sum(strictly_cheaper)} of {len(strictly_cheaper)}", ">= 1", any(strictly_cheaper)))
     return found
-
-
-def overhead_vs(report: BenchmarkReport, setting: str, reference: str) -> float:
-    """How much slower ``setting``'s step is than ``reference``'s: the median over rounds of the ratio of the two
-    steps of the same round, less 1. Pairing by round cancels the drift both see (rounds interleave them)."""
-    ratios = [ours / theirs for ours, theirs in zip(report[setting].step_times_s, report[reference].step_times_s)]
-    return median(ratios) - 1
 
 
 def _blocks(blocks: list[int]) -> str:

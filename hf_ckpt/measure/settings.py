@@ -21,14 +21,19 @@ from typing import Any, Callable, Mapping
 from torch import nn
 
 from hf_ckpt.runtime import _torch
-from hf_ckpt.runtime.apply import apply_options, remove
+from hf_ckpt.runtime.apply import apply_request, remove
+from hf_ckpt.runtime.request import EnableRequest
 from hf_ckpt.runtime.warn import warn_once
-from hf_ckpt.patch import original
+from hf_ckpt.runtime.upstream import original
 from hf_ckpt.planning.planner import plan as make_plan
 from hf_ckpt.strategies.selective.policy import SELECTIVE_POLICIES
 from hf_ckpt.strategies.oplevel.spec import OpLevel
 from hf_ckpt.measure._compiled import CompiledReference, compile_unavailable, seeded_unavailable
-from hf_ckpt.measure.step import training_step
+from hf_ckpt.meters.step import training_step
+
+
+#: The bench's settings that checkpoint nothing (the baseline), every block and every block selectively.
+BASELINE, EVERY_BLOCK, EVERY_BLOCK_SELECTIVE = "none", "full", "selective"
 
 
 @dataclass(frozen=True)
@@ -51,6 +56,11 @@ class Setting:
     remove: Callable[[nn.Module], None]
     prepare: Callable[[nn.Module, Mapping[str, Any]], None] | None = None
     details: dict[str, Any] = field(default_factory=dict)
+
+
+def _enabled(**options: Any) -> Callable[[nn.Module], None]:
+    """Switches ``hf_ckpt.enable(model, **options)`` on, through the parsed request as users' calls go."""
+    return lambda model: apply_request(model, EnableRequest.of(**options))
 
 
 @dataclass(frozen=True)
@@ -135,7 +145,7 @@ def _none(argument: str | None) -> Setting:
 
 def _full(argument: str | None) -> Setting:
     _no_argument("full", argument)
-    return Setting("full", "hf_ckpt.enable(model): every block", apply=apply_options, remove=remove)
+    return Setting("full", "hf_ckpt.enable(model): every block", apply=_enabled(), remove=remove)
 
 
 def _every_n_setting(argument: str | None) -> Setting:
@@ -143,7 +153,7 @@ def _every_n_setting(argument: str | None) -> Setting:
     return Setting(
         f"every_n:{n}",
         f"hf_ckpt.enable(model, every_n_layers={n})",
-        apply=lambda model: apply_options(model, every_n_layers=n),
+        apply=_enabled(every_n_layers=n),
         remove=remove,
     )
 
@@ -153,7 +163,7 @@ def _offload(argument: str | None) -> Setting:
     return Setting(
         "offload",
         "hf_ckpt.enable(model, offload=True): every block, saved inputs in host memory",
-        apply=lambda model: apply_options(model, offload=True),
+        apply=_enabled(offload=True),
         remove=remove,
     )
 
@@ -169,7 +179,7 @@ def _head(argument: str | None) -> Setting:
         f"head:{tokens}",
         f"hf_ckpt.enable(model, head_chunk_size={tokens}): every block, the LM head and loss in chunks of "
         f"{tokens} tokens",
-        apply=lambda model: apply_options(model, head_chunk_size=tokens),
+        apply=_enabled(head_chunk_size=tokens),
         remove=remove,
     )
 
@@ -205,7 +215,7 @@ def _upstream(argument: str | None) -> Setting:
     if argument is None:
         raise ValueError(f"upstream needs the setting to compare, {accepted}; got upstream")
     inner, colon, inner_argument = argument.partition(":")
-    if inner == "full" and not colon:
+    if inner == EVERY_BLOCK and not colon:
         n = 1
     elif inner == "every_n":
         n = _every_n(inner_argument if colon else None, spelled="upstream:every_n")
@@ -269,7 +279,7 @@ def _selective(argument: str | None) -> Setting:
         "selective" if policy is None else f"selective:{policy}",
         f"hf_ckpt.enable(model, strategy='selective'{'' if policy is None else f', policy={policy!r}'}): every "
         "block, matmul and attention outputs kept, cheap ops recomputed",
-        apply=lambda model: apply_options(model, strategy="selective", policy=policy),
+        apply=_enabled(strategy="selective", policy=policy),
         remove=remove,
     )
 
@@ -310,7 +320,7 @@ def _planned(name: str, fraction: float, description: str, strategies: tuple[str
     def apply(model: nn.Module) -> None:
         if "plan" not in made:
             raise RuntimeError(f"{name}:{fraction:g} was applied before it was prepared on a batch")
-        apply_options(model, plan=made["plan"])
+        apply_request(model, EnableRequest.of(plan=made["plan"]))
 
     return Setting(
         f"{name}:{fraction:g}", description, apply=apply, remove=remove, prepare=prepare, details=details

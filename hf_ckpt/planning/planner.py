@@ -13,7 +13,7 @@ block retains at the end of forward and what its recompute costs, then picks a s
 2. **Solve.** Retained bytes add up over blocks (a block's retention depends on its own strategy only: its output
    is kept whatever the next block does), so the plan is a multiple-choice knapsack: reach the required savings at
    the least recompute FLOPs. The profile's menu (per block, an option per strategy) goes to the one solver,
-   :func:`hf_ckpt.planning.solver.solve`: dynamic programming over savings quantised *down* (so the predicted memory
+   :func:`hf_ckpt.solver.knapsack.solve`: dynamic programming over savings quantised *down* (so the predicted memory
    never understates), with ties going to fewer checkpointed blocks.
 3. **The head, when blocks are not enough.** Where no assignment fits and the model is a causal LM whose head can
    run in checkpointed chunks (``head_chunk_size``; the sample has ``labels`` by keyword and no ``loss_fn`` is
@@ -37,18 +37,18 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from hf_ckpt.planning.preserve import check_trainable
-from hf_ckpt.planning.solver import BlockProfile, solve
-from hf_ckpt.planning.solver import budget_bytes as _in_bytes
+from hf_ckpt.solver.knapsack import BlockProfile, solve
+from hf_ckpt.solver.knapsack import budget_bytes as _in_bytes
 from hf_ckpt.runtime.target import target_model
 from hf_ckpt.runtime.units import format_bytes as _mib
 from hf_ckpt.runtime.units import parse_budget
-from hf_ckpt.runtime.config import CheckpointConfig
+from hf_ckpt.runtime.request import EnableRequest
 from hf_ckpt.estimate import plan_for
-from hf_ckpt.measure.step import LossFn
-from hf_ckpt.strategies.oplevel.menu import plan_oplevel
+from hf_ckpt.meters.step import LossFn
+from hf_ckpt.planning.menus.oplevel import plan_oplevel
 from hf_ckpt.runtime.plans import CheckpointPlan, model_signature
 from hf_ckpt.planning.profiling import measured_bytes, profile_blocks, profile_chunked_head
-from hf_ckpt.strategies import FINER_CHOICES, KIND_MODULES, PLANNER_CHOICES, strategy_class
+from hf_ckpt.strategies import FINER_CHOICES, PLANNER_CHOICES, kinds, strategy_class
 from hf_ckpt.runtime import head as _head
 
 __all__ = ["BlockProfile", "plan", "profile_blocks", "solve"]
@@ -127,13 +127,13 @@ def plan(
     bad = [s for s in strategies if s not in PLANNER_CHOICES]
     if bad or not strategies or isinstance(strategies, str):
         raise ValueError(f"strategies must be a non-empty subset of {', '.join(PLANNER_CHOICES)}; got {list(strategies)}")
-    for kind in (s for s in strategies if s in KIND_MODULES):
+    for kind in (s for s in strategies if s in kinds()):
         reason = strategy_class(kind).unavailable()
         if reason is not None:
             raise ValueError(f"strategies: {kind!r} cannot run here: {reason}")
     check_trainable(target_model(model), "plan: ")
-    CheckpointConfig.from_arguments(checkpoint_kwargs, dict_name="checkpoint_kwargs", policy=policy,
-                                    strategy="selective" if policy is not None else None)
+    EnableRequest.parse(checkpoint_kwargs, "checkpoint_kwargs", takes_budget=False, policy=policy,
+                        strategy="selective" if policy is not None else None)  # checked as enable checks them
     if set(FINER_CHOICES) & set(strategies):  # finer options: hf_ckpt.strategies.oplevel plans
         return plan_oplevel(model, sample_inputs, budget, strategies=strategies, policy=policy, loss_fn=loss_fn,
                             **checkpoint_kwargs)

@@ -1,6 +1,6 @@
 """Profiling real training steps, block by block: what the planners measure.
 
-* :func:`profile_blocks` -> :class:`~hf_ckpt.planning.solver.BlockProfile`: each block's retained bytes and recompute
+* :func:`profile_blocks` -> :class:`~hf_ckpt.solver.knapsack.BlockProfile`: each block's retained bytes and recompute
   FLOPs under each strategy, one step per strategy. A :class:`~hf_ckpt.measure.StorageTracker` labels each storage
   with the block that created it, so the bytes alive when forward returns split per block (what is created
   outside the blocks, embeddings and head, is the fixed base). Recompute cost is counted by ``FlopCounterMode``
@@ -23,16 +23,16 @@ from typing import Any, Iterator, Mapping, Sequence
 import torch
 from torch import nn
 
-from hf_ckpt.runtime.apply import apply_config, remove
+from hf_ckpt.runtime.apply import apply_request, remove
 from hf_ckpt.planning.preserve import preserved
-from hf_ckpt.planning.solver import BlockProfile
+from hf_ckpt.solver.knapsack import BlockProfile
+from hf_ckpt.runtime.request import EnableRequest
 from hf_ckpt.runtime.state import suspended
 from hf_ckpt.runtime.target import target_model
 from hf_ckpt.runtime.blocks import Block, find_blocks
-from hf_ckpt.runtime.config import CheckpointConfig
-from hf_ckpt.measure.flops import count_flops
-from hf_ckpt.measure.memory import StorageTracker, block_labels
-from hf_ckpt.measure.step import LossFn, loss_of, model_device, run_forward
+from hf_ckpt.meters.flops import count_flops
+from hf_ckpt.meters.memory import StorageTracker, block_labels
+from hf_ckpt.meters.step import LossFn, loss_of, model_device, run_forward
 from hf_ckpt.runtime.plans import CheckpointPlan
 from hf_ckpt.strategies.selective.policy import SelectiveRecomputeError
 from hf_ckpt.strategies import kind_class
@@ -53,7 +53,7 @@ def retained_per_block(model: nn.Module, blocks: list[Block], inputs: Mapping[st
 
 
 def step_counts(model: nn.Module, inputs: Mapping[str, Any], loss_fn: LossFn | None) -> Any:
-    """What :func:`hf_ckpt.measure.flops.count_flops` counted over one step (``.total`` FLOPs, ``.elementwise``)."""
+    """What :func:`hf_ckpt.meters.flops.count_flops` counted over one step (``.total`` FLOPs, ``.elementwise``)."""
     torch.manual_seed(0)
     model.zero_grad(set_to_none=True)
     with count_flops() as counted:
@@ -69,8 +69,8 @@ def apply_setting(model: nn.Module, checkpoint_kwargs: Mapping[str, Any], **sett
     """Take back the model's checkpointing setting and apply ``setting`` (a ``strategy``, a ``plan``, ...) with
     ``checkpoint_kwargs``: how a profiling step configures the model."""
     remove(model)
-    apply_config(model, CheckpointConfig.from_arguments(dict(checkpoint_kwargs), dict_name="checkpoint_kwargs",
-                                                        **setting))
+    apply_request(model, EnableRequest.parse(dict(checkpoint_kwargs), "checkpoint_kwargs", takes_budget=False,
+                                             **setting))
 
 
 def measured_step(model: nn.Module, blocks: list[Block], inputs: Mapping[str, Any],

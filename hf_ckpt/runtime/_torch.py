@@ -276,6 +276,30 @@ def partitioners() -> Any | None:
     return module
 
 
+def aot_partitioner() -> Any | None:
+    """``functorch.compile`` (``aot_function``, ``make_boxed_func``, ``min_cut_rematerialization_partition``: AOT
+    autograd and its min-cut partitioner, re-exported from ``torch._functorch``), or None where it cannot be
+    imported. Verified on torch 2.5.1, 2.13.0, 2.15.0."""
+    try:
+        import functorch.compile as module
+    except ImportError:
+        return None
+    return module
+
+
+def mark_boxed(function: Callable[..., Any]) -> Callable[..., Any]:
+    """``function`` (taking its arguments as one list) marked as AOT autograd's boxed calling convention: its private
+    ``_boxed_call`` flag, what ``make_boxed_func`` sets. Verified on torch 2.5.1, 2.13.0, 2.15.0."""
+    function._boxed_call = True  # type: ignore[attr-defined]
+    return function
+
+
+def saved_alpha(node: Any) -> Any:
+    """The ``alpha`` an ``AddBackward0`` autograd node saved (``a + alpha * b``; 1 where it saved none): its private
+    ``_saved_alpha``. Verified on torch 2.5.1, 2.13.0, 2.15.0."""
+    return getattr(node, "_saved_alpha", 1)
+
+
 _partitioner_lock = threading.Lock()
 
 

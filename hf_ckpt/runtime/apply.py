@@ -8,7 +8,7 @@ that record says the model had; :func:`checkpointed_layers` reads back which blo
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from typing import Any, Callable
 
 from torch import nn
 
@@ -22,9 +22,8 @@ from hf_ckpt.runtime.target import target_model
 from hf_ckpt.runtime.warn import warn_once
 from hf_ckpt.runtime.blocks import find_blocks
 from hf_ckpt.runtime.config import CheckpointConfig
-from hf_ckpt.distributed._engines import wrapped_blocks
-from hf_ckpt.distributed.checks import new_hook as new_guard_hook
-from hf_ckpt.integrations.deepspeed import warn_ignored_config
+from hf_ckpt.runtime.request import EnableRequest
+from hf_ckpt.runtime import extensions
 
 
 def _warn_legacy(target: nn.Module) -> None:
@@ -38,15 +37,11 @@ def _warn_legacy(target: nn.Module) -> None:
     )
 
 
-def apply_options(model: nn.Module, kwargs_dict: Mapping[str, Any] | None = None,
-                  dict_name: str = "checkpoint_kwargs", **options: Any) -> nn.Module:
-    """:func:`apply_config` of the config these options make (:meth:`~hf_ckpt.CheckpointConfig.from_arguments`)."""
-    return apply_config(model, CheckpointConfig.from_arguments(kwargs_dict, dict_name=dict_name, **options))
-
-
-def apply_config(model: nn.Module, config: CheckpointConfig) -> nn.Module:
-    """Enable checkpointing on ``model`` as ``config`` says (:func:`install` with the flags)."""
-    install(model, config)
+def apply_request(model: nn.Module, request: EnableRequest, **changes: Any) -> nn.Module:
+    """Enable checkpointing on ``model`` as the parsed ``request`` says, with ``changes`` to its options (a budget's
+    plan): :func:`install` with the flags. The one door of every caller, the lab's included; a request's budget is
+    planned by the lab first (:mod:`hf_ckpt.budget.deferred`), which comes back here with the plan."""
+    install(model, request.config_with(**changes) if changes else request.config)
     return model
 
 
@@ -77,7 +72,7 @@ def install(model: nn.Module, config: CheckpointConfig, *, source: Source = Sour
     if binding is not None and binding.legacy and wrappers is None:
         _warn_legacy(target)
     if binding is not None:
-        warn_ignored_config(model, config.checkpoint_fn, owner=target)  # a DeepSpeed "activation_checkpointing" block
+        extensions.check_config(model, config, target)  # e.g. a DeepSpeed "activation_checkpointing" block
     before = take_back(target)
     try:
         bound, undo = ([], []) if binding is None else (wrappers or _bind_flags)(target, binding)
@@ -96,8 +91,8 @@ def install(model: nn.Module, config: CheckpointConfig, *, source: Source = Sour
         mlp.install(state, target)
     if outside is not None:  # one saved-tensor hook for both: recomputed modules, remade block outputs
         outside[0].install(state, [model, target], outside[1])
-    guard = new_guard_hook(target) if binding is not None and wrappers is None else None
-    if guard is not None:  # one of the record's hooks: removed and put back with them (apply's outlives it)
+    guards = extensions.guard_hooks(target) if binding is not None and wrappers is None else []
+    for guard in guards:  # one of the record's hooks: removed and put back with them (apply's outlives it)
         state.hooks.add(target, "register_forward_pre_hook", guard, group="guard")
     set_state(target, state)
     return state
@@ -140,9 +135,8 @@ def _outside_modules(target: nn.Module, config: CheckpointConfig, binding: Bindi
     names = config.plan.outside_blocks if config.plan is not None else ()
     if not (names or any(s.saved_tensor_hook for s in config.strategies())):
         return None
-    from hf_ckpt.strategies.outside import hook as _outside  # deferred: only plans with outside_blocks or partitions
-
-    return _outside, _outside.resolve_outside(target, names, binding.blocks)
+    hook = extensions.saved_tensor_hook()  # loaded only for plans with outside_blocks or partitions
+    return hook, hook.resolve_outside(target, names, binding.blocks)
 
 
 def _install_direct(state: CheckpointState, binding: Binding) -> None:
@@ -176,5 +170,5 @@ def checkpointed_layers(model: nn.Module) -> list[int]:
     state = get_state(target)
     if state is not None and state.measured is not None:
         return list(state.measured)
-    wrapped = set(wrapped_blocks(target))  # hf_ckpt.distributed.apply, or anyone's checkpoint_wrapper
+    wrapped = extensions.wrapped_blocks(target)  # hf_ckpt.distributed.apply, or anyone's checkpoint_wrapper
     return [block.index for block in find_blocks(target) if block.index in wrapped or is_block_checkpointed(block)]

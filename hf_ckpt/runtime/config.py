@@ -23,7 +23,7 @@ from hf_ckpt.runtime.selection import (
     check_num_layers_in_range,
     every_nth,
 )
-from hf_ckpt.strategies import SELECTIVE, WHOLE_MODEL_STRATEGIES, Strategy, parse, strategy_class
+from hf_ckpt.runtime.kinds import SELECTIVE, WHOLE_MODEL_STRATEGIES, Strategy, parse, strategy_class
 
 #: Keys of a checkpointing kwargs dict that hf_ckpt consumes itself; every other key goes to
 #: ``torch.utils.checkpoint.checkpoint``.

@@ -1,7 +1,7 @@
 """FLOP formulas: torch's ``FlopCounterMode`` registry, completed with the ops it lacks on this machine.
 
 The runtime needs them (a partitioned block keeps an output only where remaking it is not cheap, see
-:mod:`hf_ckpt.strategies.partition.boundary`); the lab counts with them (:mod:`hf_ckpt.measure.flops`, the planners).
+:mod:`hf_ckpt.strategies.partition.boundary`); the lab counts with them (:mod:`hf_ckpt.meters.flops`, the planners).
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ from torch.utils.checkpoint import checkpoint
 from hf_ckpt.runtime.blocks import SELECTED_ATTRIBUTE, module_of
 from hf_ckpt.runtime.config import CheckpointConfig, checkpoint_fn_keywords
 from hf_ckpt.runtime.offload import OverlappedOffload
-from hf_ckpt.strategies import Strategy
+from hf_ckpt.runtime.kinds import Strategy
 
 
 def offloaded_checkpoint(

@@ -20,7 +20,7 @@ from hf_ckpt.runtime.units import format_bytes as _mib
 from hf_ckpt.runtime.units import format_flops
 from hf_ckpt.runtime.warn import HfCkptWarning
 from hf_ckpt.runtime.blocks import find_blocks
-from hf_ckpt.strategies import parse, strategy_class, summary_order
+from hf_ckpt.runtime.kinds import parse, strategy_class, summary_order
 
 _FORMAT_VERSION = 1
 

@@ -7,6 +7,7 @@ arguments. The setting itself is a :class:`~hf_ckpt.runtime.config.CheckpointCon
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -56,26 +57,37 @@ class EnableRequest:
             object.__setattr__(self, "budget", parse_budget(self.budget, with_auto=deferred))
         if deferred and not isinstance(self.keep_outputs, bool):
             raise ValueError(f"keep_outputs must be True or False; got {self.keep_outputs!r}")
-        object.__setattr__(self, "config", self.config_with())
+        config = CheckpointConfig.from_arguments(self.kwargs_dict, dict_name=self.dict_name, **self.options)
+        object.__setattr__(self, "config", config)  # the one place the arguments are read
         if deferred:
             _check_budget_alone(self.config)
 
     @classmethod
-    def parse(cls, kwargs_dict: Mapping[str, Any] | None, dict_name: str, **arguments: Any) -> "EnableRequest":
+    def parse(cls, kwargs_dict: Mapping[str, Any] | None, dict_name: str, *, takes_budget: bool = True,
+              **arguments: Any) -> "EnableRequest":
         """The request of a ``gradient_checkpointing_enable``-style call: hf_ckpt's options as ``arguments`` (None:
         not given) or as keys of ``kwargs_dict`` (named ``dict_name`` in errors; the caller's dict is never
-        modified), the rest for ``torch.utils.checkpoint.checkpoint``."""
+        modified), the rest for ``torch.utils.checkpoint.checkpoint``. ``takes_budget=False``: a call that takes no
+        budget (``hf_ckpt.distributed.apply``), where ``budget`` is an unknown keyword as any other."""
         remaining = dict(kwargs_dict) if isinstance(kwargs_dict, Mapping) else kwargs_dict
+        if not takes_budget:
+            return cls(arguments, remaining, dict_name)
         budget = _given_once(arguments.pop("budget", None), remaining)
         keep_outputs = _keep_outputs(arguments.pop("keep_outputs", _ABSENT), remaining)
         sample_inputs = arguments.pop("sample_inputs", None)
         options = {name: value for name, value in arguments.items() if value is not None}
         return cls(options, remaining, dict_name, budget, sample_inputs, keep_outputs)
 
+    @classmethod
+    def of(cls, **options: Any) -> "EnableRequest":
+        """The request of ``hf_ckpt.enable(model, **options)``: how the lab (the bench, the planners' profiling, the
+        estimate's check) sets a model up, through the same door as users."""
+        return cls.parse(None, "checkpoint_kwargs", **options)
+
     def config_with(self, **changes: Any) -> CheckpointConfig:
-        """The config of this request with ``changes`` to its options (``plan=``: a budget's plan; None: not given)."""
-        options = {**self.options, **changes}
-        return CheckpointConfig.from_arguments(self.kwargs_dict, dict_name=self.dict_name, **options)
+        """The parsed config with ``changes`` to its fields (``plan=``: a budget's plan), checked again as a whole;
+        the arguments are not read again."""
+        return dataclasses.replace(self.config, **changes)
 
 
 def _given_once(argument: Any, kwargs_dict: dict[str, Any] | None) -> Any:

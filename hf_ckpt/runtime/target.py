@@ -16,19 +16,10 @@ from typing import Callable
 import torch
 from torch import nn
 
-import hf_ckpt.integrations as integrations
 from hf_ckpt.runtime.compat import peft_model_base
+from hf_ckpt.runtime.extensions import register_unwrapper, unwrappers
 
 Unwrapper = Callable[[nn.Module], "nn.Module | None"]
-
-_UNWRAPPERS: list[Unwrapper] = []
-
-
-def register_unwrapper(unwrapper: Unwrapper) -> Unwrapper:
-    """Teach :func:`target_model` a kind of wrapper: ``unwrapper(obj)`` returns the module inside, or None."""
-    if unwrapper not in _UNWRAPPERS:
-        _UNWRAPPERS.append(unwrapper)
-    return unwrapper
 
 
 @register_unwrapper
@@ -49,13 +40,10 @@ def _torch_engines(model: nn.Module) -> nn.Module | None:
     return inner if isinstance(model, tuple(wrappers)) and isinstance(inner, nn.Module) else None
 
 
-register_unwrapper(integrations.unwrap)  # DeepSpeedEngine, SentenceTransformer (recognised by class, not imported)
-
-
 def unwrap(model: nn.Module) -> nn.Module:
     """``model`` with every registered wrapper peeled off (``model`` itself when none applies)."""
     for _ in range(16):  # wrappers nest a few levels at most; a cycle must not hang
-        for unwrapper in _UNWRAPPERS:
+        for unwrapper in unwrappers():
             inner = unwrapper(model)
             if inner is not None and inner is not model:
                 model = inner

@@ -17,7 +17,7 @@ from hf_ckpt.runtime.apply import checkpointed_layers
 from hf_ckpt.runtime.counting import BlockRunCounter
 from hf_ckpt.runtime.functions import stack_checkpoints
 from hf_ckpt.distributed._engines import wrapped_blocks
-from hf_ckpt.measure.step import LossFn, loss_of
+from hf_ckpt.meters.step import LossFn, loss_of
 from hf_ckpt.verification.gradients import compare_gradients, parameter_groups
 from hf_ckpt.verification.probe import StepProbe
 from hf_ckpt.verification.report import VerifyReport

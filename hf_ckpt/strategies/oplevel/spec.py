@@ -6,11 +6,10 @@ from __future__ import annotations
 from typing import Any, Callable, Mapping
 
 from hf_ckpt.strategies.oplevel.policy import OpPolicy
-from hf_ckpt.strategies import Setting, Strategy, register
+from hf_ckpt.runtime.kinds import Setting, Strategy
 from hf_ckpt.strategies.selective.spec import CONTEXT_FN_REFUSES, check_selective_contexts, respected_hooks
 
 
-@register
 class OpLevel(Strategy):
     """``"oplevel:<name>"``: keep the outputs of the op occurrences ``policies[name]`` lists (``"aten.mm.default#0"``).
 

@@ -1,10 +1,19 @@
-"""A plan's ``outside_blocks``: the cheap modules between the blocks (embeddings, norms, the head's activation),
-recomputed in backward instead of keeping their outputs. ``hook`` is its runtime (the one saved-tensor hook);
-``menu`` is the lab's part: the planner's ``"outside"`` option, measured in real steps.
+"""A plan's ``outside_blocks``: the cheap modules between the blocks, recomputed in backward instead of keeping their
+outputs; ``hook`` is its runtime (the one saved-tensor hook, registered with the runtime below; the planner's option
+is :mod:`hf_ckpt.planning.menus.outside`). No kind, on purpose: a plan carries it as ``outside_blocks``, so plans'
+JSON stays as it is and ``CheckpointPlan(("outside",))`` stays an error."""
 
-Not a strategy kind, on purpose (so not in :data:`hf_ckpt.strategies.KIND_MODULES`): a kind is what one block does
-in backward, spelled in a plan's ``strategies``; this folder's option is about the modules *between* the blocks,
-and a plan carries it as ``outside_blocks`` (module names), so plans' JSON stays as it is and
-``CheckpointPlan(("outside",))`` stays an error. The planner's ``strategies=(..., "outside")`` names it as
-:data:`hf_ckpt.strategies.OUTSIDE`, one of :data:`hf_ckpt.strategies.FINER_CHOICES` beside two kinds.
-"""
+from __future__ import annotations
+
+from typing import Any
+
+from hf_ckpt.runtime import extensions
+
+OUTSIDE = "outside"
+
+
+@extensions.register_saved_tensor_hook
+def _hook() -> Any:
+    from hf_ckpt.strategies.outside import hook  # deferred: the hook (and torch) loads only for plans that use it
+
+    return hook

@@ -13,7 +13,7 @@ plan names in ``outside_blocks``:
    module's ``forward`` again on the same inputs (no hooks, no grad, the autocast state of the forward), once per
    call. Its consumers (the LM head, the blocks, the loss) then hold only the inputs, which are kept anyway.
 
-Only cheap modules qualify: the planner (:func:`hf_ckpt.strategies.outside.menu.cheap_modules`) measures one forward and picks the outermost modules that hold
+Only cheap modules qualify: the planner (:func:`hf_ckpt.planning.menus.outside.cheap_modules`) measures one forward and picks the outermost modules that hold
 no block, spend at most a few FLOPs per output element (norms, activations, rotary
 tables, embeddings, a whole embeddings module) and draw no random numbers outside torch's dropout modules: those
 are made again from the RNG state the call drew from. A call's argument that is the unchanged output of an
@@ -43,7 +43,7 @@ from hf_ckpt.strategies.partition.boundary import pack as boundary_pack
 from hf_ckpt.strategies.partition.boundary import unpack as _unpack
 from hf_ckpt.runtime.rng import rng_state, set_rng_state
 from hf_ckpt.runtime.storage import storage_of
-from hf_ckpt.runtime._torch import saved_tensors_hook_active, version_counter, view_base
+from hf_ckpt.runtime._torch import saved_alpha, saved_tensors_hook_active, version_counter, view_base
 from hf_ckpt.runtime.warn import warn_once
 from hf_ckpt.runtime.wrapping import wrap_forward
 
@@ -229,7 +229,7 @@ def _sum_of_outputs(nodes: dict, node: Any, output_nr: int, depth: int = 0) -> A
     parts = [_sum_of_outputs(nodes, *operand, depth + 1) for operand in node.next_functions]
     if None in parts:
         return None
-    return functools.partial(_added, *parts, getattr(node, "_saved_alpha", 1))
+    return functools.partial(_added, *parts, saved_alpha(node))
 
 
 def _added(first: Any, second: Any, alpha: Any) -> torch.Tensor:

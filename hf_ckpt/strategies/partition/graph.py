@@ -52,12 +52,9 @@ _CONSTANTS = (type(None), bool, int, float, str, torch.dtype, torch.device, torc
 
 def partition_unavailable() -> str | None:
     """Why partitioned blocks cannot run with this torch, or None when they can."""
-    try:
-        from functorch.compile import aot_function, make_boxed_func, min_cut_rematerialization_partition  # noqa: F401
-    except ImportError as error:
-        return f"this torch has no AOT autograd partitioner ({error})"
     functorch_config = _torch.functorch_config()
-    missing = [name for name, value in (("functorch's config", functorch_config), ("rng_prims", _torch.rng_prims()),
+    missing = [name for name, value in (("functorch.compile", _torch.aot_partitioner()),
+                                        ("functorch's config", functorch_config), ("rng_prims", _torch.rng_prims()),
                                         ("_reparametrize_module", _torch.reparametrize_module())) if value is None]
     if missing:
         return f"this torch has no AOT autograd partitioner ({', '.join(missing)} cannot be imported)"
@@ -185,7 +182,7 @@ def _forward_names(joint: Any) -> set[str]:
 
 def _eager(graph_module: Any, on_run: Callable[[], None] | None = None) -> Callable[..., Any]:
     """An AOT "compiler" that compiles nothing: the graph's own Python code, with RNG replay as plain calls."""
-    from functorch.compile import make_boxed_func
+    make_boxed_func = _torch.aot_partitioner().make_boxed_func
     run_and_save_rng_state, run_with_rng_state = _torch.rng_prims()
 
     for node in graph_module.graph.nodes:
@@ -274,7 +271,8 @@ def _trace(module: nn.Module, core: Callable[..., Any], leaves: list, spec: Any,
     neither keep a batch alive nor its module.
     """
     functorch_config = _torch.functorch_config()
-    from functorch.compile import aot_function, min_cut_rematerialization_partition
+    aot = _torch.aot_partitioner()
+    aot_function, min_cut_rematerialization_partition = aot.aot_function, aot.min_cut_rematerialization_partition
     reparametrize_module = _torch.reparametrize_module()
 
     tensor_positions = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
@@ -350,8 +348,7 @@ def _forward_compiler(output: dict[str, Any], state: int, graph_module: Any, exa
             register(results[index], graph, made_from)
         return results
 
-    noting._boxed_call = True  # type: ignore[attr-defined]
-    return noting
+    return _torch.mark_boxed(noting)
 
 
 def _rebuilt(trace: _Trace, tensors: tuple[torch.Tensor, ...]) -> Any:

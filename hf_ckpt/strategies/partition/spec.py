@@ -7,13 +7,12 @@ import functools
 from typing import Any, Callable, Mapping
 
 from hf_ckpt.strategies.partition.graph import check_budget, partition_unavailable, partitioned_checkpoint
-from hf_ckpt.strategies import MODIFIERS, Setting, Strategy, Wrap, register
+from hf_ckpt.runtime.kinds import MODIFIERS, Setting, Strategy, Wrap
 
 #: Suffix of a partition whose partitioner may also recompute norms and softmaxes: ``"partition:0.5:norms"``.
 NORMS = ":norms"
 
 
-@register
 class Partition(Strategy):
     """``"partition:<F>"``: the partitioner's budget ``F`` in ``[0, 1]``; ``"partition:<F>:norms"`` lets it
     recompute layer norms and softmaxes too (their own kernels), as inductor does after decomposing them.

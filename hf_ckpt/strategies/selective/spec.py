@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from hf_ckpt.strategies.selective.policy import check_policy, selective_context_fn, selective_supported
-from hf_ckpt.strategies import SELECTIVE, Setting, Strategy, register
+from hf_ckpt.runtime.kinds import SELECTIVE, Setting, Strategy
 
 
 #: What a kind that works through torch's selective checkpoint contexts cannot take: reentrant checkpointing, a
@@ -34,7 +34,6 @@ def respected_hooks(config: Setting) -> bool | None:
     return config.checkpoint_kwargs.get("respect_saved_tensors_hooks", False)
 
 
-@register
 class Selective(Strategy):
     """``"selective"``: keep the outputs of the block's matmuls and attention (or what ``policy`` names),
     recompute the cheap ops in between. The policy is the config's (``hf_ckpt.enable(policy=...)``)."""

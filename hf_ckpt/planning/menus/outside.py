@@ -23,7 +23,7 @@ from hf_ckpt.runtime._torch import TorchDispatchMode
 from hf_ckpt.runtime.blocks import find_blocks
 from hf_ckpt.runtime.plans import CheckpointPlan
 from hf_ckpt.planning.profiling import apply_setting, left_as_found, measured_step
-from hf_ckpt.planning.solver import Option
+from hf_ckpt.solver.knapsack import Option
 from hf_ckpt.strategies import OUTSIDE
 
 #: The most FLOPs per output element a module between the blocks may spend to be recomputed (norms, activations,

@@ -4,8 +4,8 @@ Every planner states its choices the same way, as a menu: per block, a list of :
 block retains with it, its cost, a tie-break rank and the recompute FLOPs to report), plus the bytes retained outside
 the blocks. The measured block planner (:mod:`hf_ckpt.planning.planner`) and the estimated plans
 (:mod:`hf_ckpt.estimate`) pass a :class:`BlockProfile` to :func:`solve`, which reads its menu (:meth:`BlockProfile.menu`);
-the op-level planner (:mod:`hf_ckpt.strategies.oplevel.menu`) passes its menu, into which the partition and outside
-menus (:mod:`hf_ckpt.strategies.partition.menu`, :mod:`hf_ckpt.strategies.outside.menu`) put their options, to
+the op-level planner (:mod:`hf_ckpt.planning.menus.oplevel`) passes its menu, into which the partition and outside
+menus (:mod:`hf_ckpt.planning.menus.partition`, :mod:`hf_ckpt.planning.menus.outside`) put their options, to
 :func:`solve_menu` with ``exact=True``.
 
 Retained bytes add up over blocks, so the problem is a multiple-choice knapsack: reach the required savings (the
@@ -22,15 +22,13 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple, Sequence
 
 from hf_ckpt.runtime.units import format_bytes as _mib
-from hf_ckpt.strategies import ALL_STRATEGIES, kind_of
+from hf_ckpt.strategies import ALL_STRATEGIES, NONE, keeps_everything, kind_of
 
 #: The byte units of the quantised programme: the savings a plan requires are counted in this many units.
 QUANTA = 4096
 #: The exact front gives way to the quantised programme where it holds more states than this (on a 32-layer Llama
 #: with op-level menus the fronts reach 7,000 states and an exact solve takes 5 s; there it gives way at the 8th block).
 MAX_STATES = 2_000
-#: The option every block has: no checkpointing. Its bytes are the block's baseline.
-_KEEP = "none"
 
 _Total = tuple[float, float, float]
 _INFINITY: _Total = (math.inf, math.inf, math.inf)
@@ -120,10 +118,10 @@ def solve_menu(menu: Sequence[Sequence[Option]], base_bytes: int, budget_bytes: 
     Raises:
         ValueError: not even every block's smallest option fits; the message gives the smallest memory reachable.
     """
-    none = [next(option.retained for option in options if option.name == _KEEP) for options in menu]
+    none = [next(option.retained for option in options if keeps_everything(option.name)) for options in menu]
     required = base_bytes + sum(none) - budget_bytes
     if required <= 0:
-        return (_KEEP,) * len(menu)
+        return (NONE,) * len(menu)
     _check_reachable(menu, base_bytes, budget_bytes)
     if exact:
         found = _exact_plan(menu, none, required, max_states)
@@ -141,7 +139,7 @@ def _check_reachable(menu: Sequence[Sequence[Option]], base_bytes: int, budget_b
     smallest = base_bytes + sum(min(option.retained for option in options) for options in menu)
     if smallest <= budget_bytes:
         return
-    baseline = base_bytes + sum(next(o.retained for o in options if o.name == _KEEP) for options in menu)
+    baseline = base_bytes + sum(next(o.retained for o in options if keeps_everything(o.name)) for options in menu)
     kinds = dict.fromkeys(kind_of(option.name) for options in menu for option in options)
     raise ValueError(
         f"no plan fits a budget of {_mib(budget_bytes)} "
@@ -153,7 +151,7 @@ def _check_reachable(menu: Sequence[Sequence[Option]], base_bytes: int, budget_b
 
 def _rank(option: Option) -> tuple[int, bool, int]:
     """What an option adds to a plan's total: (cost, checkpointed or not, overhead), compared in order."""
-    return option.cost, option.name != _KEEP, option.overhead
+    return option.cost, not keeps_everything(option.name), option.overhead
 
 
 def _quantised_plan(menu: Sequence[Sequence[Option]], none: list[int], required: int,

@@ -1,7 +1,7 @@
 """One training step, measured: activation memory, FLOPs and the blocks that were recomputed.
 
 :func:`measure_step` runs ``loss = loss_fn(model(**batch)); loss.backward()`` once, under a
-:class:`~hf_ckpt.measure.memory.StorageTracker`, a ``FlopCounterMode`` and a
+:class:`~hf_ckpt.meters.memory.StorageTracker`, a ``FlopCounterMode`` and a
 :class:`~hf_ckpt.runtime.counting.BlockRunCounter`, and returns a :class:`StepMeasurement`. It measures the model as it
 is: enable checkpointing first (``hf_ckpt.enable``, upstream's methods, anything), then measure.
 """
@@ -15,8 +15,8 @@ import torch
 from torch import nn
 
 from hf_ckpt.runtime.counting import BlockRunCounter
-from hf_ckpt.measure.flops import count_flops
-from hf_ckpt.measure.memory import StorageTracker
+from hf_ckpt.meters.flops import count_flops
+from hf_ckpt.meters.memory import StorageTracker
 
 LossFn = Callable[[Any], torch.Tensor]
 

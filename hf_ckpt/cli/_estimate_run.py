@@ -1,5 +1,5 @@
 """``hf-ckpt estimate``, run: the estimate printed (and written as JSON), the cheapest plan that fits, or
-``--check`` (the parser is :mod:`hf_ckpt.estimate.command`)."""
+``--check`` (the parser is :mod:`hf_ckpt.cli.estimate`)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from typing import Any
 from hf_ckpt.runtime.units import format_bytes, format_flops, parse_size
 from hf_ckpt.cli.errors import CommandError
 from hf_ckpt.estimate._arguments import check_dtype
+from hf_ckpt.strategies import ALL_STRATEGIES
 from hf_ckpt.estimate._check import run_check
 from hf_ckpt.estimate._estimate import estimate
 from hf_ckpt.estimate._max_seq import max_seq
@@ -122,7 +123,7 @@ def _row_of(plan, made) -> str | None:
 def _plan_line(plan, made) -> str:
     """The plan's figures: its table row's where the table has the same setting (one figure per setting), else the
     solver's, each block counted at its largest whatever its neighbours run, as the line says."""
-    counts = {s: plan.strategies.count(s) for s in ("full", "selective", "none")}
+    counts = {s: plan.strategies.count(s) for s in ALL_STRATEGIES}
     head = "" if plan.head_chunk_size is None else f", head in chunks of {plan.head_chunk_size} tokens"
     row = _row_of(plan, made)
     if row is not None:

@@ -6,9 +6,9 @@
    (:func:`~hf_ckpt.strategies.oplevel.frontier`), predicted as ``full`` plus the kept bytes and ``full``'s recompute less the
    avoided recompute; points that avoid no FLOPs are left out (they would trade plain checkpointing for per-op
    selective dispatch to save elementwise work only). An option's cost is its recompute FLOPs plus its recompute elementwise output elements (one
-   each, :mod:`hf_ckpt.measure.flops`): ``none`` costs 0, ``full`` the whole block's recompute, ``selective``
+   each, :mod:`hf_ckpt.meters.flops`): ``none`` costs 0, ``full`` the whole block's recompute, ``selective``
    the measured FLOPs plus the elementwise ops its policy does not keep (the op profile asks the policy).
-3. **Solve.** The one solver, :func:`hf_ckpt.planning.solver.solve_menu` with ``exact=True``: a multiple-choice
+3. **Solve.** The one solver, :func:`hf_ckpt.solver.knapsack.solve_menu` with ``exact=True``: a multiple-choice
    knapsack over blocks, solved exactly over the options' exact bytes (a Pareto front, block by block) or, where
    that front grows too large (many blocks of many types), by dynamic programming over savings quantised *down*
    (so memory is never understated), as the block-level planner does. Ties go to fewer checkpointed blocks, then
@@ -26,8 +26,8 @@ import torch
 from torch import nn
 
 from hf_ckpt.runtime.apply import remove
-from hf_ckpt.planning.solver import Option, solve_menu
-from hf_ckpt.planning.solver import budget_bytes as in_bytes
+from hf_ckpt.solver.knapsack import Option, solve_menu
+from hf_ckpt.solver.knapsack import budget_bytes as in_bytes
 from hf_ckpt.runtime.target import target_model
 from hf_ckpt.runtime.blocks import find_blocks
 from hf_ckpt.runtime.plans import CheckpointPlan
@@ -35,11 +35,11 @@ from hf_ckpt.planning.profiling import left_as_found, loss_of_sample, measured_b
 from hf_ckpt.strategies.selective.policy import check_policy, policy_function
 from hf_ckpt.strategies import FINER_CHOICES, OUTSIDE, kind_class, kind_of
 from hf_ckpt.strategies.oplevel.spec import OpLevel
-from hf_ckpt.strategies.outside.menu import outside_option
-from hf_ckpt.strategies.partition.menu import partition_options
+from hf_ckpt.planning.menus.outside import outside_option
+from hf_ckpt.planning.menus.partition import partition_options
 from hf_ckpt.strategies.partition.spec import Partition
-from hf_ckpt.strategies.oplevel.menu.profile import BlockOpProfile, capture_inputs, profile_block
-from hf_ckpt.strategies.oplevel.menu.frontier import MAX_POINTS, frontier
+from hf_ckpt.strategies.oplevel.ops.profile import BlockOpProfile, capture_inputs, profile_block
+from hf_ckpt.strategies.oplevel.ops.frontier import MAX_POINTS, frontier
 
 _VERIFY_ROUNDS = 4
 #: Tie-breaks between options of equal FLOPs: no checkpoint, then plain checkpointing, then selective contexts.
@@ -49,7 +49,7 @@ _OVERHEAD = {"none": 0, "full": 1}
 def profile_ops(
     model: nn.Module, sample_inputs: Mapping[str, Any], *, loss_fn: Any = None, policy: Any = None
 ) -> list[BlockOpProfile]:
-    """Profile, op by op, the first block of each group of twin blocks (see :mod:`hf_ckpt.strategies.oplevel.menu.profile`).
+    """Profile, op by op, the first block of each group of twin blocks (see :mod:`hf_ckpt.strategies.oplevel.ops.profile`).
 
     ``policy`` is the block-level selective policy (default ``"matmuls_and_attention"``): each op records whether
     it keeps the op's output. The model is left as found (checkpointing setting, mode, gradients, RNG state).
@@ -157,8 +157,8 @@ def plan_oplevel(
     **checkpoint_kwargs: Any,
 ) -> CheckpointPlan:
     """:func:`hf_ckpt.plan` with op-level policies (``"oplevel"`` in ``strategies``), graph partitions
-    (``"partition"``: :mod:`hf_ckpt.strategies.partition.menu`) or the modules between the blocks (``"outside"``:
-    :mod:`hf_ckpt.strategies.outside.menu`) among the options."""
+    (``"partition"``: :mod:`hf_ckpt.planning.menus.partition`) or the modules between the blocks (``"outside"``:
+    :mod:`hf_ckpt.planning.menus.outside`) among the options."""
     block_strategies = tuple(dict.fromkeys(s for s in (*strategies, "full") if s not in FINER_CHOICES))
     block_profile = profile_blocks(
         model, sample_inputs, strategies=block_strategies, policy=policy, loss_fn=loss_fn, **checkpoint_kwargs

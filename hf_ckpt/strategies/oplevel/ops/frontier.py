@@ -2,7 +2,7 @@
 
 **Cost.** The recompute cost of an op is its FLOPs (matmuls, attention) plus, for an op without a FLOP formula,
 its output elements, one each (norms, activations, softmax, dropout, pointwise arithmetic; see
-:mod:`hf_ckpt.measure.flops`). FLOP counts alone are blind to the latter, which is all that selective recompute
+:mod:`hf_ckpt.meters.flops`). FLOP counts alone are blind to the latter, which is all that selective recompute
 reruns; counting them lets the solver spend spare memory on them once the matmuls are kept. Matmuls cost about
 ``hidden / 2`` FLOPs per byte kept, an elementwise op a quarter of one, so matmuls are always kept first.
 
@@ -35,7 +35,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from hf_ckpt.strategies.oplevel.menu.profile import BlockOpProfile
+from hf_ckpt.strategies.oplevel.ops.profile import BlockOpProfile
 
 #: Up to this many items, the frontier is found by enumerating every subset.
 EXACT_ITEMS = 16

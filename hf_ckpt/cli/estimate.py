@@ -13,7 +13,7 @@ when nothing fits without; ``--mlp-chunk-size`` adds the rows with every block's
 (with ``--device-memory``, no ``--seq``) prints the longest sequence that fits instead (:mod:`hf_ckpt.estimate._max_seq`).
 ``--check`` instead runs a real CPU step of a tiny model of the same
 architecture and compares it with the estimate. Exit status: 0, 1 when nothing fits (or the check fails), 2 for
-bad arguments. The parser; the run is :mod:`hf_ckpt.estimate._command_run`.
+bad arguments. The parser; the run is :mod:`hf_ckpt.cli._estimate_run`.
 """
 
 from __future__ import annotations
@@ -110,4 +110,4 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="compare the estimate with a real CPU step of a tiny model of this architecture")
 
 
-run = runner("hf_ckpt.estimate._command_run:run")
+run = runner("hf_ckpt.cli._estimate_run:run")

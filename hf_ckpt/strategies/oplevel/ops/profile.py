@@ -14,7 +14,7 @@ two ``TorchDispatchMode`` recorders as its ``context_fn``:
   the recompute early once every tensor backward needs is back, so the tail of a block costs nothing), counted
   with ``torch.utils.flop_counter``'s formulas (plus hf_ckpt's CPU attention formulas), and, for the ops without
   a formula (norms, activations, softmax, dropout, pointwise arithmetic), their output elements
-  (:func:`hf_ckpt.measure.flops.elementwise_elements`): the part of the recompute FLOP counts are blind to.
+  (:func:`hf_ckpt.meters.flops.elementwise_elements`): the part of the recompute FLOP counts are blind to.
 
 The forward recorder also asks the block-level selective policy which ops it keeps, so the price of
 ``strategy="selective"`` (the ops it reruns) is known op by op too.
@@ -38,7 +38,7 @@ from hf_ckpt.runtime.flop_formulas import flop_registry
 from hf_ckpt.runtime.storage import storage_of
 from hf_ckpt.runtime._torch import TorchDispatchMode, op_schema, tree_leaves, tree_map
 from hf_ckpt.runtime.blocks import Block
-from hf_ckpt.measure.flops import elementwise_elements
+from hf_ckpt.meters.flops import elementwise_elements
 from hf_ckpt.strategies.selective.policy import written_tensors
 from hf_ckpt.strategies.oplevel.policy import ignored_ops, op_key
 

@@ -22,7 +22,7 @@ from hf_ckpt.runtime.target import target_model
 from hf_ckpt.runtime.blocks import find_blocks
 from hf_ckpt.runtime.plans import CheckpointPlan
 from hf_ckpt.planning.profiling import apply_setting, left_as_found, measured_step, twin_groups
-from hf_ckpt.planning.solver import Option
+from hf_ckpt.solver.knapsack import Option
 from hf_ckpt.strategies.partition.spec import Partition
 from hf_ckpt.strategies.partition.graph import traced_norm_ops
 
