@@ -128,7 +128,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "estimate_fused_adamw_step_on_host",
         "adamw_torch_fused's step counters are device memory (the Trainer's fused AdamW), counted per parameter",
-        "hf_ckpt/budget/optimizer_states.py",
+        "hf_ckpt/meters/optimizer_states.py",
         '    "adamw_torch_fused": TrainerOptimizer(torch.optim.AdamW, {"fused": True}),\n',
         '    "adamw_torch_fused": TrainerOptimizer(torch.optim.AdamW),  # mutant: fused ignored\n',
         ("tests/test_estimate_optimizers.py",),

@@ -33,14 +33,14 @@ _EXPORTS = {
     "VerifyReport": ".verification",
     "verify": ".verification",
     "BlockStrategy": ".strategies",
-    "register_optimizer_states": ".budget.optimizer_states",
+    "register_optimizer_states": ".meters.optimizer_states",
 }
 _SUBMODULES = ("measure", "distributed", "estimate")
 
 __all__ = sorted(_EXPORTS) + ["__version__"]
 
 if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerly
-    from hf_ckpt.budget.optimizer_states import register_optimizer_states
+    from hf_ckpt.meters.optimizer_states import register_optimizer_states
     from hf_ckpt.runtime.warn import HfCkptWarning
     from hf_ckpt.strategies import BlockStrategy
     from hf_ckpt.runtime.config import CheckpointConfig

@@ -255,7 +255,7 @@ def test_auto_in_the_trainer_leaves_room_for_its_own_optimizer(patched, tmp_path
     optimizer's first step allocates (SGD without momentum: nothing), not for AdamW's states."""
     from transformers import Trainer
 
-    from hf_ckpt.budget.optimizer_states import pending_state_bytes, unwrap
+    from hf_ckpt.meters.optimizer_states import pending_state_bytes, unwrap
 
     model = tiny_llama()
     made = _deferred.estimate_for(model, (2, SEQ), ("none", "full", "selective"))[0]

@@ -1,7 +1,7 @@
 """The estimate's optimizer states by the ``Trainer``'s ``optim`` names, against the state the optimizer the
 ``Trainer`` builds allocates in a real first step (CPU, a tiny model): equal to the byte.
 
-The table is the one ``budget="auto"`` counts live optimizers with (:mod:`hf_ckpt.budget.optimizer_states`);
+The table is the one ``budget="auto"`` counts live optimizers with (:mod:`hf_ckpt.meters.optimizer_states`);
 bitsandbytes' names are compared in ``tests/clients/test_bitsandbytes.py``.
 """
 

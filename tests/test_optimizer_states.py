@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import hf_ckpt
-from hf_ckpt.budget import optimizer_states as _optimizer_states
-from hf_ckpt.budget.optimizer_states import pending_state_bytes, registered_state_bytes, unwrap
+from hf_ckpt.meters import optimizer_states as _optimizer_states
+from hf_ckpt.meters.optimizer_states import pending_state_bytes, registered_state_bytes, unwrap
 from torch_capabilities import requires
 
 

@@ -48,7 +48,7 @@ from hf_ckpt.budget import forms as _budget
 from hf_ckpt.runtime.apply import apply_request, install
 from hf_ckpt.runtime.binding import resolve
 from hf_ckpt.runtime.compat import has_peft_adapters
-from hf_ckpt.budget.optimizer_states import pending_state_bytes, unwrap
+from hf_ckpt.meters.optimizer_states import pending_state_bytes, unwrap
 from hf_ckpt.meters.precision import autocast_dtype
 from hf_ckpt.runtime.state import CheckpointState, Source, get_state, peek_state
 from hf_ckpt.runtime.target import target_model
@@ -394,7 +394,7 @@ def _make_plan(target: nn.Module, request: DeferredBudget, shape: tuple[int, int
 
 def _optimizer_states(request: DeferredBudget, made: Any) -> tuple[int, str]:
     """(bytes, name): the state the optimizer's first step allocates: the optimizer's own when it is known and
-    registered (:mod:`hf_ckpt.budget.optimizer_states`), AdamW's as the estimator counts it otherwise."""
+    registered (:mod:`hf_ckpt.meters.optimizer_states`), AdamW's as the estimator counts it otherwise."""
     optimizer = request.optimizer() if request.optimizer is not None else None
     if optimizer is None:
         return made.optimizer_bytes, "AdamW"

@@ -12,7 +12,7 @@ request: :class:`hf_ckpt.runtime.request.EnableRequest`) and planned at the firs
   :data:`AUTO_HEADROOM_FRACTION` of the device's total memory (at least :data:`AUTO_HEADROOM_MIN_BYTES`), minus
   what the step still allocates besides activations (the gradients of the trainable parameters and the step's
   largest transient, as the estimator predicts them, and the state the optimizer's first step allocates: the
-  ``Trainer``'s own optimizer, counted by :mod:`hf_ckpt.budget.optimizer_states`, AdamW's otherwise). It is resolved to
+  ``Trainer``'s own optimizer, counted by :mod:`hf_ckpt.meters.optimizer_states`, AdamW's otherwise). It is resolved to
   bytes once, at the first batch; re-plans keep that figure.
 
 :func:`set_free_memory_source` replaces where free memory is read (tests, or a scheduler that knows better).

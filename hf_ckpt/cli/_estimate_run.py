@@ -14,7 +14,7 @@ from hf_ckpt.cli.errors import CommandError
 from hf_ckpt.estimate._arguments import check_dtype
 from hf_ckpt.strategies import ALL_STRATEGIES
 from hf_ckpt.estimate._check import run_check
-from hf_ckpt.estimate._estimate import estimate
+from hf_ckpt.estimate._estimate import CHUNKED_HEAD_ROW, EVERY_BLOCK_ROW, estimate
 from hf_ckpt.estimate._max_seq import max_seq
 from hf_ckpt.estimate._plan import plan_from_estimate, step_transient
 
@@ -116,7 +116,7 @@ def _row_of(plan, made) -> str | None:
         return None
     (kind,) = kinds
     if plan.head_chunk_size is not None:
-        kind = f"full+head:{plan.head_chunk_size}" if kind == "full" else ""
+        kind = f"{CHUNKED_HEAD_ROW}{plan.head_chunk_size}" if kind == EVERY_BLOCK_ROW else ""
     return kind if kind in made.activation_bytes else None
 
 

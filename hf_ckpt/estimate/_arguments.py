@@ -8,7 +8,7 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
-from hf_ckpt.budget.optimizer_states import optimizer_named
+from hf_ckpt.meters.optimizer_states import optimizer_named
 from hf_ckpt.runtime.plans import CheckpointPlan
 from hf_ckpt.estimate._attention import DEVICES
 from hf_ckpt.strategies import ALL_STRATEGIES

@@ -247,7 +247,7 @@ def _per_strategy(traced: Trace, rep: Sequence[int], strategies: Sequence[Any], 
 def mlp_row_name(mlp_chunk: int, head_chunk: int | None = None) -> str:
     """The estimate's row with every block full and the MLP in chunks of ``mlp_chunk`` tokens:
     ``full+mlp:<m>``, or ``full+head:<c>+mlp:<m>`` with the head in chunks of ``head_chunk``."""
-    return f"full+head:{head_chunk}+mlp:{mlp_chunk}" if head_chunk else f"full+mlp:{mlp_chunk}"
+    return f"{CHUNKED_HEAD_ROW}{head_chunk}+mlp:{mlp_chunk}" if head_chunk else f"{EVERY_BLOCK_ROW}+mlp:{mlp_chunk}"
 
 
 def _with_chunked_mlp(traced: Trace, rep: Sequence[int], num_blocks: int, figures: tuple, fixed: int,
@@ -256,7 +256,7 @@ def _with_chunked_mlp(traced: Trace, rep: Sequence[int], num_blocks: int, figure
     per-strategy figures: the traced base and blocks scaled to the full depth, the traced transient (one block's
     recompute, its MLP one chunk at a time), the FLOPs of the MLP's second recompute scaled by the blocks."""
     activation, peak, recompute, step, ratio, unusable = figures
-    if traced.mlp_chunk is None or "full" not in activation:
+    if traced.mlp_chunk is None or EVERY_BLOCK_ROW not in activation:
         return
     if traced.mlp_refused is not None or not traced.mlp_rows:
         unusable[mlp_row_name(traced.mlp_chunk)] = traced.mlp_refused or "the chunked MLP was not traced"
@@ -395,7 +395,7 @@ def estimate(
         device: ``"cuda"`` (attention kernels modelled, see :mod:`hf_ckpt.estimate._attention`) or ``"cpu"``.
         optimizer: The ``Trainer``'s ``optim`` name (``"adamw_torch"``, ``"adamw_torch_fused"``, ``"adamw_8bit"``,
             ``"paged_adamw_8bit"``, ``"adafactor"``, ``"lion_8bit"``, ``"sgd"``, ...: the keys of
-            :data:`hf_ckpt.budget.optimizer_states.TRAINER_OPTIMIZERS`), or ``"adamw"`` (the default, torch's
+            :data:`hf_ckpt.meters.optimizer_states.TRAINER_OPTIMIZERS`), or ``"adamw"`` (the default, torch's
             AdamW), ``"adam"``, ``"sgd_momentum"`` (momentum 0.9). Sharded estimates take those whose state is
             tensors the size of the parameter.
         peft_config: A ``peft.PeftConfig`` (e.g. ``LoraConfig(r=16)``): only the adapters train.

@@ -42,7 +42,7 @@ from typing import Any, Callable, Sequence
 
 from torch import nn
 
-from hf_ckpt.budget.optimizer_states import like_parameter, optimizer_named
+from hf_ckpt.meters.optimizer_states import like_parameter, optimizer_named
 from hf_ckpt.estimate._states import count_states
 
 #: The sharding strategies ``estimate(shard=...)`` and ``hf-ckpt estimate --shard`` accept.

@@ -4,7 +4,7 @@
 * gradients: one per trainable parameter the loss reaches (seen in the trace), in the parameter's dtype; with
   ``peft_config`` only the adapter weights train;
 * optimizer states, as the optimizer allocates them on the first step, by the ``Trainer``'s ``optim`` name
-  (:data:`hf_ckpt.budget.optimizer_states.TRAINER_OPTIMIZERS`, the table ``budget="auto"`` counts live optimizers
+  (:data:`hf_ckpt.meters.optimizer_states.TRAINER_OPTIMIZERS`, the table ``budget="auto"`` counts live optimizers
   with): AdamW/Adam keep ``exp_avg`` and ``exp_avg_sq`` in the parameter's dtype plus a 4-byte ``step`` per
   parameter, which lives on the host (device memory only on the CPU, or with ``adamw_torch_fused``); SGD with
   momentum keeps one buffer, plain SGD none; bitsandbytes' 8-bit states one byte an element and a float32 scale
@@ -21,7 +21,7 @@ from typing import Callable, Mapping
 
 from torch import nn
 
-from hf_ckpt.budget.optimizer_states import planned_state_bytes
+from hf_ckpt.meters.optimizer_states import planned_state_bytes
 
 
 @dataclass(frozen=True)

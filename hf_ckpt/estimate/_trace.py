@@ -41,7 +41,7 @@ from hf_ckpt.meters.memory import StorageTracker, block_labels
 from hf_ckpt.meters.step import loss_of
 from hf_ckpt.runtime.plans import CheckpointPlan
 from hf_ckpt.strategies.selective.policy import SelectiveRecomputeError
-from hf_ckpt.strategies import kind_class
+from hf_ckpt.strategies import FULL as EVERY_BLOCK, kind_class
 from hf_ckpt.estimate._attention import attention_for
 from hf_ckpt.estimate._model import block_key
 
@@ -529,9 +529,10 @@ def trace(
         chunked = _chunked_head(model, blocks, inputs, mode, device, usable, unusable, head_chunk, autocast, keep_outputs)
         smaller = () if not chunked or chunked[3] is not None else _chunked_head(
             model, blocks, inputs, mode, device, usable, unusable, smaller_chunk, autocast, keep_outputs)
-        heads_chunked = (head_chunk,) if chunked and chunked[3] is None and "full" in chunked[0] else ()
+        heads_chunked = (head_chunk,) if chunked and chunked[3] is None and EVERY_BLOCK in chunked[0] else ()
+        every_block = EVERY_BLOCK in usable and EVERY_BLOCK not in unusable  # the chunked MLP's rows build on it
         mlp_rows, mlp_refused = _chunked_mlp(model, blocks, inputs, mode, device, mlp_chunk, heads_chunked, autocast,
-                                             keep_outputs) if "full" in usable and "full" not in unusable else ({}, None)
+                                             keep_outputs) if every_block else ({}, None)
         remove(model)
         used: set[str] = set()
         step_flops, _per_module = _flops_step(model, inputs, mode, used, autocast)

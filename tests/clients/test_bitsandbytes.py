@@ -15,7 +15,7 @@ bnb = pytest.importorskip("bitsandbytes")
 
 import hf_ckpt  # noqa: E402
 from hf_ckpt.budget import forms as _budget, deferred as _deferred  # noqa: E402
-from hf_ckpt.budget.optimizer_states import pending_state_bytes, unwrap  # noqa: E402
+from hf_ckpt.meters.optimizer_states import pending_state_bytes, unwrap  # noqa: E402
 from hf_ckpt.runtime.state import get_state  # noqa: E402
 from helpers import VOCAB, tiny_llama  # noqa: E402
 
