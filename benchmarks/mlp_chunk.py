@@ -20,7 +20,7 @@ import transformers
 
 import hf_ckpt
 from hf_ckpt.estimate import estimate
-from hf_ckpt.measure.memory import StorageTracker
+from hf_ckpt.meters.memory import StorageTracker
 
 
 def _measured(model, ids) -> tuple[int, int]:

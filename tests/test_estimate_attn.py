@@ -11,7 +11,7 @@ import transformers
 
 from hf_ckpt import cli
 from hf_ckpt.estimate import estimate
-from hf_ckpt.measure.step import measure_step
+from hf_ckpt.meters.step import measure_step
 
 BATCH, SEQ = 2, 64
 

@@ -13,7 +13,7 @@ import transformers
 from hf_ckpt import cli
 from hf_ckpt.estimate import estimate
 from hf_ckpt.estimate._labels import batch_for
-from hf_ckpt.measure.step import measure_step
+from hf_ckpt.meters.step import measure_step
 
 BATCH, SEQ = 4, 64
 _BERT = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_hidden_layers=4, vocab_size=256,

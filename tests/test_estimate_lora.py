@@ -12,7 +12,7 @@ import transformers
 
 from hf_ckpt import cli
 from hf_ckpt.estimate import estimate
-from hf_ckpt.measure.step import measure_step
+from hf_ckpt.meters.step import measure_step
 
 peft = pytest.importorskip("peft")
 

@@ -13,7 +13,7 @@ import transformers
 
 import hf_ckpt
 from hf_ckpt.estimate import estimate
-from hf_ckpt.measure.memory import StorageTracker
+from hf_ckpt.meters.memory import StorageTracker
 
 BATCH, SEQ, CHUNK = 2, 256, 64
 

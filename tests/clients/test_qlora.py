@@ -16,7 +16,7 @@ import torch
 bnb = pytest.importorskip("bitsandbytes")
 
 import hf_ckpt  # noqa: E402
-from hf_ckpt.measure.memory import StorageTracker  # noqa: E402
+from hf_ckpt.meters.memory import StorageTracker  # noqa: E402
 
 BATCH, SEQ = 4, 256
 
