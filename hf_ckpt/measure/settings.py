@@ -194,7 +194,7 @@ def _mlp(argument: str | None) -> Setting:
     return Setting(
         f"mlp:{tokens}",
         f"hf_ckpt.enable(model, mlp_chunk_size={tokens}): every block, each block's MLP in chunks of {tokens} tokens",
-        apply=lambda model: apply_options(model, mlp_chunk_size=tokens),
+        apply=_enabled(mlp_chunk_size=tokens),
         remove=remove,
     )
 
