@@ -67,6 +67,21 @@ def tiny_t5(layers: int = 2, cls: type = T5ForConditionalGeneration) -> PreTrain
 MODEL_BUILDERS = {"llama": tiny_llama, "gpt2": tiny_gpt2, "bert": tiny_bert, "t5": tiny_t5}
 
 
+class TokenRows(torch.utils.data.Dataset):
+    """``rows`` rows of ``seq`` random token ids (seeded by their index) below ``vocab``, their labels the ids: a
+    ``Trainer`` dataset for the tiny models."""
+
+    def __init__(self, vocab: int = 64, seq: int = 16, rows: int = 8) -> None:
+        self.vocab, self.seq, self.rows = vocab, seq, rows
+
+    def __len__(self) -> int:
+        return self.rows
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        ids = torch.randint(1, self.vocab, (self.seq,), generator=torch.Generator().manual_seed(i))
+        return {"input_ids": ids, "labels": ids.clone()}
+
+
 def batch_for(model: nn.Module) -> dict[str, torch.Tensor]:
     generator = torch.Generator().manual_seed(1)
     input_ids = torch.randint(1, VOCAB, (BATCH, SEQ), generator=generator)

@@ -19,7 +19,7 @@ from hf_ckpt.budget import forms as _budget, deferred as _deferred
 from hf_ckpt.runtime.state import AttributeSnapshot, get_state
 from hf_ckpt.runtime.counting import BlockRunCounter
 from hf_ckpt.estimate import profile_of
-from helpers import VOCAB, max_grad_diff, tiny_llama, train_step
+from helpers import VOCAB, TokenRows, max_grad_diff, tiny_llama, train_step
 
 SEQ = 16
 
@@ -55,16 +55,6 @@ def free_memory():
     _budget.set_free_memory_source(previous)
 
 
-class _Tokens(torch.utils.data.Dataset):
-    def __len__(self) -> int:
-        return 8
-
-    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        ids = torch.randint(1, VOCAB, (SEQ,), generator=torch.Generator().manual_seed(i))
-        return {"input_ids": ids, "labels": ids.clone()}
-
-
-
 def _training_args(tmp_path, kwargs: dict, max_steps: int = 1, **extra):
     """The stock Trainer's arguments for these tests: checkpointing with ``gradient_checkpointing_kwargs=kwargs``,
     batches of 2, no learning, logging or saving, on the CPU."""
@@ -83,7 +73,7 @@ def test_stock_trainer_plans_the_first_batch_logs_once_and_saves_the_plan(patche
 
     model = tiny_llama()
     args = _training_args(tmp_path, {"budget": 0.5}, max_steps=2)
-    trainer = Trainer(model=model, args=args, train_dataset=_Tokens())
+    trainer = Trainer(model=model, args=args, train_dataset=TokenRows(VOCAB, SEQ))
     with BlockRunCounter(model) as runs:
         trainer.train()
 
@@ -115,7 +105,7 @@ def test_stock_trainer_with_bf16_plans_for_the_autocast_its_blocks_run_under(pat
 
     model = tiny_llama()
     args = _training_args(tmp_path, {"budget": 0.5}, max_steps=2, bf16=True)
-    Trainer(model=model, args=args, train_dataset=_Tokens()).train()
+    Trainer(model=model, args=args, train_dataset=TokenRows(VOCAB, SEQ)).train()
 
     messages = budget_log()
     where = "LlamaForCausalLM at batch 2 x seq 16 (float32 with bfloat16 autocast on cpu): plan "
@@ -264,7 +254,7 @@ def test_auto_in_the_trainer_leaves_room_for_its_own_optimizer(patched, tmp_path
     free_memory(_budget.headroom(total) + made.gradients_bytes + states + max(made.transient_bytes.values())
                 + activations, total)
     args = _training_args(tmp_path, {"budget": "auto"}, optim=optim)
-    trainer = Trainer(model=model, args=args, train_dataset=_Tokens())
+    trainer = Trainer(model=model, args=args, train_dataset=TokenRows(VOCAB, SEQ))
     trainer.create_optimizer()
     assert pending_state_bytes(trainer.optimizer) == states  # AdamW's as the estimator counts them
     trainer.train()
@@ -433,7 +423,7 @@ def _trained_with(tmp_path, kwargs: dict):
     from transformers import Trainer
 
     model = tiny_llama()
-    Trainer(model=model, args=_training_args(tmp_path, kwargs), train_dataset=_Tokens()).train()
+    Trainer(model=model, args=_training_args(tmp_path, kwargs), train_dataset=TokenRows(VOCAB, SEQ)).train()
     return model
 
 

@@ -15,7 +15,7 @@ from transformers import Trainer, TrainingArguments
 
 import hf_ckpt
 from hf_ckpt.runtime.counting import BlockRunCounter
-from helpers import tiny_llama
+from helpers import TokenRows, tiny_llama
 
 VOCAB, SEQ = 64, 16
 HAS_LOSS_FUNCTION = isinstance(getattr(__import__("transformers").PreTrainedModel, "loss_function", None), property)
@@ -26,15 +26,6 @@ SETTINGS = [
     pytest.param({"every_n_layers": 2}, [0, 2], True, id="every_n_layers"),
     pytest.param({"head_chunk_size": 8}, [0, 1, 2, 3], False, id="head_chunk_size", marks=needs_loss_function),
 ]
-
-
-class _Tokens(torch.utils.data.Dataset):
-    def __len__(self) -> int:
-        return 8
-
-    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        ids = torch.randint(1, VOCAB, (SEQ,), generator=torch.Generator().manual_seed(i))
-        return {"input_ids": ids, "labels": ids.clone()}
 
 
 class _MeasuredTrainer(Trainer):
@@ -73,8 +64,8 @@ def _args(tmp_path, kwargs: dict | None, **extra) -> TrainingArguments:
 
 def _train(tmp_path, kwargs: dict | None, **extra) -> _MeasuredTrainer:
     torch.manual_seed(0)
-    trainer = _MeasuredTrainer(model=tiny_llama(), args=_args(tmp_path, kwargs, **extra), train_dataset=_Tokens(),
-                               eval_dataset=_Tokens())
+    trainer = _MeasuredTrainer(model=tiny_llama(), args=_args(tmp_path, kwargs, **extra),
+                               train_dataset=TokenRows(VOCAB, SEQ), eval_dataset=TokenRows(VOCAB, SEQ))
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", category=FutureWarning)
         trainer.train()
@@ -101,7 +92,8 @@ def test_mixed_precision_trained_twice_stays_mixed(patched, tmp_path, kwargs, re
     """accelerate wraps the model's ``forward`` for bf16 autocast; a second ``train()`` enables checkpointing again.
     Every step of both runs computes a block's projections in bfloat16, and keeps the setting."""
     torch.manual_seed(0)
-    trainer = _MeasuredTrainer(model=tiny_llama(), args=_args(tmp_path, kwargs, bf16=True), train_dataset=_Tokens())
+    trainer = _MeasuredTrainer(model=tiny_llama(), args=_args(tmp_path, kwargs, bf16=True),
+                               train_dataset=TokenRows(VOCAB, SEQ))
     dtypes: list[torch.dtype] = []
     trainer.model.model.layers[1].self_attn.q_proj.register_forward_hook(
         lambda module, args, output: dtypes.append(output.dtype) if module.training else None)
