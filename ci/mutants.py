@@ -78,6 +78,14 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/test_direct_blocks.py", "tests/test_reliability.py"),
     ),
     Mutant(
+        "probe_reports_a_replaced_setting",
+        "a setting replaced behind hf_ckpt's back before its first step is named as changed, not measured as failing",
+        "hf_ckpt/runtime/probe.py",
+        "        if self.stale is not None and self.stale():\n",
+        "        if False:  # mutant: the probe reports on a replaced setting\n",
+        ("tests/test_measured_recompute.py",),
+    ),
+    Mutant(
         "head_hook_not_innermost",
         "the chunked head's forward hook runs first, so every other hook sees the output with its loss",
         "hf_ckpt/runtime/head.py",

@@ -289,3 +289,22 @@ def test_once_measured_nothing_of_the_probe_runs_or_stays_in_the_record():
     assert _module_hooks(model) == lasting and state.undo == []
     hf_ckpt.disable(model)
     assert _module_hooks(model) == []
+
+
+def test_a_setting_replaced_before_its_first_step_is_named_not_measured():
+    """Upstream's disable and enable between the setting and its first step (TRL's GRPO does so around generation)
+    replace it: that step's probe says what changed, never that the replaced setting's selection failed."""
+    import hf_ckpt
+    from hf_ckpt.patch import original
+
+    model = tiny_llama()
+    hf_ckpt.enable(model, every_n_layers=2)
+    original("gradient_checkpointing_disable")(model)
+    original("gradient_checkpointing_enable")(model, gradient_checkpointing_kwargs={"use_reentrant": False})
+    batch = batch_for(model)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model(**batch).loss.backward()
+    messages = [str(w.message) for w in caught if issubclass(w.category, hf_ckpt.HfCkptWarning)]
+    assert len(messages) == 1 and "was changed outside hf_ckpt" in messages[0], messages
+    assert hf_ckpt.checkpointed_layers(model) == [0, 1, 2, 3]

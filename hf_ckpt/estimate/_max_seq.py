@@ -279,8 +279,8 @@ def max_seq(
         batch_size: Sequences per step.
         host_memory: Host memory for offloaded checkpointed inputs (bytes or a size string); None: plans that
             offload are not considered.
-        head_chunk_size, mlp_chunk_size: The chunks (tokens) of the chunked head and MLP; default
-            :data:`HEAD_CHUNK` and :data:`MLP_CHUNK`.
+        head_chunk_size: The chunk (tokens) of the chunked head; default :data:`HEAD_CHUNK`.
+        mlp_chunk_size: The chunk (tokens) of the chunked MLP; default :data:`MLP_CHUNK`.
         pcie_bandwidth: Bytes per second of a host<->device copy (default :data:`PCIE_BANDWIDTH`, PCIe 4.0 x16).
         device_flops: FLOPs per second of a block's forward (default :data:`DEVICE_FLOPS`).
         granularity: The lengths searched are multiples of this many tokens.

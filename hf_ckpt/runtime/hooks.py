@@ -29,7 +29,7 @@ from torch import nn
 from hf_ckpt.runtime.binding import Binding
 from hf_ckpt.runtime.compat import has_peft_adapters
 from hf_ckpt.runtime.probe import RecomputeProbe
-from hf_ckpt.runtime.state import CheckpointState, Hooks
+from hf_ckpt.runtime.state import CheckpointState, Hooks, warn_stale
 from hf_ckpt.runtime.warn import warn_once
 from hf_ckpt.runtime.blocks import Block
 
@@ -169,6 +169,15 @@ def _block_list_parents(model: nn.Module, blocks: tuple[Block, ...]) -> list[nn.
     return parents
 
 
+def _went_stale(state: CheckpointState, target: nn.Module) -> bool:
+    """Whether the setting the probe measured was changed behind hf_ckpt's back (upstream's enable/disable between
+    the setting and its first step, as TRL's GRPO does around generation); one warning says what changed."""
+    if state.is_current():
+        return False
+    warn_stale(target, state)
+    return True
+
+
 def _record_measurement(state: CheckpointState, blocks: tuple[int, ...]) -> None:
     state.measured = blocks
     state.hooks.discard("probe")
@@ -187,7 +196,8 @@ def add_probe(state: CheckpointState, target: nn.Module, binding: Binding) -> No
     Once it has measured, its hooks are removed and its ``cancel`` leaves ``state.undo``: a later step runs none of
     it."""
     probe = RecomputeProbe(
-        target, binding.blocks, binding.selected, binding.config.describe(), functools.partial(_record_measurement, state)
+        target, binding.blocks, binding.selected, binding.config.describe(),
+        functools.partial(_record_measurement, state), functools.partial(_went_stale, state, target),
     )
     probe.watch(functools.partial(_add_to_group, state.hooks, "probe"))
     state.undo.append(probe.cancel)  # a setting taken back mid-step must not report on a step it did not see

@@ -43,6 +43,8 @@ class RecomputeProbe:
         expected: The blocks the setting selects.
         setting: How the setting reads, for the warning.
         on_result: Called once with the measured blocks when the step ends, before the hooks go.
+        stale: Called when the step ends: True where the setting was changed behind hf_ckpt's back since (it warns
+            so itself); the probe then reports nothing, since what it measured is no longer the setting.
     """
 
     def __init__(
@@ -52,8 +54,10 @@ class RecomputeProbe:
         expected: tuple[int, ...],
         setting: str,
         on_result: Callable[[tuple[int, ...]], None],
+        stale: Callable[[], bool] | None = None,
     ) -> None:
         self.owner = owner
+        self.stale = stale
         self.expected = tuple(expected)
         self.setting = setting
         self.on_result = on_result
@@ -116,6 +120,8 @@ class RecomputeProbe:
             return
         self.done = True
         listeners.discard(self)
+        if self.stale is not None and self.stale():
+            return
         measured = tuple(self.counter.recomputed_in_backward())
         if measured != self.expected:
             warn_once(
