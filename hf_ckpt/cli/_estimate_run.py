@@ -73,21 +73,31 @@ def _quantization(args: argparse.Namespace):
     if args.quantize == "8bit":
         if four_bit_only:
             raise CommandError(f"{four_bit_only[0]} applies to --quantize 4bit only")
-        from transformers import BitsAndBytesConfig
-
-        return BitsAndBytesConfig(load_in_8bit=True)
+        return _bitsandbytes_config(load_in_8bit=True)
     quant_type = args.quant_type or "nf4"
     if quant_type not in ("nf4", "fp4"):
         raise CommandError(f"--quant-type must be nf4 or fp4; got {quant_type!r}")
-    from transformers import BitsAndBytesConfig
-
     try:
         compute = check_dtype(args.quant_compute_dtype or args.autocast or args.dtype)
     except ValueError as error:
         option = "--quant-compute-dtype" if args.quant_compute_dtype else "--autocast" if args.autocast else "--dtype"
         raise CommandError(f"{option}: {error}") from None
-    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=quant_type,
-                              bnb_4bit_use_double_quant=args.double_quant, bnb_4bit_compute_dtype=compute)
+    return _bitsandbytes_config(load_in_4bit=True, bnb_4bit_quant_type=quant_type,
+                                bnb_4bit_use_double_quant=args.double_quant, bnb_4bit_compute_dtype=compute)
+
+
+def _bitsandbytes_config(**options: Any) -> Any:
+    """``transformers.BitsAndBytesConfig(**options)``; before transformers 5 its checks read bitsandbytes' version, so
+    there it needs bitsandbytes installed (the estimate itself does not)."""
+    from importlib.metadata import PackageNotFoundError
+
+    from transformers import BitsAndBytesConfig
+
+    try:
+        return BitsAndBytesConfig(**options)
+    except PackageNotFoundError:
+        raise CommandError("--quantize: this transformers release's BitsAndBytesConfig needs bitsandbytes installed "
+                           "(pip install bitsandbytes); the estimate itself loads none of it") from None
 
 
 _OPTIONS = {"world_size": "--world-size", "shard": "--shard", "offload_optimizer": "--offload-optimizer",
