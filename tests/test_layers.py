@@ -61,8 +61,9 @@ TOP_LEVEL_MODULES = 12
 #: import of hf_ckpt makes (each kind's folder, distributed, integrations: no torch, the kinds' modules still load
 #: only when a setting uses them) and the one door (EnableRequest.of, apply_request) add about 215 lines, so that the
 #: runtime imports no package above it); #44 (the chunked head in hooks, the stale record's
-#: warning, runtime/wrapping.py: about 90) and #47 (mlp_chunk_size through core, config, apply, the mixin: 36).
-RUNTIME_LINES = 5000
+#: warning, the stale check, runtime/wrapping.py: about 110) and #47 (mlp_chunk_size through core, config, apply, the
+#: mixin: 36): 5,014 with the chunked head.
+RUNTIME_LINES = 5050
 
 
 def _module_name(path: Path) -> str:

@@ -94,6 +94,7 @@ def install(model: nn.Module, config: CheckpointConfig, *, source: Source = Sour
     guards = extensions.guard_hooks(target) if binding is not None and wrappers is None else []
     for guard in guards:  # one of the record's hooks: removed and put back with them (apply's outlives it)
         state.hooks.add(target, "register_forward_pre_hook", guard, group="guard")
+    _hooks.add_stale_check(state, target)  # the last of its pre-hooks
     set_state(target, state)
     return state
 

@@ -29,7 +29,7 @@ from torch import nn
 from hf_ckpt.runtime.binding import Binding
 from hf_ckpt.runtime.compat import has_peft_adapters
 from hf_ckpt.runtime.probe import RecomputeProbe
-from hf_ckpt.runtime.state import CheckpointState, Hooks, warn_stale
+from hf_ckpt.runtime.state import STATE_ATTRIBUTE, CheckpointState, Hooks, clear_state, warn_stale
 from hf_ckpt.runtime.warn import warn_once
 from hf_ckpt.runtime.blocks import Block
 
@@ -167,6 +167,22 @@ def _block_list_parents(model: nn.Module, blocks: tuple[Block, ...]) -> list[nn.
                 parents.append(module)
                 break
     return parents
+
+
+def _drop_if_stale(state: CheckpointState, target: nn.Module, module: nn.Module, args: Any) -> None:
+    """The last of the record's pre-hooks: a record changed behind hf_ckpt's back (upstream's disable without the
+    patch) is dropped, with one warning naming the change, before the forward runs, so none of its hooks acts on a
+    setting that is gone (the record's earlier pre-hooks see it stale and stand aside). Last, because torch looks up
+    the pre-hooks after it by their handles, which dropping removes. hf_ckpt's own changes (flags lent to a no-grad
+    forward) never make it stale."""
+    if target.__dict__.get(STATE_ATTRIBUTE) is state and not state.is_current():
+        warn_stale(target, state)
+        clear_state(target)
+
+
+def add_stale_check(state: CheckpointState, target: nn.Module) -> None:
+    """:func:`_drop_if_stale` on ``target``, after the record's other pre-hooks."""
+    state.hooks.add(target, "register_forward_pre_hook", functools.partial(_drop_if_stale, state, target))
 
 
 def _went_stale(state: CheckpointState, target: nn.Module) -> bool:
