@@ -251,8 +251,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "no_grad_still_checkpoints",
         "under torch.no_grad the model runs exactly as without checkpointing",
         "hf_ckpt/runtime/hooks.py",
-        "    if torch.is_grad_enabled():\n        return\n    values = ",
-        "    if True:  # mutant: flags stay on under no_grad\n        return\n    values = ",
+        "    if torch.is_grad_enabled():\n        return\n    saved.append(",
+        "    if True:  # mutant: flags stay on under no_grad\n        return\n    saved.append(",
         ("tests/test_enable.py::test_a_no_grad_forward_in_training_mode_checkpoints_nothing",),
     ),
     Mutant(

@@ -108,24 +108,22 @@ def _flags_off(state: CheckpointState, flagged: tuple[nn.Module, ...], saved: li
                args: Any) -> None:
     if torch.is_grad_enabled():
         return
-    values = [m.__dict__.get("gradient_checkpointing") for m in flagged]
-    lent = state.lend(flagged)  # off for this forward by hf_ckpt's own doing: the record stays current
-    lent.__enter__()
-    saved.append((values, lent))
+    saved.append([m.__dict__.get("gradient_checkpointing") for m in flagged])
+    state.lend(flagged)  # off for this forward by hf_ckpt's own doing: the record stays current
     for m in flagged:
         m.__dict__["gradient_checkpointing"] = False
 
 
-def _flags_back(flagged: tuple[nn.Module, ...], saved: list, module: nn.Module, args: Any, output: Any) -> None:
+def _flags_back(state: CheckpointState, flagged: tuple[nn.Module, ...], saved: list, module: nn.Module, args: Any,
+                output: Any) -> None:
     if torch.is_grad_enabled() or not saved:
         return
-    values, lent = saved.pop()
-    for m, value in zip(flagged, values):
+    for m, value in zip(flagged, saved.pop()):
         if value is None:
             m.__dict__.pop("gradient_checkpointing", None)
         else:
             m.__dict__["gradient_checkpointing"] = value
-    lent.__exit__(None, None, None)
+    state.take_back_lent(flagged)
 
 
 def stacks_of(blocks: tuple[Block, ...]) -> list[nn.Module]:
@@ -154,7 +152,7 @@ def add_no_grad_hooks(state: CheckpointState, model: nn.Module, blocks: tuple[Bl
         mine = tuple(m for m in flagged if id(m) in inside)
         saved: list = []
         hooks.add(parent, "register_forward_pre_hook", functools.partial(_flags_off, state, mine, saved))
-        hooks.add(parent, "register_forward_hook", functools.partial(_flags_back, mine, saved), always_call=True)
+        hooks.add(parent, "register_forward_hook", functools.partial(_flags_back, state, mine, saved), always_call=True)
 
 
 def _block_list_parents(model: nn.Module, blocks: tuple[Block, ...]) -> list[nn.Module]:

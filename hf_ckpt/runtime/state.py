@@ -175,15 +175,14 @@ class CheckpointState:
                 f"{type(module).__name__}.{name} is {shown}, not the function hf_ckpt set"
         return None
 
-    @contextlib.contextmanager
-    def lend(self, modules: tuple[nn.Module, ...]) -> Iterator[None]:
-        """While the body runs, the ``gradient_checkpointing`` flags of ``modules`` may be False without making the
-        record stale (hf_ckpt turns them off itself for one forward)."""
+    def lend(self, modules: tuple[nn.Module, ...]) -> None:
+        """Until :meth:`take_back_lent`, the ``gradient_checkpointing`` flags of ``modules`` may be False without
+        making the record stale (hf_ckpt turns them off itself for one forward)."""
         self.lent.update(id(m) for m in modules)
-        try:
-            yield
-        finally:
-            self.lent.subtract(id(m) for m in modules)
+
+    def take_back_lent(self, modules: tuple[nn.Module, ...]) -> None:
+        """End one :meth:`lend` of ``modules``."""
+        self.lent.subtract(id(m) for m in modules)
 
     def record(self, module: nn.Module, name: str, value: Any) -> None:
         """Set ``module.<name> = value`` on hf_ckpt's behalf, keeping the record current."""
