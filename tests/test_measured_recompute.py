@@ -307,3 +307,18 @@ def test_a_setting_replaced_before_its_first_step_is_named_not_measured():
         model(**batch).loss.backward()
     messages = [str(w.message) for w in caught if issubclass(w.category, hf_ckpt.HfCkptWarning)]
     assert len(messages) == 1 and "was changed outside hf_ckpt" in messages[0], messages
+
+
+def test_a_setting_replaced_before_its_first_step_is_named_as_changed_not_measured_as_failing():
+    """Upstream's disable, then a first step that never passes the model's own forward (the inner stack is called):
+    the probe, at the end of that step, names the change; it does not report the unrecomputed blocks as a failure."""
+    model = tiny_llama()
+    batch = batch_for(model)
+    hf_ckpt.enable(model, every_n_layers=2)
+    model.gradient_checkpointing_disable()  # upstream's, not patched: the record goes stale
+    model.train()
+    with pytest.warns(HfCkptWarning) as caught:
+        model.model(input_ids=batch["input_ids"]).last_hidden_state.sum().backward()
+    assert [str(w.message) for w in caught if "Measured" in str(w.message)] == []
+    assert len(caught) == 1 and "was changed outside hf_ckpt" in str(caught[0].message), [str(w.message) for w in caught]
+    assert hf_ckpt.checkpointed_layers(model) == []

@@ -57,4 +57,16 @@ def test_a_mutant_nothing_catches_survives(tmp_path):
     _toy_repository(tmp_path)
     harmless = mutants.Mutant("comment", "-", "toy.py", "# the promise", "# reworded", ("tests/test_toy.py",))
     killed, verdict, _ = mutants.run_mutant(harmless, tmp_path, sys.executable, timeout=120)
-    assert not killed and verdict == "SURVIVED"
+    assert not killed and verdict == "SURVIVED its named tests (tests/test_toy.py)"
+
+
+def test_only_the_named_tests_run_unless_the_whole_suite_is_asked_for(tmp_path):
+    """A mutant its named tests miss survives without the rest of the suite (CI's time stays bounded); with
+    whole_suite the rest runs and finds the killer."""
+    _toy_repository(tmp_path)
+    (tmp_path / "tests" / "test_other.py").write_text("def test_nothing():\n    assert True\n")
+    broken = mutants.Mutant("toy", "VALUE is 1", "toy.py", "VALUE = 1", "VALUE = 2", ("tests/test_other.py",))
+    killed, verdict, _ = mutants.run_mutant(broken, tmp_path, sys.executable, timeout=120)
+    assert not killed and verdict == "SURVIVED its named tests (tests/test_other.py)"
+    killed, verdict, _ = mutants.run_mutant(broken, tmp_path, sys.executable, timeout=120, whole_suite=True)
+    assert killed and verdict == "tests/test_toy.py::test_value"
