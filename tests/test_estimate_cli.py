@@ -139,3 +139,33 @@ def test_the_check_model_repeats_the_layer_types_of_a_config_with_fewer_blocks()
     tiny = tiny_config(config)
     assert tiny.num_hidden_layers == BLOCKS
     assert tiny.layer_types == ["sliding_attention", "full_attention"] * (BLOCKS // 2)
+
+
+def test_offload_adds_the_offloaded_rows_with_their_host_memory(config_path, tmp_path, capsys):
+    """--offload: each row with every block full gets its +offload row, less on the device by all but two blocks'
+    inputs, the host column saying what the host holds (the 6 blocks' float32 inputs); the other rows show '-'."""
+    path = tmp_path / "est.json"
+    code = cli.main(["estimate", config_path, "--batch", "2", "--seq", "16", "--dtype", "float32", "--device", "cpu",
+                     "--strategies", "none,full", "--offload", "--json", str(path)])
+    out = capsys.readouterr().out
+    assert code == 0
+    data = json.loads(path.read_text())
+    one_input = 2 * 16 * 32 * 4
+    assert data["activation_host_bytes"] == {"full+offload": 6 * one_input, "full+head:16+offload": 6 * one_input}
+    assert data["activation_bytes"]["full"] - data["activation_bytes"]["full+offload"] == 6 * one_input
+    assert data["peak_bytes"]["full"] - data["peak_bytes"]["full+offload"] == 4 * one_input
+    header = next(line for line in out.splitlines() if line.startswith("strategy"))
+    assert header.split() == ["strategy", "activations", "peak", "fits", "FLOPs", "ratio", "host"]
+    rows = {line.split()[0]: line for line in out.splitlines() if line.split() and line.split()[0] in (
+        "none", "full", "full+offload")}
+    assert rows["none"].rstrip().endswith("-") and rows["full"].rstrip().endswith("-")
+    assert rows["full+offload"].rstrip().endswith("0.02 MiB")
+
+
+def test_offload_activations_must_be_a_bool():
+    from hf_ckpt.estimate import estimate
+
+    with pytest.raises(ValueError, match="offload_activations"):
+        estimate(transformers.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                          num_attention_heads=4, num_key_value_heads=2, vocab_size=64),
+                 batch_size=1, seq_len=8, offload_activations="yes")

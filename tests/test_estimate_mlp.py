@@ -1,7 +1,9 @@
-"""The chunked MLP (``mlp_chunk_size``) in the estimate: the rows ``full+mlp:<m>`` and ``full+head:<c>+mlp:<m>``.
+"""The chunked MLP (``mlp_chunk_size``) and offloaded checkpoints in the estimate: the rows ``full+mlp:<m>``,
+``full+head:<c>+mlp:<m>`` and their ``+offload``.
 
 What users rely on: on a model whose MLP dominates (intermediate 16x hidden), the row's peak is far below ``full``'s
-and, measured on a CPU step, the retained bytes and the peak agree with the estimate within 3 %; a model that refuses
+and, measured on a CPU step, the retained bytes, the peak and the offload's host bytes agree with the estimate within
+3 %; a model that refuses
 the setting gets no row, the reason said; a bad chunk is refused at the call.
 """
 
@@ -13,7 +15,7 @@ import transformers
 
 import hf_ckpt
 from hf_ckpt.estimate import estimate
-from hf_ckpt.meters.memory import StorageTracker
+from hf_ckpt.meters.memory import HOST, StorageTracker
 
 BATCH, SEQ, CHUNK = 2, 256, 64
 
@@ -27,7 +29,7 @@ def _config(**overrides):
 @pytest.fixture(scope="module")
 def made():
     return estimate(_config(), batch_size=BATCH, seq_len=SEQ, dtype="float32", device="cpu",
-                    strategies=("none", "full"), head_chunk_size=CHUNK, mlp_chunk_size=CHUNK)
+                    strategies=("none", "full"), head_chunk_size=CHUNK, mlp_chunk_size=CHUNK, offload_activations=True)
 
 
 @pytest.mark.slow
@@ -61,9 +63,9 @@ def test_a_bad_chunk_is_refused_at_the_call(value):
     assert "mlp_chunk_size" in str(raised.value)
 
 
-def _measured(model, ids) -> tuple[int, int]:
-    """(bytes retained at the end of forward, peak of the step), gradients allocated before the step (as the
-    estimate counts them: whole, apart)."""
+def _measured(model, ids) -> tuple[int, int, int]:
+    """(bytes retained at the end of forward, peak of the step, host bytes of an offload), gradients allocated before
+    the step (as the estimate counts them: whole, apart)."""
     for parameter in model.parameters():
         parameter.grad = torch.zeros_like(parameter)
     with StorageTracker() as tracker:
@@ -71,20 +73,27 @@ def _measured(model, ids) -> tuple[int, int]:
         retained = tracker.live_bytes().get("cpu", 0)
         loss.backward()
         del loss
-        peak = tracker.peak_bytes().get("cpu", 0)
-    return retained, peak
+        peak = tracker.peak_bytes()
+    return retained, peak.get("cpu", 0), peak.get(HOST, 0)
 
 
 @pytest.mark.slow
 @pytest.mark.filterwarnings("ignore")
-def test_measured_memory_agrees_with_the_estimate_within_3_percent(made):
+def test_measured_memory_agrees_with_the_estimate_within_3_percent(made, monkeypatch):
+    """The chunked MLP and the offloaded checkpoints (the CPU standing in for the accelerator: its host copies
+    counted apart, the copies back new tensors, as on a GPU): retained bytes, the peak and the host bytes."""
+    monkeypatch.setattr("hf_ckpt.runtime.binding.current_accelerator", lambda: torch.device("cpu"))
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(_config()).train()
     ids = torch.randint(0, 256, (BATCH, SEQ), generator=torch.Generator().manual_seed(0))
+    both = {"mlp_chunk_size": CHUNK, "head_chunk_size": CHUNK}
     for name, options in (("full", {}), (f"full+mlp:{CHUNK}", {"mlp_chunk_size": CHUNK}),
-                          (f"full+head:{CHUNK}+mlp:{CHUNK}", {"mlp_chunk_size": CHUNK, "head_chunk_size": CHUNK})):
+                          (f"full+head:{CHUNK}+mlp:{CHUNK}", both), ("full+offload", {"offload": True}),
+                          (f"full+head:{CHUNK}+mlp:{CHUNK}+offload", {**both, "offload": True})):
         hf_ckpt.enable(model, **options)
-        retained, peak = _measured(model, ids)
+        retained, peak, host = _measured(model, ids)
         hf_ckpt.disable(model)
         assert made.activation_bytes[name] == pytest.approx(retained, rel=0.03), name
         assert made.peak_bytes[name] - made.fixed_bytes == pytest.approx(peak, rel=0.03), name
+        assert made.activation_host_bytes.get(name, 0) == pytest.approx(host, rel=0.03), name
+    assert host > 0 and made.peak_bytes[name] < made.peak_bytes[f"full+head:{CHUNK}+mlp:{CHUNK}"]

@@ -32,6 +32,9 @@ def test_the_fit_is_exact_through_three_points_and_the_search_finds_the_last_len
     (["--max-seq", "--device-memory", "1GiB", "--seq", "8"], "--max-seq searches for the sequence length itself"),
     (["--device-memory", "1GiB"], "--seq is required"),
     (["--seq", "8", "--host-memory", "1GiB"], "--host-memory only applies with --max-seq"),
+    (["--max-seq", "--device-memory", "1GiB", "--offload"],
+     "--offload: --max-seq offloads the checkpointed inputs where --host-memory is given; drop --offload"),
+    (["--seq", "8", "--check", "--offload"], "--offload: --check compares a step without offload"),
 ])
 def test_argument_errors(tmp_path, argv, message, capsys):
     transformers.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
@@ -47,6 +50,7 @@ def test_argument_errors(tmp_path, argv, message, capsys):
     ({"device_memory": "1GiB", "mlp_chunk_size": 0}, "mlp_chunk_size"),
     ({"device_memory": "1GiB", "pcie_bandwidth": 0}, "pcie_bandwidth must be a positive number"),
     ({"device_memory": "1GiB", "seq_len": 8}, "max_seq chooses seq_len itself"),
+    ({"device_memory": "1GiB", "offload_activations": True}, "max_seq chooses offload_activations itself"),
 ])
 def test_bad_arguments_are_refused_at_the_call(options, message):
     with pytest.raises(ValueError) as raised:

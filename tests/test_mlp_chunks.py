@@ -1,7 +1,8 @@
-"""``mlp_chunk_size``: every block's MLP over the tokens in checkpointed chunks.
+"""``mlp_chunk_size``: every block's MLP and norms over the tokens in checkpointed chunks.
 
 What users rely on: the loss and every gradient equal the unchunked step's (Llama, Qwen2, Mistral, GPT-2; every
-block strategy; LoRA on the MLP); the MLP really runs in chunks of at most N tokens; ``state_dict`` keys and module
+block strategy; LoRA on the MLP); the MLP and the blocks' norms really run in chunks of at most N tokens (the final
+norm whole); ``state_dict`` keys and module
 names are unchanged; ``eval``/``no_grad``/``generate`` between steps give the outputs of the model without it;
 ``disable`` takes it off exactly; bad values and MLPs that are not position-wise are refused at the call, changing
 nothing.
@@ -67,6 +68,33 @@ def test_gradients_equal_the_unchunked_step_and_the_mlp_runs_in_chunks(model_typ
     assert 16 not in sizes.tokens
 
 
+@pytest.mark.parametrize("model_type", ["llama", "gpt2"])
+def test_the_blocks_norms_run_in_chunks_too_and_the_final_norm_whole(model_type, monkeypatch):
+    """Each block's norms (RMSNorm, LayerNorm) see at most CHUNK tokens with grad on; the final norm, outside the
+    blocks, sees the whole batch; gradients as unchunked."""
+    model, batch = _build(model_type), _batch()
+    block_norms = mlp_chunks.norms(model)
+    assert len(block_norms) == 2 * 3
+    final = model.model.norm if model_type == "llama" else model.transformer.ln_f
+    seen: dict[int, list[int]] = {}
+    kind = type(final)
+    original = kind.forward
+
+    def counted(self, hidden, *args, **kwargs):
+        seen.setdefault(id(self), []).append(hidden[..., 0].numel())
+        return original(self, hidden, *args, **kwargs)
+
+    monkeypatch.setattr(kind, "forward", counted)
+    reference = train_step(model, batch)
+    seen.clear()
+    hf_ckpt.enable(model, mlp_chunk_size=CHUNK)
+    chunked = train_step(model, batch)
+    assert max_grad_diff(reference, chunked) < 1e-6
+    for norm in block_norms:
+        assert max(seen[id(norm)]) == CHUNK and 1 in seen[id(norm)], seen[id(norm)]
+    assert set(seen[id(final)]) == {16}
+
+
 def test_names_and_state_dict_keys_are_unchanged_and_disable_takes_it_off():
     model = tiny_llama(layers=3)
     names, keys = [n for n, _ in model.named_modules()], list(model.state_dict())
@@ -118,7 +146,7 @@ def test_bad_values_are_refused_at_the_call_changing_nothing(value, shown):
         "mlp_chunk_size must be a positive int (tokens per chunk of each block's MLP) or None (no chunking); "
         f"got {shown}")
     assert hf_ckpt.checkpointed_layers(model) == [0, 2]
-    assert all(not m._forward_hooks for m in mlp_chunks.mlps(model))
+    assert all(not m._forward_hooks for m in mlp_chunks.mlps(model) + mlp_chunks.norms(model))
 
 
 def _mixtral() -> transformers.PreTrainedModel:

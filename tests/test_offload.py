@@ -79,6 +79,37 @@ def test_offload_code_path_on_cpu_with_pinning_off(monkeypatch):
 
 
 @requires("cpu.Stream.wait_event")
+def test_on_cpu_the_host_copies_count_apart_and_two_inputs_come_back_at_once(monkeypatch):
+    """Measured on CPU as on an accelerator: the blocks' inputs live as host copies (StorageTracker's "host"), off
+    the device count, from the end of forward; in backward each comes back as a new tensor, at most two at once (the
+    one recomputed and the one prefetched)."""
+    from hf_ckpt.meters.memory import HOST, StorageTracker
+
+    monkeypatch.setattr("hf_ckpt.runtime.binding.current_accelerator", lambda: torch.device("cpu"))
+    model = tiny_llama()
+    batch = batch_for(model)
+    inputs = batch["input_ids"].numel() * model.config.hidden_size * 4  # one block's float32 input
+    figures = {}
+    for offload in (False, True):
+        hf_ckpt.enable(model, offload=offload)
+        for parameter in model.parameters():
+            parameter.grad = torch.zeros_like(parameter)
+        with StorageTracker() as tracker:
+            loss = model(**batch).loss
+            retained = tracker.live_bytes()
+            tracker.reset_peak()
+            loss.backward()
+            del loss
+            figures[offload] = retained, tracker.peak_bytes()
+    (plain, plain_peak), (offloaded, offloaded_peak) = figures[False], figures[True]
+    assert HOST not in plain and offloaded[HOST] == 4 * inputs  # every block's input, copied once
+    assert plain["cpu"] - offloaded["cpu"] == 4 * inputs
+    assert offloaded_peak[HOST] == 4 * inputs
+    # at the backward's peak two inputs are back on the device, where without offload all four still are
+    assert plain_peak["cpu"] - offloaded_peak["cpu"] == 2 * inputs
+
+
+@requires("cpu.Stream.wait_event")
 @pytest.mark.any_release
 def test_overlapped_offload_keeps_small_and_foreign_tensors_in_place():
     from hf_ckpt.runtime.offload import OverlappedOffload

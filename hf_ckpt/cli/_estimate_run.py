@@ -193,14 +193,25 @@ def _device_memory(args: argparse.Namespace) -> int | None:
     return device_memory
 
 
+def _refuse_combinations(args: argparse.Namespace, quantization: Any) -> None:
+    """The options that cannot go together, each refused naming the one to drop."""
+    if args.check and args.keep_outputs:
+        raise CommandError("--keep-outputs: --check compares the Trainer's step (outputs dropped) only; drop one")
+    if args.check and quantization is not None:
+        raise CommandError("--quantize: --check compares an unquantized step (bitsandbytes is not needed); drop one")
+    if args.check and args.offload:
+        raise CommandError("--offload: --check compares a step without offload (there is no accelerator to offload "
+                           "from); drop one")
+    if args.max_seq and args.offload:
+        raise CommandError("--offload: --max-seq offloads the checkpointed inputs where --host-memory is given; drop "
+                           "--offload")
+
+
 def run(args: argparse.Namespace) -> int:
     """Run ``hf-ckpt estimate``; returns the exit status."""
     device_memory = _device_memory(args)
-    if args.check and args.keep_outputs:
-        raise CommandError("--keep-outputs: --check compares the Trainer's step (outputs dropped) only; drop one")
     quantization = _quantization(args)
-    if args.check and quantization is not None:
-        raise CommandError("--quantize: --check compares an unquantized step (bitsandbytes is not needed); drop one")
+    _refuse_combinations(args, quantization)
     if args.check:
         return run_check(args.config)
     if args.max_seq:
@@ -216,7 +227,8 @@ def run(args: argparse.Namespace) -> int:
                         keep_outputs=args.keep_outputs, world_size=args.world_size, shard=args.shard,
                         offload_optimizer=args.offload_optimizer, offload_parameters=args.offload_parameters,
                         head_chunk_size=args.head_chunk_size, quantization_config=quantization,
-                        attn_implementation=args.attn, mlp_chunk_size=args.mlp_chunk_size)
+                        attn_implementation=args.attn, mlp_chunk_size=args.mlp_chunk_size,
+                        offload_activations=args.offload)
     except (ValueError, FileNotFoundError) as error:
         raise CommandError(_option_names(str(error))) from None
     print(str(made).rsplit("\n", 1 + len(made.activation_bytes) + 1)[0])

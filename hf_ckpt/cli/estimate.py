@@ -92,6 +92,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mlp-chunk-size", type=int, default=None, metavar="TOKENS",
                         help="tokens per chunk of the chunked MLP (the rows full+mlp:TOKENS and "
                              "full+head:<c>+mlp:TOKENS; default: not estimated, 4096 with --max-seq)")
+    parser.add_argument("--offload", action="store_true",
+                        help="also the rows <row>+offload of every row with every block full: hf_ckpt.enable(..., "
+                             "offload=True), the checkpointed block inputs in host memory (the table's host column) "
+                             "but two in flight on the device")
     parser.add_argument("--max-seq", action="store_true",
                         help="with --device-memory: the longest --seq at --batch for which some plan fits (full; + head "
                              "chunks; + MLP chunks; + checkpointed inputs offloaded, with --host-memory), the plan, and "

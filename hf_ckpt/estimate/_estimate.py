@@ -272,6 +272,39 @@ def _with_chunked_mlp(traced: Trace, rep: Sequence[int], num_blocks: int, figure
         ratio[name] = ratio["full"] * step[name] / step["full"] if step["full"] else 1.0
 
 
+#: The suffix of a row whose checkpointed block inputs are offloaded (``offload_activations``).
+OFFLOAD_SUFFIX = "+offload"
+
+
+def _checkpoint_inputs(block_bytes: Sequence[int], device: str) -> list[int]:
+    """The bytes of each ``full`` block's checkpointed input, what the offload moves: a block's bytes but, on the
+    CPU, the generator state its checkpoint keeps beside them (a Python-side copy no saved-tensor hook sees)."""
+    kept = torch.get_rng_state().numel() if device == "cpu" else 0
+    return [max(0, value - kept) for value in block_bytes]
+
+
+def _with_offload(figures: tuple, block_bytes: Sequence[int], device: str, states: Any) -> dict:
+    """Adds ``<row>+offload`` for every row with every block full: its checkpointed inputs (``block_bytes`` of
+    ``full``) in host memory, but the two the overlapped offload holds on the device in flight
+    (:mod:`hf_ckpt.runtime.offload`: one copied back while the one before it is recomputed), counted in the peak;
+    the FLOPs unchanged. Returns each new row's host bytes."""
+    activation, peak, recompute, step, ratio, _unusable = figures
+    fixed, step_peak = states.peak_fixed_bytes, states.step_peak_bytes
+    inputs = _checkpoint_inputs(block_bytes, device)
+    if not inputs:
+        return {}
+    moved, in_flight = sum(inputs), 2 * max(inputs) if len(inputs) > 1 else max(inputs)
+    host = {}
+    for name in [n for n in activation if n == EVERY_BLOCK_ROW or n.startswith(EVERY_BLOCK_ROW + "+")]:
+        offloaded = name + OFFLOAD_SUFFIX
+        activation[offloaded] = activation[name] - moved
+        transient = peak[name] - fixed - activation[name]  # the row's transient where its peak is not the step's
+        peak[offloaded] = max(fixed + activation[offloaded] + max(0, transient) + in_flight, step_peak)
+        recompute[offloaded], step[offloaded], ratio[offloaded] = recompute[name], step[name], ratio[name]
+        host[offloaded] = moved
+    return host
+
+
 def head_chunk_for(tokens: int, hidden: int, vocab: int, seq_len: int | None = None) -> int:
     """The chunk (tokens) a chunked head is estimated with when none is given (:func:`hf_ckpt.runtime.head.default_chunk_size`,
     the planners' rule too): the tokens whose logits hold about as many values as the step's hidden states
@@ -320,9 +353,10 @@ def _head_fields(traced: Trace) -> dict[str, Any]:
 
 
 def _checked(model_or_config, batch_size, seq_len, dtype, autocast, device, optimizer, peft_config, strategies,
-             keep_outputs, head_chunk_size=None, mlp_chunk_size=None):
+             keep_outputs, head_chunk_size=None, mlp_chunk_size=None, offload_activations=False):
     """Every argument of :func:`estimate`, checked at the call (each error names its argument)."""
     arguments.check_source(model_or_config)
+    arguments.check_bool("offload_activations", offload_activations)
     if head_chunk_size is not None:
         arguments.check_positive_int("head_chunk_size", head_chunk_size)
     if mlp_chunk_size is not None:
@@ -376,6 +410,7 @@ def estimate(
     quantization_config: Any = None,
     attn_implementation: str | None = None,
     mlp_chunk_size: int | None = None,
+    offload_activations: bool = False,
 ) -> MemoryEstimate:
     """Estimate one training step's memory and compute, per checkpointing strategy, without allocating.
 
@@ -432,6 +467,10 @@ def estimate(
             attention probabilities). Needs a config, not a built model.
         mlp_chunk_size: The chunked MLP's chunk (tokens): the rows ``full+mlp:<m>`` and ``full+head:<c>+mlp:<m>``
             (every block full, each MLP recomputed a chunk at a time); None, or refused (the reason in ``unusable``): none.
+        offload_activations: Also the rows ``<row>+offload`` of every row with every block full (``full``, the
+            chunked head's and MLP's): ``hf_ckpt.enable(..., offload=True)``, each block's checkpointed input in
+            host memory (:attr:`MemoryEstimate.activation_host_bytes`) but the two the overlapped offload holds on
+            the device in flight (one copied back while the one before it is recomputed).
 
     Returns:
         A :class:`MemoryEstimate`.
@@ -442,7 +481,7 @@ def estimate(
     """
     batch_size, seq_len, torch_dtype, autocast_dtype, device, optimizer, peft_config, strategies, keep_outputs = \
         _checked(model_or_config, batch_size, seq_len, dtype, autocast, device, optimizer, peft_config, strategies,
-                 keep_outputs, head_chunk_size, mlp_chunk_size)
+                 keep_outputs, head_chunk_size, mlp_chunk_size, offload_activations)
     sharding = check_sharding(world_size, shard, offload_optimizer, offload_parameters)
     quant = _quantization(quantization_config, autocast_dtype or torch_dtype, sharding)
     attn = _check_attn(attn_implementation, device, isinstance(model_or_config, nn.Module))
@@ -464,9 +503,9 @@ def estimate(
     block_flops = {s: tuple(traced.recompute_flops[s][r] for r in rep) for s in usable}
     none_flops = traced.step_flops + sum(traced.block_flops[r] for r in rep) - sum(traced.block_flops)
 
-    activation, peak, recompute, step, ratio, unusable = _per_strategy(
-        traced, rep, strategies, num_blocks, block_flops, none_flops, per_device
-    )
+    figures = _per_strategy(traced, rep, strategies, num_blocks, block_flops, none_flops, per_device)
+    host = _with_offload(figures, block_bytes.get("full", ()), device, per_device) if offload_activations else {}
+    activation, peak, recompute, step, ratio, unusable = figures
 
     return MemoryEstimate(
         model_type=getattr(config, "model_type", None),
@@ -496,5 +535,6 @@ def estimate(
         attention=_attention(device, autocast_dtype or torch_dtype, attn),
         notes=(*_NOTES, OUTPUTS_NOTES[keep_outputs]),
         keep_outputs=keep_outputs, **_head_fields(traced), mlp_chunk_size=traced.mlp_chunk if traced.mlp_rows else None,
+        activation_host_bytes=host,
         **per_device.fields(),
     )

@@ -4,9 +4,9 @@ host where the plan offloads.
 **Plans**, from the plainest: every block checkpointed (``full``); and the head in chunks (``+head``); and every
 block's MLP in chunks (``+mlp``); and the checkpointed block inputs offloaded to pinned host memory (``+offload``,
 only with ``host_memory``). Each is a row of :func:`~hf_ckpt.estimate.estimate` (``full``, ``full+head:<c>``,
-``full+head:<c>+mlp:<m>``); the offloaded plan is the last with the blocks' checkpointed inputs (``block_bytes``
-of ``full``) moved to the host but for the two that the overlapped offload holds in flight on the device
-(:mod:`hf_ckpt.runtime.offload`: one copied back while the one before it is recomputed).
+``full+head:<c>+mlp:<m>`` and, with ``offload_activations``, that ``+offload``: the blocks' checkpointed inputs in
+host memory but for the two that the overlapped offload holds in flight on the device, one copied back while the one
+before it is recomputed).
 
 **Method.** The estimate traces the model on fake tensors at one sequence length (20 to 60 s for an 8B config on one
 CPU core), so the search does not trace at every step: each plan's device and host bytes are traced at three
@@ -153,21 +153,15 @@ def _quadratic(points: list[tuple[int, float]]) -> tuple[float, float, float]:
     return a, b, c
 
 
-def _offloaded(made: Any) -> tuple[int, int]:
-    """(device bytes the offload takes off, host bytes it holds): every block's checkpointed input to the host, but
-    the two the overlapped offload holds on the device in flight."""
-    inputs = made.block_bytes.get("full", ())
-    return (max(0, sum(inputs) - 2 * max(inputs, default=0)), sum(inputs)) if inputs else (0, 0)
-
-
 def _figures(made: Any, names: dict[str, str], host_memory: int | None) -> dict[str, tuple[int, int]]:
-    """(device bytes, host bytes) of each plan in one estimate."""
+    """(device bytes, host bytes) of each plan in one estimate: its rows, and with ``host_memory`` the last one's
+    offloaded row (``<row>+offload``)."""
     figures = {plan: (made.peak_bytes[row], 0) for plan, row in names.items() if row in made.peak_bytes}
     if host_memory is not None and names:
         last = list(names)[-1]
-        if last in figures:
-            taken, held = _offloaded(made)
-            figures[f"{last}+{OFFLOAD}"] = (figures[last][0] - taken, held)
+        offloaded = f"{names[last]}+{OFFLOAD}"
+        if last in figures and offloaded in made.activation_host_bytes:
+            figures[f"{last}+{OFFLOAD}"] = (made.peak_bytes[offloaded], made.activation_host_bytes[offloaded])
     return figures
 
 
@@ -299,14 +293,15 @@ def max_seq(
     for name, value in (("pcie_bandwidth", pcie_bandwidth), ("device_flops", device_flops)):
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
             raise ValueError(f"{name} must be a positive number (per second); got {value!r}")
-    for name in ("seq_len", "strategies", "head_chunk_size", "mlp_chunk_size"):
+    for name in ("seq_len", "strategies", "head_chunk_size", "mlp_chunk_size", "offload_activations"):
         if name in estimate_options:
             raise ValueError(f"max_seq chooses {name} itself; drop it")
     names = {"full": "full", f"full+head:{head}": f"full+head:{head}", mlp_row_name(mlp, head): mlp_row_name(mlp, head)}
 
     def traced(seq_len: int) -> tuple[Any, dict[str, tuple[int, int]]]:
         made = estimate(model_or_config, batch_size=batch_size, seq_len=seq_len, strategies=("full",),
-                        head_chunk_size=head, mlp_chunk_size=mlp, **estimate_options)
+                        head_chunk_size=head, mlp_chunk_size=mlp, offload_activations=host_bytes is not None,
+                        **estimate_options)
         return made, _figures(made, names, host_bytes)
 
     unit = max(head, mlp)

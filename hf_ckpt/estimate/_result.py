@@ -87,6 +87,8 @@ class MemoryEstimate:
             ``"8bit (LLM.int8)"``) counted in ``parameters_bytes`` and the transients, or None.
         mlp_chunk_size: The chunk (tokens) of the chunked MLP estimated (the rows ``full+mlp:<m>`` and
             ``full+head:<c>+mlp:<m>``), or None where it was not (not asked, or refused: the reason in ``unusable``).
+        activation_host_bytes: With ``offload_activations``: host bytes of each ``<row>+offload`` (the checkpointed
+            block inputs the offload keeps in pinned host memory); empty otherwise.
     """
 
     model_type: str | None
@@ -140,6 +142,7 @@ class MemoryEstimate:
     head_smaller_recompute_flops: int = 0
     quantization: str | None = None
     mlp_chunk_size: int | None = None
+    activation_host_bytes: dict[str, int] = field(default_factory=dict)
 
     @property
     def fixed_bytes(self) -> int:
@@ -169,15 +172,19 @@ class MemoryEstimate:
             handle.write(self.to_json() + "\n")
 
     def table(self, device_memory: int | None = None) -> str:
-        """One row per strategy: activation memory, peak, whether it fits, FLOPs ratio."""
+        """One row per strategy: activation memory, peak, whether it fits, FLOPs ratio (and, with offloaded rows,
+        the host memory they take)."""
         header = ["strategy", "activations", "peak", "fits", "FLOPs ratio"]
+        host = bool(self.activation_host_bytes)
+        header += ["host"] if host else []
         rows = []
         fits = self.fits(device_memory) if device_memory is not None else {}
         for name in self.activation_bytes:
             rows.append([
                 name, format_bytes(self.activation_bytes[name]), format_bytes(self.peak_bytes[name]),
                 ("yes" if fits[name] else "no") if fits else "-", f"{self.flops_ratio[name]:.3f}x",
-            ])
+            ] + ([format_bytes(self.activation_host_bytes[name]) if name in self.activation_host_bytes else "-"]
+                 if host else []))
         widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
         lines = ["  ".join(str(c).ljust(w) if i == 0 else str(c).rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
                  for r in [header, *rows]]

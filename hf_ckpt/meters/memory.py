@@ -35,8 +35,13 @@ from typing import Any, Callable, Hashable, Iterator, Sequence
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
+from hf_ckpt.runtime.offload import making_host_copy
 from hf_ckpt.runtime.storage import storage_of
 from hf_ckpt.runtime._torch import TorchDispatchMode, tree_leaves
+
+
+#: The key of :meth:`StorageTracker.live_bytes` for host copies an offload makes of CPU tensors (a CPU-only run).
+HOST = "host"
 
 
 class StorageTracker(TorchDispatchMode):
@@ -51,7 +56,8 @@ class StorageTracker(TorchDispatchMode):
         tracker.peak_bytes()                     # the most that was alive at once during the step
 
     Parameters, buffers and every storage that existed before the mode was entered are ignored, and so are views
-    of them. The counts stay valid after the mode exits (storages freed later keep being subtracted).
+    of them. On a CPU-only run, the host copies of an activation offload (``offload=True``) count under
+    :data:`HOST`, apart from ``"cpu"``, as host memory does apart from an accelerator's. The counts stay valid after the mode exits (storages freed later keep being subtracted).
     """
 
     def __init__(self, label: Callable[[], Hashable] | None = None) -> None:
@@ -106,7 +112,7 @@ class StorageTracker(TorchDispatchMode):
                 self._tracked[key] = (reference, device, nbytes)  # resized in place (an ``out=`` op)
                 self._add(device, nbytes - old)
                 return
-            device = str(storage.device)
+            device = HOST if making_host_copy() else str(storage.device)
             reference = weakref.ref(storage, self._on_free(key))
             self._tracked[key] = (reference, device, nbytes)
             if self._label is not None:

@@ -1,6 +1,9 @@
 """The sequence-chunked MLP (``mlp_chunk_size``): each block's MLP runs over the tokens in chunks of ``N``, each chunk
 checkpointed (non-reentrant), so only one chunk's intermediate activations (``N x intermediate_size`` values per
-tensor) are alive at once, in the forward and in the recompute of a checkpointed block alike.
+tensor) are alive at once, in the forward and in the recompute of a checkpointed block alike. The block's norms (its
+children that normalise each token over the hidden size: ``LayerNorm``, ``RMSNorm``) run the same way, so their
+float32 intermediates (two or three ``seq x hidden`` float32 tensors each under bf16) are a chunk's too; their
+outputs, which the attention and the MLP read whole, are not chunked.
 
 **Which module.** The MLP of a block is its child named ``mlp``, ``feed_forward`` or ``ffn`` (the first found, in that
 order; Llama, Qwen2, Mistral, GPT-2, Falcon, ...). A block without one, or whose MLP is not position-wise, is refused
@@ -39,6 +42,7 @@ MLP_NAMES = ("mlp", "feed_forward", "ffn")
 _ROUTED_NAMES = ("gate", "router", "experts")
 _ROUTED_CLASS = re.compile(r"router|expert|moe", re.IGNORECASE)
 _HOOK_GROUP = "mlp-chunks"
+_TORCH_RMS_NORM = (nn.RMSNorm,) if hasattr(nn, "RMSNorm") else ()  # torch >= 2.4
 _CONVOLUTIONS = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)
 
 
@@ -92,24 +96,45 @@ def mlps(target: nn.Module) -> list[nn.Module]:
     return [find_mlp(block.module)[1] for block in find_blocks(target)]
 
 
+def _position_wise_norm(module: nn.Module) -> bool:
+    """Whether ``module`` normalises each token over the last dimension alone: ``nn.LayerNorm``/``nn.RMSNorm`` over
+    one dimension, or a class named ``...LayerNorm``/``...RMSNorm`` whose weight (if any) is one vector (Llama's,
+    Gemma's, T5's norms). Group and batch norms mix tokens and are left alone."""
+    shape = getattr(module, "normalized_shape", None)
+    if shape is not None and isinstance(module, (nn.LayerNorm, *_TORCH_RMS_NORM)):
+        return len(shape) == 1
+    if not type(module).__name__.endswith(("LayerNorm", "RMSNorm")):
+        return False
+    weight = getattr(module, "weight", None)
+    return weight is None or (isinstance(weight, torch.Tensor) and weight.dim() == 1)
+
+
+def norms(target: nn.Module) -> list[nn.Module]:
+    """Every block's position-wise norms (its direct children; :func:`_position_wise_norm`), in block order."""
+    return [child for block in find_blocks(target) for child in block.module.children() if _position_wise_norm(child)]
+
+
 def _chunk(mlp: nn.Module, states: torch.Tensor) -> torch.Tensor:
     return mlp.forward(states)
 
 
-def chunked(mlp: nn.Module, hidden: torch.Tensor, size: int) -> torch.Tensor:
-    """``mlp.forward(hidden)`` over ``size`` tokens at a time (batch and sequence flattened), each chunk checkpointed."""
+def chunked(mlp: nn.Module, hidden: torch.Tensor, size: int, preserve_rng_state: bool = True) -> torch.Tensor:
+    """``mlp.forward(hidden)`` over ``size`` tokens at a time (batch and sequence flattened), each chunk checkpointed
+    (``preserve_rng_state=False`` where the module draws no random numbers: a norm; each chunk would keep a copy of
+    the CPU generator's state, 5 KB, until backward)."""
     flat = hidden.reshape(1, -1, hidden.shape[-1])
     outputs = []
     for start in range(0, flat.shape[1], size):
-        out = checkpoint(_chunk, mlp, flat[:, start:start + size], use_reentrant=False)
+        out = checkpoint(_chunk, mlp, flat[:, start:start + size], use_reentrant=False,
+                         preserve_rng_state=preserve_rng_state)
         if not isinstance(out, torch.Tensor):
             raise RuntimeError(f"mlp_chunk_size: {type(mlp).__name__} returned {type(out).__name__}, not one tensor")
         outputs.append(out)
     return torch.cat(outputs, dim=1).reshape(*hidden.shape[:-1], outputs[0].shape[-1])
 
 
-def _hooks(size: int) -> tuple[Any, Any]:
-    """The pre-hook and hook of one MLP: ``size`` tokens per chunk."""
+def _hooks(size: int, preserve_rng_state: bool = True) -> tuple[Any, Any]:
+    """The pre-hook and hook of one MLP (or norm): ``size`` tokens per chunk."""
     kept: list[torch.Tensor | None] = [None]
 
     def before(module: nn.Module, args: tuple, kwargs: dict) -> Any:
@@ -133,16 +158,16 @@ def _hooks(size: int) -> tuple[Any, Any]:
         if not isinstance(output, torch.Tensor):
             raise RuntimeError(f"mlp_chunk_size: {type(module).__name__} returned {type(output).__name__}, not one "
                                "tensor; drop mlp_chunk_size for this model")
-        return chunked(module, hidden, size)
+        return chunked(module, hidden, size, preserve_rng_state)
 
     return before, after
 
 
 def install(state: CheckpointState, target: nn.Module) -> None:
-    """Hook every block's MLP of ``target`` so that it runs in chunks of ``state.config.mlp_chunk_size`` tokens
-    with grad enabled; the hooks are the record's (group ``"mlp-chunks"``)."""
+    """Hook every block's MLP and norms of ``target`` so that they run in chunks of ``state.config.mlp_chunk_size``
+    tokens with grad enabled; the hooks are the record's (group ``"mlp-chunks"``)."""
     size = state.config.mlp_chunk_size
-    for mlp in mlps(target):
-        before, after = _hooks(size)
-        state.hooks.add(mlp, "register_forward_pre_hook", before, group=_HOOK_GROUP, with_kwargs=True)
-        state.hooks.add(mlp, "register_forward_hook", after, group=_HOOK_GROUP, with_kwargs=True)
+    for module, random in [(mlp, True) for mlp in mlps(target)] + [(norm, False) for norm in norms(target)]:
+        before, after = _hooks(size, preserve_rng_state=random)
+        state.hooks.add(module, "register_forward_pre_hook", before, group=_HOOK_GROUP, with_kwargs=True)
+        state.hooks.add(module, "register_forward_hook", after, group=_HOOK_GROUP, with_kwargs=True)

@@ -182,7 +182,7 @@ class InPlaceGuard(TorchDispatchMode):
 
 def _compiling() -> bool:
     """Whether the checkpoint runs inside ``torch.compile``: dynamo tracing, or AOTAutograd tracing the graph with
-    functional tensors (where torch checks the contexts are two ``TorchDispatchMode``\ s)."""
+    functional tensors (where torch checks the contexts are two ``TorchDispatchMode`` modes)."""
     compiler = getattr(torch, "compiler", None)
     dynamo = compiler is not None and hasattr(compiler, "is_compiling") and compiler.is_compiling()
     return dynamo or tracing_functional()
