@@ -146,6 +146,22 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/test_estimate_optimizers.py",),
     ),
     Mutant(
+        "mlp_chunks_skip_norms",
+        "mlp_chunk_size runs each block's norms in chunks too, so their float32 intermediates are a chunk's",
+        "hf_ckpt/runtime/mlp_chunks.py",
+        " + [(norm, False) for norm in norms(target)]:",
+        ":  # mutant: the norms run whole",
+        ("tests/test_mlp_chunks.py::test_the_blocks_norms_run_in_chunks_too_and_the_final_norm_whole",),
+    ),
+    Mutant(
+        "offload_copy_back_is_the_host_copy",
+        "on a CPU standing in for the accelerator, an offloaded input comes back as a new tensor, as on a GPU",
+        "hf_ckpt/runtime/offload.py",
+        "non_blocking=self.pin_memory, copy=True)",
+        "non_blocking=self.pin_memory)",
+        ("tests/test_offload.py::test_on_cpu_the_host_copies_count_apart_and_two_inputs_come_back_at_once",),
+    ),
+    Mutant(
         "head_chunks_ignore_num_items",
         "the chunked head divides the loss by num_items_in_batch when given (the Trainer's gradient accumulation)",
         "hf_ckpt/runtime/head.py",

@@ -169,3 +169,15 @@ def test_offload_activations_must_be_a_bool():
         estimate(transformers.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                                           num_attention_heads=4, num_key_value_heads=2, vocab_size=64),
                  batch_size=1, seq_len=8, offload_activations="yes")
+
+
+def test_offload_on_cuda_says_whether_the_copies_hide_behind_compute(config_path, capsys):
+    """On CUDA an offloaded row's copies are compared with a block's forward at --pcie-bandwidth: a bandwidth slow
+    enough makes them not hide (a tiny model's blocks compute little: only a bandwidth far beyond PCIe hides them)."""
+    for bandwidth, verdict in (("1000000", ": hidden behind compute"), ("25", ": NOT hidden behind compute")):
+        code = cli.main(["estimate", config_path, "--batch", "1", "--seq", "16", "--strategies", "none,full",
+                         "--offload", "--pcie-bandwidth", bandwidth])
+        out = capsys.readouterr().out
+        assert code == 0
+        [line] = [line for line in out.splitlines() if line.startswith("offload copies: ")]
+        assert f"at {float(bandwidth):g} GB/s" in line and verdict in line

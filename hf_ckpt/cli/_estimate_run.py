@@ -15,7 +15,7 @@ from hf_ckpt.estimate._arguments import check_dtype
 from hf_ckpt.strategies import ALL_STRATEGIES
 from hf_ckpt.estimate._check import run_check
 from hf_ckpt.estimate._estimate import CHUNKED_HEAD_ROW, EVERY_BLOCK_ROW, estimate
-from hf_ckpt.estimate._max_seq import max_seq
+from hf_ckpt.estimate._max_seq import DEVICE_FLOPS, copies_line, copy_and_compute_seconds, max_seq
 from hf_ckpt.estimate._plan import plan_from_estimate, step_transient
 
 
@@ -253,6 +253,9 @@ def run(args: argparse.Namespace) -> int:
             if args.plan_json is not None:
                 plan.save(args.plan_json)
                 print(f"plan written to {args.plan_json}")
+    if made.activation_host_bytes and made.device == "cuda":
+        print(copies_line(*copy_and_compute_seconds(made, args.pcie_bandwidth * 1e9), args.pcie_bandwidth * 1e9,
+                          DEVICE_FLOPS))
     if made.attention.get("modelled"):
         print(f"note: {made.attention['note']}")
     if args.json is not None:

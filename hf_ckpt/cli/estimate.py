@@ -104,8 +104,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with --max-seq: host memory for offloaded checkpointed inputs (256GiB); without it, no plan "
                              "offloads")
     parser.add_argument("--pcie-bandwidth", type=float, default=25.0, metavar="GB/S",
-                        help="with --max-seq: host<->device copy bandwidth in GB/s, against which offload copies are "
-                             "compared with a block's compute (default 25: PCIe 4.0 x16 effective)")
+                        help="with --max-seq or --offload: host<->device copy bandwidth in GB/s, against which "
+                             "offload copies are compared with a block's compute (default 25: PCIe 4.0 x16 effective)")
     parser.add_argument("--device-memory", default=None, metavar="SIZE",
                         help="memory of one device (80GiB): marks what fits and prints the cheapest plan that fits")
     parser.add_argument("--json", metavar="PATH", help="write the estimate (and the plan) as JSON to PATH")

@@ -135,12 +135,25 @@ class MaxSeq:
         for name, why in self.refused.items():
             lines.append(f"  {name:<32} refused: {why}")
         if self.copies_hidden is not None:
-            verdict = "hidden behind compute" if self.copies_hidden else "NOT hidden behind compute: the step waits"
-            lines.append(f"  offload copies: {self.copy_seconds:.3f} s per block input at "
-                         f"{self.pcie_bandwidth / 1e9:g} GB/s vs {self.compute_seconds:.3f} s per block forward at "
-                         f"{self.device_flops / 1e12:g} TFLOP/s: {verdict}")
+            lines.append("  " + copies_line(self.copy_seconds, self.compute_seconds, self.pcie_bandwidth,
+                                            self.device_flops))
         lines.extend(f"  note: {note}" for note in self.notes)
         return "\n".join(lines)
+
+
+def copy_and_compute_seconds(made: Any, pcie_bandwidth: float = PCIE_BANDWIDTH,
+                             device_flops: float = DEVICE_FLOPS) -> tuple[float, float]:
+    """(seconds of the largest block input's copy at ``pcie_bandwidth``, seconds of the shortest block forward at
+    ``device_flops``) in estimate ``made``: an offload's copies hide behind compute where the first is the smaller."""
+    inputs, flops = made.block_bytes.get("full", ()), made.block_recompute_flops.get("full", ())
+    return max(inputs, default=0) / pcie_bandwidth, min(flops, default=0) / device_flops
+
+
+def copies_line(copy: float, compute: float, pcie_bandwidth: float, device_flops: float) -> str:
+    """How one offloaded input's copy compares with a block's forward, in words."""
+    verdict = "hidden behind compute" if copy <= compute else "NOT hidden behind compute: the step waits"
+    return (f"offload copies: {copy:.3f} s per block input at {pcie_bandwidth / 1e9:g} GB/s vs {compute:.3f} s per "
+            f"block forward at {device_flops / 1e12:g} TFLOP/s: {verdict}")
 
 
 def _quadratic(points: list[tuple[int, float]]) -> tuple[float, float, float]:
@@ -322,9 +335,7 @@ def max_seq(
         binds = _crossing(points[-2], points[-1], seq_len + granularity, device_bytes, host_bytes) or binds
     copy = compute = None
     if best.endswith(f"+{OFFLOAD}") and made is not None and made.device == "cuda":
-        inputs, flops = made.block_bytes.get("full", ()), made.block_recompute_flops.get("full", ())
-        copy = max(inputs, default=0) / pcie_bandwidth
-        compute = min(flops, default=0) / device_flops
+        copy, compute = copy_and_compute_seconds(made, pcie_bandwidth, device_flops)
     return MaxSeq(
         seq_len=seq_len, plan=best if seq_len else None, binds=binds,
         device_bytes=int(figures.get(best, (0, 0))[0]), host_bytes=int(figures.get(best, (0, 0))[1]),
