@@ -25,6 +25,8 @@ def test_the_fit_is_exact_through_three_points_and_the_search_finds_the_last_len
     assert _binds(fit, 512, 64, 4 * 512) == "host memory"
     assert _binds(fit, 960, 64, None) == "device memory"
     assert _binds(PlanFit("full", (0.0, 1.0, 1.0)), 960, 64, None) == "attention's own memory"
+    # a fused kernel keeps no scores: a quadratic term in the fit is no attention's
+    assert _binds(PlanFit("full", (0.0, 1.0, 1.0)), 960, 64, None, scores_kept=False) == "device memory"
 
 
 @pytest.mark.parametrize(("argv", "message"), [

@@ -20,8 +20,9 @@ lengths); the answer is the longest traced length that fits. The other plans' le
 comparison (plain ``full`` among them).
 
 **What binds** at the next step up (``seq_len + granularity``): ``host memory`` where the offloaded inputs exceed it,
-else ``attention's own memory`` where the fit's quadratic term (attention's scores) grows the device bytes more than
-the linear terms do, else ``device memory``.
+else, where the attention keeps its scores (eager attention; on the CPU, its math path), ``attention's own memory``
+where the fit's quadratic term grows the device bytes more than the linear terms do, else ``device memory`` (the
+fused CUDA kernels keep no scores).
 
 **Copies.** With the offloaded plan on CUDA, each block's checkpointed input is copied to the host during the
 forward while the next block computes, and back during the backward while the block after it is recomputed: the copy
@@ -229,10 +230,16 @@ def _crossing(first: tuple[int, tuple[int, int]], second: tuple[int, tuple[int, 
     return "device memory" if _line(first, second, 0, at) > device_memory else None
 
 
-def _binds(fit: PlanFit, seq_len: int, granularity: int, host_memory: int | None) -> str:
+def _binds(fit: PlanFit, seq_len: int, granularity: int, host_memory: int | None,
+           scores_kept: bool = True) -> str:
+    """What stops ``seq_len + granularity``; attention's own memory only where the attention keeps its scores
+    (``scores_kept``: eager attention, the CPU's math path; the fused CUDA kernels keep none, whatever the fit's
+    quadratic term says far from the lengths it was traced at)."""
     up = seq_len + granularity
     if host_memory is not None and fit.host_bytes(up) > host_memory:
         return "host memory"
+    if not scores_kept:
+        return "device memory"
     _a, b, c = fit.device
     quadratic = c * ((up * up) - seq_len * seq_len)
     return "attention's own memory" if quadratic > b * granularity else "device memory"
@@ -330,7 +337,9 @@ def max_seq(
     answer, made, figures, points = _refine(traced, best, seq_len, (lengths[-1], made_at[-1][1][best]),
                                             device_bytes, host_bytes, granularity, traced_lengths)
     seq_len = answer
-    binds = _binds(fits[best], seq_len, granularity, host_bytes)
+    kernel = (made or made_at[-1][0]).attention
+    binds = _binds(fits[best], seq_len, granularity, host_bytes,
+                   scores_kept=not kernel.get("modelled") or "seq x seq" in kernel.get("kernel", ""))
     if len(points) > 1 and binds != "attention's own memory":
         binds = _crossing(points[-2], points[-1], seq_len + granularity, device_bytes, host_bytes) or binds
     copy = compute = None
