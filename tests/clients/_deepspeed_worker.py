@@ -15,7 +15,8 @@ engine, and ``hf_ckpt.verify`` on the engine at stage 2, then ``hf_ckpt.disable`
 via ``hf_ckpt.enable``); ``trainer`` (the stock ``Trainer``, patched, with ``TrainingArguments(deepspeed=...,
 use_cpu=True)``, a config with that block and ``gradient_checkpointing_kwargs={"every_n_layers": 2}``);
 ``trainer-off`` (the same with ``gradient_checkpointing=False``: the block alone). ``OPTION``: ``reuse0`` sets ``stage3_max_reuse_distance`` (and the prefetch bucket) to 0; ``step2`` takes one
-optimizer step first and measures the second step; several join with ``+``.
+optimizer step first and measures the second step; ``mlp`` adds ``mlp_chunk_size=3`` to ``enable-before``; several
+join with ``+``.
 """
 
 from __future__ import annotations
@@ -143,7 +144,7 @@ def run(scenario: str, rank: int, world_size: int) -> dict:
     model.train()
     config = ds_config(stage, world_size, options, block=method == "config-block")
     if method in ("enable-before", "config-block"):
-        hf_ckpt.enable(model, **SELECTION)
+        hf_ckpt.enable(model, **SELECTION, **({"mlp_chunk_size": 3} if "mlp" in options else {}))  # 3: 16 tokens uneven
     elif method in ("ds-checkpoint", "ds-nonreentrant", "ds-cpu", "ds-config"):
         if method == "ds-config":  # DeepSpeed's checkpoint, configured from the config's own block
             deepspeed.checkpointing.configure(None, deepspeed_config=ds_config(stage, world_size, options, block=True))

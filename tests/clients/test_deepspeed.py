@@ -32,6 +32,7 @@ ONE_PROCESS = (
 TWO_PROCESSES = (
     "2:none", "2:enable-before", "3:none", "3:enable-before", "3:ds-checkpoint", "3:ds-cpu", "3:ds-config",
     "3:none:step2", "3:enable-before:step2", "3:none:reuse0+step2", "3:enable-before:reuse0+step2", "2:trainer",
+    "3:enable-before:mlp",
 )
 
 
@@ -86,6 +87,17 @@ def _assert_parity(ranks: list[dict], reference: str, scenario: str) -> None:
 def test_enable_before_initialize_is_exact(one_process, two_processes, world_size, stage):
     ranks = one_process if world_size == 1 else two_processes
     _assert_parity(ranks, f"{stage}:none", f"{stage}:enable-before")
+
+
+def test_the_chunked_mlp_and_norms_under_zero3_are_exact(two_processes):
+    """mlp_chunk_size (each block's MLP and norms in checkpointed chunks, run from their hooks) on parameters ZeRO-3
+    partitions over two ranks: the loss and every gradient as without checkpointing (to float rounding: the chunks
+    sum the weights' gradients in another order)."""
+    for results in two_processes:
+        reference, run = _ok(results["3:none"]), _ok(results["3:enable-before:mlp"])
+        assert run["recomputed"] == SELECTED
+        assert torch.equal(run["loss"], reference["loss"])
+        assert _max_grad_diff(reference["grads"], run["grads"]) < 1e-6
 
 
 def test_two_ranks_see_different_batches(two_processes):
