@@ -287,7 +287,10 @@ def render(releases: list[dict], sweep_data: dict | None = None, torch_data: dic
         "",
         "hf_ckpt is tested on every transformers release below, each in its own environment (torch "
         + ", ".join(sorted({r["sweep"]["torch"] for r in swept})) + ", CPU, fp32). "
-        "The default test run (`python -m pytest`) runs on each, and on the newest the slow tests too (`-m slow`: "
+        "The default test run (`python -m pytest`) runs on each (less, but on the newest, the tests marked `any_release`, "
+        "whose outcome cannot depend on the release, and, on the releases between the oldest and the newest, those "
+        "marked `edge_releases`: the estimator's figures and the checks of hf_ckpt's own source), and on the newest "
+        "the slow tests too (`-m slow`: "
         "the estimator's and planners' figures against measured steps on real models, the examples and entry "
         "points in fresh interpreters, the docs' code); the architecture sweep "
         "(`tests/test_architectures.py`) trains tiny models for one step, with and without checkpointing, and "

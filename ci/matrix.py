@@ -70,6 +70,10 @@ OPTIONAL = ("scipy", "timm")
 #: fails a marked test that builds a transformers model or config, runs autograd or starts a process); the newest
 #: release runs them, in CI's default run.
 RELEASE_BOUND = ["-m", "not slow and not any_release", "tests"]
+#: What a release between the oldest and the newest runs: :data:`RELEASE_BOUND` less the tests marked
+#: ``edge_releases`` (the estimator's figures and the checks of hf_ckpt's own source: about 45 % of a release's run),
+#: which the ends run (``tests/release_guard.py`` says why).
+BETWEEN_ENDS = ["-m", "not slow and not any_release and not edge_releases", "tests"]
 
 #: Bump to rebuild every environment after a change to how they are built.
 RECIPE_VERSION = "1"
@@ -319,8 +323,11 @@ def adopt_floor(path: Path) -> tuple[Result | None, str]:
 
 def default_tests(release: str) -> list[str]:
     """What pytest runs on ``release`` when no test is named: every default test on the newest release, the tests
-    whose outcome can depend on the release (:data:`RELEASE_BOUND`) on the others."""
-    return ["tests"] if release == RELEASES[-1] else RELEASE_BOUND
+    whose outcome can depend on the release (:data:`RELEASE_BOUND`) on the oldest, and those less the ones marked
+    ``edge_releases`` (:data:`BETWEEN_ENDS`) on the releases between."""
+    if release == RELEASES[-1]:
+        return ["tests"]
+    return RELEASE_BOUND if release == RELEASES[0] else BETWEEN_ENDS
 
 
 def run_release(release: str, args: argparse.Namespace, echo: bool) -> Result:

@@ -88,8 +88,19 @@ def _release_bound(value: Any) -> str | None:
     return None
 
 
+#: The second mark: tests the release matrix runs on its ends only (the oldest and the newest release, and the torch
+#: range's two environments), not on the releases between: the estimator's figures (it traces each release's
+#: modelling code, whose memory at the ends brackets the releases between) and the checks of hf_ckpt's own source
+#: (import layers, line and function-length bounds). CI's time is the reason: they are about 45 % of a release's
+#: run. Not guarded (they build models): the claim is about cost, not about what a test may reach.
+EDGE_MARK = "edge_releases"
+EDGE_DESCRIPTION = (f"{EDGE_MARK}: run on the matrix's oldest and newest release (and the torch range's ends), not on "
+                    "the releases between: the estimator's figures and the checks of hf_ckpt's own source")
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", DESCRIPTION)
+    config.addinivalue_line("markers", EDGE_DESCRIPTION)
 
 
 def _wider_fixtures(item: pytest.Item) -> dict[str, str]:

@@ -45,6 +45,17 @@ JUNIT = """<?xml version="1.0" encoding="utf-8"?>
 """
 
 
+@pytest.mark.any_release
+def test_the_ends_run_every_release_bound_test_and_the_releases_between_leave_out_the_edge_ones() -> None:
+    """The newest release runs the whole default run, the oldest the release-bound tests, every release between them
+    those less the tests marked edge_releases."""
+    newest, oldest, between = matrix.RELEASES[-1], matrix.RELEASES[0], matrix.RELEASES[1:-1]
+    assert matrix.default_tests(newest) == ["tests"]
+    assert matrix.default_tests(oldest) == ["-m", "not slow and not any_release", "tests"]
+    assert between and all(matrix.default_tests(release) == ["-m", "not slow and not any_release and not edge_releases",
+                                                             "tests"] for release in between)
+
+
 def test_junit_outcomes_are_counted_and_failures_named(tmp_path: Path) -> None:
     path = tmp_path / "junit.xml"
     path.write_text(JUNIT)

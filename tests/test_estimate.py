@@ -18,6 +18,8 @@ from hf_ckpt.runtime.blocks import find_blocks
 from hf_ckpt.estimate import estimate, plan_for, plan_from_estimate
 from hf_ckpt.measure import measure_step
 
+pytestmark = pytest.mark.edge_releases  # the matrix's ends only (tests/release_guard.py)
+
 BATCH, SEQ, BLOCKS = 2, 16, 6
 STRATEGIES = ("none", "full", "every_n:2", "selective")
 

@@ -10,6 +10,8 @@ import transformers
 from hf_ckpt import CheckpointPlan
 from hf_ckpt import cli
 
+pytestmark = pytest.mark.edge_releases  # the matrix's ends only (tests/release_guard.py)
+
 
 @pytest.fixture(scope="module")
 def config_path(tmp_path_factory):

@@ -14,6 +14,8 @@ import torch
 from hf_ckpt.estimate._model import build_on_meta, load_config, model_class
 from hf_ckpt.estimate._states import count_states
 
+pytestmark = pytest.mark.edge_releases  # the matrix's ends only (tests/release_guard.py)
+
 CONFIGS = Path(__file__).parent / "data" / "configs"
 PUBLISHED_PARAMETERS = {
     "llama-3.1-8b": 8_030_261_248,

@@ -22,6 +22,8 @@ from hf_ckpt.estimate._estimate import head_chunk_for
 from hf_ckpt.measure import measure_step
 from test_head import HAS_LOSS_FUNCTION, needs_loss_function
 
+pytestmark = pytest.mark.edge_releases  # the matrix's ends only (tests/release_guard.py)
+
 BATCH, SEQ, HIDDEN, VOCAB = 2, 64, 64, 2048  # a vocabulary 32 times the width: the head dominates
 
 

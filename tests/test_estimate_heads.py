@@ -15,6 +15,8 @@ from hf_ckpt.estimate import estimate
 from hf_ckpt.estimate._labels import batch_for
 from hf_ckpt.meters.step import measure_step
 
+pytestmark = pytest.mark.edge_releases  # the matrix's ends only (tests/release_guard.py)
+
 BATCH, SEQ = 4, 64
 _BERT = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_hidden_layers=4, vocab_size=256,
              max_position_embeddings=256)

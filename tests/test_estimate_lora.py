@@ -14,6 +14,8 @@ from hf_ckpt import cli
 from hf_ckpt.estimate import estimate
 from hf_ckpt.meters.step import measure_step
 
+pytestmark = pytest.mark.edge_releases  # the matrix's ends only (tests/release_guard.py)
+
 peft = pytest.importorskip("peft")
 
 BATCH, SEQ = 2, 64

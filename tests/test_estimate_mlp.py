@@ -17,6 +17,8 @@ import hf_ckpt
 from hf_ckpt.estimate import estimate
 from hf_ckpt.meters.memory import HOST, StorageTracker
 
+pytestmark = pytest.mark.edge_releases  # the matrix's ends only (tests/release_guard.py)
+
 BATCH, SEQ, CHUNK = 2, 256, 64
 
 

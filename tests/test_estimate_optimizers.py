@@ -13,6 +13,8 @@ import transformers
 
 from hf_ckpt.estimate import estimate
 
+pytestmark = pytest.mark.edge_releases  # the matrix's ends only (tests/release_guard.py)
+
 LEGACY = {"adamw": (torch.optim.AdamW, {}), "adam": (torch.optim.Adam, {}),
           "sgd_momentum": (torch.optim.SGD, {"lr": 0.1, "momentum": 0.9})}
 

@@ -10,6 +10,8 @@ from hf_ckpt import cli
 from hf_ckpt.estimate import estimate
 from hf_ckpt.runtime.units import format_bytes, format_flops
 
+pytestmark = pytest.mark.edge_releases  # the matrix's ends only (tests/release_guard.py)
+
 
 @pytest.fixture(scope="module")
 def setting(tmp_path_factory):

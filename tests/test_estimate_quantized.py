@@ -14,6 +14,8 @@ import transformers
 from hf_ckpt import cli
 from hf_ckpt.estimate import estimate
 
+pytestmark = pytest.mark.edge_releases  # the matrix's ends only (tests/release_guard.py)
+
 peft = pytest.importorskip("peft")
 
 

@@ -21,6 +21,8 @@ from hf_ckpt import cli
 from hf_ckpt.estimate import estimate
 from hf_ckpt.estimate._sharding import SHARDS
 
+pytestmark = pytest.mark.edge_releases  # the matrix's ends only (tests/release_guard.py)
+
 FAST = ("none", "full")
 
 

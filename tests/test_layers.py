@@ -18,6 +18,8 @@ import pytest
 from fresh import run_fresh
 from importlinter import cli as importlinter_cli
 
+pytestmark = pytest.mark.edge_releases  # the matrix's ends only (tests/release_guard.py)
+
 PACKAGE = Path(__file__).resolve().parents[1] / "hf_ckpt"
 
 

@@ -14,6 +14,8 @@ from hf_ckpt import cli
 from hf_ckpt.estimate import estimate, max_seq
 from hf_ckpt.estimate._max_seq import PlanFit, _binds, _longest, _quadratic
 
+pytestmark = pytest.mark.edge_releases  # the matrix's ends only (tests/release_guard.py)
+
 
 @pytest.mark.any_release
 def test_the_fit_is_exact_through_three_points_and_the_search_finds_the_last_length_that_fits():
