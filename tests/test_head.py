@@ -99,6 +99,11 @@ def test_loss_and_gradients_equal_the_unchunked_step(model_type, num_items):
     assert calls.tokens[:5] == [5, 5, 5, 1, 0] and sorted(calls.tokens[5:9]) == [1, 5, 5, 5], calls.tokens
 
 
+#: Compared in float64: their recurrence amplifies float32 rounding, which the chunked head's smaller matmuls round
+#: differently with several threads (RWKV's embedding gradient: 1.7e-4 apart with two threads, equal with one).
+_AMPLIFY_ROUNDING = {"rwkv"}
+
+
 @needs_loss_function
 @pytest.mark.parametrize("model_type", [t for t, task in arch_zoo.COMMON.items()
                                         if task == arch_zoo.CAUSAL_LM and t not in CAUSAL_LMS])
@@ -107,6 +112,8 @@ def test_every_common_causal_lm_is_exact_or_refused_at_the_call(model_type):
     unchunked step's, or ``enable`` refuses the setting, naming why, and changes nothing."""
     arch = _arch(model_type)
     model, inputs = arch_zoo.build(arch), _inputs(arch, True)
+    if model_type in _AMPLIFY_ROUNDING:
+        model = model.double()
     reference = _step(model, inputs)
     reason = _head.refusal(model)
     if reason is not None:
