@@ -396,8 +396,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--adopt-floor", type=Path, metavar="FILE",
                         help="take the oldest release's results from ci/torch_range.py's torch.json (its floor end)")
     parser.add_argument("pytest_args", nargs="*",
-                        help="after --: what pytest runs (default: tests; on releases but the newest, those whose "
-                             "outcome can depend on the release: RELEASE_BOUND)")
+                        help="after --: what pytest runs (default: tests; on the oldest release, those whose "
+                             "outcome can depend on the release: RELEASE_BOUND; on the releases between, those less "
+                             "the ones marked edge_releases: BETWEEN_ENDS)")
     args = parser.parse_args(argv)
     chosen = [r for item in (args.releases or RELEASES) for r in item.split(",") if r]
     unknown = [r for r in chosen if r not in RELEASES]
