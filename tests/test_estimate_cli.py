@@ -153,7 +153,10 @@ def test_offload_adds_the_offloaded_rows_with_their_host_memory(config_path, tmp
     assert code == 0
     data = json.loads(path.read_text())
     one_input = 2 * 16 * 32 * 4
-    assert data["activation_host_bytes"] == {"full+offload": 6 * one_input, "full+head:16+offload": 6 * one_input}
+    every_block = [name for name in data["activation_bytes"]
+                   if (name == "full" or name.startswith("full+")) and not name.endswith("+offload")]
+    assert "full" in every_block  # and the chunked head's row, on releases where it runs
+    assert data["activation_host_bytes"] == {f"{name}+offload": 6 * one_input for name in every_block}
     assert data["activation_bytes"]["full"] - data["activation_bytes"]["full+offload"] == 6 * one_input
     assert data["peak_bytes"]["full"] - data["peak_bytes"]["full+offload"] == 4 * one_input
     header = next(line for line in out.splitlines() if line.startswith("strategy"))

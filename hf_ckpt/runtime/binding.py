@@ -28,7 +28,7 @@ from hf_ckpt.runtime.functions import (
     stack_checkpoints,
     with_block_selection,
 )
-from hf_ckpt.runtime.offload import OverlappedOffload, simulated_device
+from hf_ckpt.runtime.offload import OverlappedOffload
 
 
 @dataclass(frozen=True)
@@ -68,9 +68,6 @@ def _overrides_set_gradient_checkpointing(model: nn.Module) -> bool:
 def _offloader(model: nn.Module, config: CheckpointConfig) -> OverlappedOffload | None:
     if not config.offload:
         return None
-    simulated = simulated_device()
-    if simulated is not None:  # the estimator's fake step (hf_ckpt.runtime.offload.simulating)
-        return OverlappedOffload(simulated, pin_memory=False, streams="cpu")
     device = current_accelerator()
     if device is None:
         warn_once(

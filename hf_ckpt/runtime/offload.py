@@ -16,17 +16,15 @@ in forward and the host-to-device copy in backward both run on the compute strea
 
 Tensors that are not on the offload device, or smaller than ``min_bytes``, stay where they are. The same code runs
 on a CPU-only machine (``device_type="cpu"``: streams and events are no-ops there, copies synchronous, and the copy
-back is a new tensor as it is on an accelerator), which is how the tests exercise and measure it; and, inside
-:func:`simulating`, on the estimator's fake tensors (:mod:`hf_ckpt.estimate`), with the CPU's no-op streams.
+back is a new tensor as it is on an accelerator), which is how the tests exercise and measure it.
 """
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 
@@ -34,25 +32,6 @@ from hf_ckpt.runtime._torch import version_counter
 
 
 _HOST_COPY = threading.local()
-_SIMULATED = threading.local()
-
-
-@contextlib.contextmanager
-def simulating(device_type: str) -> Iterator[None]:
-    """Within this thread, ``offload=True`` binds an :class:`OverlappedOffload` of ``device_type`` tensors whose
-    copies run on the CPU's no-op streams, on any machine: how the estimator runs the offload on its fake tensors
-    (the host copies count as ``"host"`` in :class:`~hf_ckpt.meters.memory.StorageTracker`)."""
-    before = getattr(_SIMULATED, "device_type", None)
-    _SIMULATED.device_type = device_type
-    try:
-        yield
-    finally:
-        _SIMULATED.device_type = before
-
-
-def simulated_device() -> str | None:
-    """The device type :func:`simulating` set in this thread, or None."""
-    return getattr(_SIMULATED, "device_type", None)
 
 
 def making_host_copy() -> bool:
@@ -102,18 +81,14 @@ class OverlappedOffload(torch.autograd.graph.saved_tensors_hooks):
             same logic synchronously, for tests).
         pin_memory: Pin the host buffers (needed for copies that overlap; requires an accelerator).
         min_bytes: Tensors smaller than this stay on the device (not worth a copy).
-        streams: The device type whose streams and events order the copies (default ``device_type``; ``"cpu"``:
-            no-ops, for fake tensors of an accelerator the machine lacks).
     """
 
-    def __init__(self, device_type: str, *, pin_memory: bool = True, min_bytes: int = 1024,
-                 streams: str | None = None) -> None:
+    def __init__(self, device_type: str, *, pin_memory: bool = True, min_bytes: int = 1024) -> None:
         self.device_type = device_type
         self.pin_memory = pin_memory
         self.min_bytes = min_bytes
-        self._streams_type = streams or device_type
-        self._module = torch.get_device_module(self._streams_type)
-        missing = offload_unavailable(self._streams_type)
+        self._module = torch.get_device_module(device_type)
+        missing = offload_unavailable(device_type)
         if missing is not None:
             raise RuntimeError(missing)
         self._to_host = self._module.Stream()
@@ -125,11 +100,7 @@ class OverlappedOffload(torch.autograd.graph.saved_tensors_hooks):
     # -- forward ----------------------------------------------------------------------------------------------
 
     def _key(self, tensor: torch.Tensor) -> tuple:
-        try:
-            where: Any = tensor.data_ptr()
-        except RuntimeError:  # a fake tensor has no data: its storage object and offset stand in
-            where = (id(tensor.untyped_storage()), tensor.storage_offset())
-        return (where, version_counter(tensor), tuple(tensor.shape), tuple(tensor.stride()), tensor.dtype)
+        return (tensor.data_ptr(), version_counter(tensor), tuple(tensor.shape), tuple(tensor.stride()), tensor.dtype)
 
     def _pack(self, tensor: torch.Tensor) -> Any:
         if tensor.device.type != self.device_type or tensor.numel() * tensor.element_size() < self.min_bytes:
@@ -143,7 +114,7 @@ class OverlappedOffload(torch.autograd.graph.saved_tensors_hooks):
         compute = self._module.current_stream()
         ready = self._module.Event()
         ready.record(compute)
-        _HOST_COPY.active = self._streams_type == "cpu"  # host and device are one memory: count the copy apart
+        _HOST_COPY.active = self.device_type == "cpu"  # host and device are one memory: count the copy apart
         try:
             host = torch.empty(tensor.shape, dtype=tensor.dtype, layout=tensor.layout, pin_memory=self.pin_memory)
         finally:
@@ -153,7 +124,7 @@ class OverlappedOffload(torch.autograd.graph.saved_tensors_hooks):
             host.copy_(tensor, non_blocking=self.pin_memory)
             copied = self._module.Event()
             copied.record(self._to_host)
-        if self._streams_type != "cpu":
+        if self.device_type != "cpu":
             tensor.record_stream(self._to_host)
         packed = _Packed(index=len(self._packed), host=host, device=tensor.device, copied_to_host=copied, keys=[key])
         self._packed.append(weakref.ref(packed))
@@ -189,7 +160,7 @@ class OverlappedOffload(torch.autograd.graph.saved_tensors_hooks):
         compute = self._module.current_stream()
         compute.wait_event(packed.copied_to_device)
         tensor = packed.on_device
-        if self._streams_type != "cpu":
+        if self.device_type != "cpu":
             tensor.record_stream(compute)
         packed.on_device = None  # the consumer owns it now; a second unpack copies again
         self._trim()
