@@ -82,6 +82,19 @@ def _bert(name, source, conditions, published, row, assumed="eager attention", *
                 kwargs={**kwargs, **options}, row=row, assumed=assumed)
 
 
+_LORA_TARGETS = ("q_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def _torchtune(name, kind, conditions, gpu, published, row, targets, assumed, **options):
+    """One of torchtune's Llama-3.1-8B single-device runs (README's table, peak memory in GiB): LoRA r=8, alpha 16 on
+    ``targets``, batch 2 x 2048, bf16, fused AdamW, the chunked loss as a chunked head of 256 tokens."""
+    kwargs = dict(batch_size=2, seq_len=2048, dtype="bfloat16", optimizer="adamw_torch_fused",
+                  peft=("lora", 8, 16, targets), **options, head_chunk_size=256)
+    return dict(name=name, kind=kind, source=TORCHTUNE, conditions="torchtune " + conditions, gpu=gpu,
+                published=published, unit="GiB", counter="torchtune peak memory", config=LLAMA8B, kwargs=kwargs,
+                row=row, assumed=assumed)
+
+
 # Each setting: what was published (value, unit, counter), where, under which conditions, and the estimate's
 # arguments plus the row (strategy) matching the run. "assumed" lists the conditions the source leaves open.
 SETTINGS = [
@@ -102,60 +115,30 @@ SETTINGS = [
     _bert("BERT-large, full FT, fp32, 8-bit Adam, batch 4", HF_ONE_GPU,
           "batch 4, bitsandbytes Adam8bit passed to the Trainer", 13085, "none", batch_size=4,
           optimizer="adamw_8bit", assumed="eager attention; adamw_8bit's states stand for bnb.optim.Adam8bit's"),
-    dict(
-        name="Llama-3.1-8B, LoRA, bf16, batch 2 x 2048, act. checkpointing",
-        kind="LoRA",
-        source=TORCHTUNE,
-        conditions=("torchtune lora_finetune_single_device, llama3_1/8B_lora_single_device; batch 2, packed to seq "
-                    "2048, no grad. accumulation, torch.compile on, bf16 weights, fused AdamW"),
-        gpu="1x RTX 4090 (24 GB)",
-        published=16.2, unit="GiB", counter="torchtune peak memory",
-        config=LLAMA8B, kwargs=dict(batch_size=2, seq_len=2048, dtype="bfloat16", optimizer="adamw_torch_fused",
-                                    peft=("lora", 8, 16, ("q_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
-                                                          "down_proj")),
-                                    head_chunk_size=256),
-        row="full+head",
-        assumed=("the README gives no per-row config: the 4090 row assumed to be the default config (activation "
-                 "checkpointing on, LoRA r=8, alpha 16 on q, v, output_proj and the MLP); torchtune's own Llama "
-                 "modules, estimated with transformers' LlamaForCausalLM (SDPA); torchtune's chunked CE loss "
-                 "(8 chunks: 256 positions each) read as the row full+head:256, which also drops the bf16 logits "
-                 "torchtune keeps; torch.compile not modelled"),
-    ),
-    dict(
-        name="Llama-3.1-8B, LoRA, bf16, batch 2 x 2048, no act. checkpointing",
-        kind="LoRA",
-        source=TORCHTUNE,
-        conditions=("torchtune lora_finetune_single_device; batch 2, packed to seq 2048, torch.compile on, bf16 "
-                    "weights, fused AdamW"),
-        gpu="1x A6000 (48 GB)",
-        published=30.3, unit="GiB", counter="torchtune peak memory",
-        config=LLAMA8B, kwargs=dict(batch_size=2, seq_len=2048, dtype="bfloat16", optimizer="adamw_torch_fused",
-                                    peft=("lora", 8, 16, ("q_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
-                                                          "down_proj")),
-                                    head_chunk_size=256),
-        row="none",
-        assumed=("the A6000 row assumed to run the same config with activation checkpointing off (the README does "
-                 "not say what differs from the 4090 row); without checkpointing the estimate has no chunked-head row, so "
-                 "the whole head and float32 loss are counted, and torch.compile's fusions (fewer saved "
-                 "intermediates) are not modelled"),
-    ),
-    dict(
-        name="Llama-3.1-8B, QLoRA (NF4), batch 2 x 2048, act. checkpointing",
-        kind="QLoRA",
-        source=TORCHTUNE,
-        conditions=("torchtune lora_finetune_single_device, llama3_1/8B_qlora_single_device (torchao NF4 base); "
-                    "batch 2, packed to seq 2048, torch.compile on, bf16 compute, fused AdamW"),
-        gpu="1x RTX 4090 (24 GB)",
-        published=7.4, unit="GiB", counter="torchtune peak memory",
-        config=LLAMA8B, kwargs=dict(batch_size=2, seq_len=2048, dtype="bfloat16", optimizer="adamw_torch_fused",
-                                    peft=("lora", 8, 16, ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
-                                                          "up_proj", "down_proj")),
-                                    quantize=True, head_chunk_size=256),
-        row="full+head",
-        assumed=("config llama3_1/8B_qlora_single_device as stored (r=8, alpha 16, q/k/v/output_proj + MLP, "
-                 "activation checkpointing on); torchao's NF4 estimated as bitsandbytes nf4 with double "
-                 "quantization (both store 4-bit codes plus quantized block scales); lm_head kept in bf16 in both"),
-    ),
+    _torchtune("Llama-3.1-8B, LoRA, bf16, batch 2 x 2048, act. checkpointing", "LoRA",
+               "lora_finetune_single_device, llama3_1/8B_lora_single_device; batch 2, packed to seq 2048, no grad. "
+               "accumulation, torch.compile on, bf16 weights, fused AdamW", "1x RTX 4090 (24 GB)", 16.2, "full+head",
+               _LORA_TARGETS,
+               assumed=("the README gives no per-row config: the 4090 row assumed to be the default config "
+                        "(activation checkpointing on, LoRA r=8, alpha 16 on q, v, output_proj and the MLP); "
+                        "torchtune's own Llama modules, estimated with transformers' LlamaForCausalLM (SDPA); "
+                        "torchtune's chunked CE loss (8 chunks: 256 positions each) read as the row full+head:256, "
+                        "which also drops the bf16 logits torchtune keeps; torch.compile not modelled")),
+    _torchtune("Llama-3.1-8B, LoRA, bf16, batch 2 x 2048, no act. checkpointing", "LoRA",
+               "lora_finetune_single_device; batch 2, packed to seq 2048, torch.compile on, bf16 weights, fused AdamW",
+               "1x A6000 (48 GB)", 30.3, "none", _LORA_TARGETS,
+               assumed=("the A6000 row assumed to run the same config with activation checkpointing off (the README "
+                        "does not say what differs from the 4090 row); without checkpointing the estimate has no "
+                        "chunked-head row, so the whole head and float32 loss are counted, and torch.compile's "
+                        "fusions (fewer saved intermediates) are not modelled")),
+    _torchtune("Llama-3.1-8B, QLoRA (NF4), batch 2 x 2048, act. checkpointing", "QLoRA",
+               "lora_finetune_single_device, llama3_1/8B_qlora_single_device (torchao NF4 base); batch 2, packed to "
+               "seq 2048, torch.compile on, bf16 compute, fused AdamW", "1x RTX 4090 (24 GB)", 7.4, "full+head",
+               ("q_proj", "k_proj", *_LORA_TARGETS[1:]), quantize=True,
+               assumed=("config llama3_1/8B_qlora_single_device as stored (r=8, alpha 16, q/k/v/output_proj + MLP, "
+                        "activation checkpointing on); torchao's NF4 estimated as bitsandbytes nf4 with double "
+                        "quantization (both store 4-bit codes plus quantized block scales); lm_head kept in bf16 in "
+                        "both")),
     dict(
         name="Llama-3.1-8B, full FT, FSDP over 8 GPUs, batch 2 x 8192, selective AC",
         kind="full, FSDP",

@@ -38,7 +38,7 @@ from typing import Any
 
 from hf_ckpt.runtime.units import format_bytes, parse_size
 from hf_ckpt.estimate import _arguments as arguments
-from hf_ckpt.estimate._estimate import estimate, mlp_row_name
+from hf_ckpt.estimate._estimate import OFFLOAD_SUFFIX, estimate, mlp_row_name
 
 #: Bytes per second of a pinned host<->device copy: PCIe 4.0 x16 is 32 GB/s raw per direction, about 25 GB/s
 #: effective for large pinned copies.
@@ -53,7 +53,6 @@ HEAD_CHUNK, MLP_CHUNK = 2048, 4096
 _VERIFY_TRIES = 4  # traces at long lengths, at most
 _LONGEST = 1 << 26  # the search's ceiling: 64M tokens per sequence
 
-OFFLOAD = "offload"
 
 
 @dataclass(frozen=True)
@@ -173,9 +172,9 @@ def _figures(made: Any, names: dict[str, str], host_memory: int | None) -> dict[
     figures = {plan: (made.peak_bytes[row], 0) for plan, row in names.items() if row in made.peak_bytes}
     if host_memory is not None and names:
         last = list(names)[-1]
-        offloaded = f"{names[last]}+{OFFLOAD}"
+        offloaded = names[last] + OFFLOAD_SUFFIX
         if last in figures and offloaded in made.activation_host_bytes:
-            figures[f"{last}+{OFFLOAD}"] = (made.peak_bytes[offloaded], made.activation_host_bytes[offloaded])
+            figures[last + OFFLOAD_SUFFIX] = (made.peak_bytes[offloaded], made.activation_host_bytes[offloaded])
     return figures
 
 
@@ -337,13 +336,13 @@ def max_seq(
     answer, made, figures, points = _refine(traced, best, seq_len, (lengths[-1], made_at[-1][1][best]),
                                             device_bytes, host_bytes, granularity, traced_lengths)
     seq_len = answer
-    kernel = (made or made_at[-1][0]).attention
+    # a modelled attention is a fused CUDA kernel: it keeps no scores (eager attention and the CPU's are traced)
     binds = _binds(fits[best], seq_len, granularity, host_bytes,
-                   scores_kept=not kernel.get("modelled") or "seq x seq" in kernel.get("kernel", ""))
+                   scores_kept=not (made or made_at[-1][0]).attention.get("modelled"))
     if len(points) > 1 and binds != "attention's own memory":
         binds = _crossing(points[-2], points[-1], seq_len + granularity, device_bytes, host_bytes) or binds
     copy = compute = None
-    if best.endswith(f"+{OFFLOAD}") and made is not None and made.device == "cuda":
+    if best.endswith(OFFLOAD_SUFFIX) and made is not None and made.device == "cuda":
         copy, compute = copy_and_compute_seconds(made, pcie_bandwidth, device_flops)
     return MaxSeq(
         seq_len=seq_len, plan=best if seq_len else None, binds=binds,

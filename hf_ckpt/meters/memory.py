@@ -57,7 +57,8 @@ class StorageTracker(TorchDispatchMode):
 
     Parameters, buffers and every storage that existed before the mode was entered are ignored, and so are views
     of them. On a CPU-only run, the host copies of an activation offload (``offload=True``) count under
-    :data:`HOST`, apart from ``"cpu"``, as host memory does apart from an accelerator's. The counts stay valid after the mode exits (storages freed later keep being subtracted).
+    :data:`HOST`, apart from ``"cpu"``, as host memory does apart from an accelerator's. The counts stay valid after
+    the mode exits (storages freed later keep being subtracted).
     """
 
     def __init__(self, label: Callable[[], Hashable] | None = None) -> None:
