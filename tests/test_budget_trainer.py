@@ -15,7 +15,9 @@ import pytest
 import torch
 
 import hf_ckpt
-from hf_ckpt.budget import forms as _budget, deferred as _deferred
+from hf_ckpt.budget import forms as _budget, from_estimate as _from_estimate
+from hf_ckpt.budget.record import PLAN_FILE
+from hf_ckpt.runtime.units import DEFERRED_BUDGET_FORMS
 from hf_ckpt.runtime.state import AttributeSnapshot, get_state
 from hf_ckpt.runtime.counting import BlockRunCounter
 from hf_ckpt.estimate import profile_of
@@ -86,7 +88,7 @@ def test_stock_trainer_plans_the_first_batch_logs_once_and_saves_the_plan(patche
     assert hf_ckpt.checkpointed_layers(model) == expected
     assert plan.predicted_bytes <= 0.5 * plan.baseline_bytes
 
-    saved = tmp_path / _deferred.PLAN_FILE
+    saved = tmp_path / PLAN_FILE
     assert hf_ckpt.CheckpointPlan.load(saved).strategies == plan.strategies
     messages = budget_log()
     assert len(messages) == 1, messages
@@ -115,10 +117,10 @@ def test_stock_trainer_with_bf16_plans_for_the_autocast_its_blocks_run_under(pat
         assert len(messages) == 2, messages
         assert messages[0].startswith("budget 50% for LlamaForCausalLM at batch 2 x seq 16 (float32 on cpu): plan ")
         assert messages[1].startswith(f"re-planned (bfloat16 autocast is on in LlamaModel's forward) budget 50% for {where}")
-    made = _deferred.estimate_for(model, (2, SEQ), ("none", "full", "selective"), torch.bfloat16)[0]
+    made = _from_estimate.estimate_for(model, (2, SEQ), ("none", "full", "selective"), torch.bfloat16)[0]
     assert made.autocast == "bfloat16"
     assert _plan_of(model).strategies == plan_from_estimate(made, 0.5).strategies
-    plain = _deferred.estimate_for(model, (2, SEQ), ("none", "full", "selective"))[0]
+    plain = _from_estimate.estimate_for(model, (2, SEQ), ("none", "full", "selective"))[0]
     assert plan_from_estimate(plain, 0.5).strategies != _plan_of(model).strategies  # autocast changed the plan
     assert get_state(model).budget.autocast is torch.bfloat16
 
@@ -150,7 +152,7 @@ def test_peft_model_is_planned_with_its_adapters(budget_log):
     plan = _plan_of(model.get_base_model())
     assert _planned_blocks(plan) and runs.recomputed_in_backward() == _planned_blocks(plan)
     assert max_grad_diff(reference, grads) <= 1e-5
-    full_finetuning = _deferred.estimate_for(tiny_llama(), (2, SEQ), ("none", "full", "selective"))[0]
+    full_finetuning = _from_estimate.estimate_for(tiny_llama(), (2, SEQ), ("none", "full", "selective"))[0]
     assert plan.baseline_bytes < profile_of(full_finetuning).baseline_bytes  # frozen base: less is kept
     assert "(float32 on cpu, LORA)" in budget_log()[0]
 
@@ -174,10 +176,10 @@ def test_mixin_budget_in_the_kwargs_dict(budget_log):
 @pytest.mark.slow
 def test_byte_budget_larger_batch_replans_smaller_keeps(tmp_path, budget_log):
     model = tiny_llama()
-    small = profile_of(_deferred.estimate_for(model, (2, 8), ("none", "full", "selective"))[0]).baseline_bytes
+    small = profile_of(_from_estimate.estimate_for(model, (2, 8), ("none", "full", "selective"))[0]).baseline_bytes
     # everything fits at batch 2 x seq 8; at seq 32 the same bytes need checkpointing
     hf_ckpt.enable(model, budget=small)
-    _deferred.set_output_dir(model, tmp_path)
+    get_state(model).budget.save_in(tmp_path)
     train_step(model, _batch(seq=8))
     assert _plan_of(model).strategies == ("none",) * 4 and hf_ckpt.checkpointed_layers(model) == []
 
@@ -186,7 +188,7 @@ def test_byte_budget_larger_batch_replans_smaller_keeps(tmp_path, budget_log):
     replanned = _plan_of(model)
     assert _planned_blocks(replanned) and runs.recomputed_in_backward() == _planned_blocks(replanned)
     assert replanned.predicted_bytes <= small
-    assert hf_ckpt.CheckpointPlan.load(tmp_path / _deferred.PLAN_FILE).strategies == replanned.strategies
+    assert hf_ckpt.CheckpointPlan.load(tmp_path / PLAN_FILE).strategies == replanned.strategies
 
     train_step(model, _batch(seq=8))  # smaller again: the plan for the larger batch stays
     assert _plan_of(model) is replanned
@@ -206,7 +208,7 @@ def test_weights_moved_after_the_first_plan_are_planned_again_and_auto_read_agai
     strategies = ("none", "full", "selective")
     total = 8 * 2**30
     for dtype, share in ((torch.float32, 2), (torch.bfloat16, 3)):
-        made = _deferred.estimate_for(model.to(dtype), (2, SEQ), strategies)[0]
+        made = _from_estimate.estimate_for(model.to(dtype), (2, SEQ), strategies)[0]
         free_memory(_budget.headroom(total) + made.gradients_bytes + made.optimizer_bytes
                     + max(made.transient_bytes.values()) + made.activation_bytes["none"] // share, total)
         if dtype is torch.float32:
@@ -226,7 +228,7 @@ def test_weights_moved_after_the_first_plan_are_planned_again_and_auto_read_agai
 
 def test_auto_is_free_memory_less_headroom_gradients_states_and_transients(free_memory):
     model = tiny_llama()
-    made = _deferred.estimate_for(model, (2, SEQ), ("none", "full", "selective"))[0]
+    made = _from_estimate.estimate_for(model, (2, SEQ), ("none", "full", "selective"))[0]
     total = 8 * 2**30
     still = made.gradients_bytes + made.optimizer_bytes + max(made.transient_bytes.values())
     activations = made.activation_bytes["none"] // 2
@@ -248,7 +250,7 @@ def test_auto_in_the_trainer_leaves_room_for_its_own_optimizer(patched, tmp_path
     from hf_ckpt.meters.optimizer_states import pending_state_bytes, unwrap
 
     model = tiny_llama()
-    made = _deferred.estimate_for(model, (2, SEQ), ("none", "full", "selective"))[0]
+    made = _from_estimate.estimate_for(model, (2, SEQ), ("none", "full", "selective"))[0]
     total, activations = 8 * 2**30, made.activation_bytes["none"] // 2
     states = {"SGD": 0, "AdamW": made.optimizer_bytes}[name]
     free_memory(_budget.headroom(total) + made.gradients_bytes + states + max(made.transient_bytes.values())
@@ -269,13 +271,13 @@ def test_auto_with_an_unknown_optimizer_warns_once_and_assumes_adamw(free_memory
             super().__init__(params, {"lr": 0.0})
 
     model = tiny_llama()
-    made = _deferred.estimate_for(model, (2, SEQ), ("none", "full", "selective"))[0]
+    made = _from_estimate.estimate_for(model, (2, SEQ), ("none", "full", "selective"))[0]
     total, activations = 8 * 2**30, made.activation_bytes["none"] // 2
     free_memory(_budget.headroom(total) + made.gradients_bytes + made.optimizer_bytes
                 + max(made.transient_bytes.values()) + activations, total)
     hf_ckpt.enable(model, budget="auto")
     optimizer = Lion(model.parameters())
-    _deferred.set_optimizer(model, optimizer)
+    get_state(model).budget.use_optimizer(optimizer)
     with pytest.warns(hf_ckpt.HfCkptWarning) as warned:
         train_step(model, _batch())
     assert [str(w.message) for w in warned if issubclass(w.category, hf_ckpt.HfCkptWarning)] == [
@@ -318,7 +320,7 @@ def test_bad_budget_fails_at_the_call_and_changes_nothing(budget, error, expecte
     before, hooks = AttributeSnapshot.take(model).entries, _hook_count(model)
     with pytest.raises(error) as raised:
         hf_ckpt.enable(model, budget=budget)
-    assert str(raised.value).startswith(f"budget must be {_budget.DEFERRED_BUDGET_FORMS}; ")
+    assert str(raised.value).startswith(f"budget must be {DEFERRED_BUDGET_FORMS}; ")
     assert expected in str(raised.value)
     assert AttributeSnapshot.take(model).entries == before and _hook_count(model) == hooks
     assert hf_ckpt.checkpointed_layers(model) == [0, 2]
@@ -360,6 +362,25 @@ def test_disable_restores_exactly_before_and_after_the_plan():
     assert runs.recomputed_in_backward() == []
 
 
+def test_a_planned_budget_changed_by_upstreams_disable_gives_way_to_it_in_the_next_step(budget_log):
+    """Upstream's disable after a budget's plan (not patched: the record goes stale). The next step's first pre-hook
+    drops the record, hooks and all, inside that forward; the hooks it removed do nothing for that forward (torch
+    still calls them, a ``with_kwargs`` one without its kwargs): the step is upstream's, no block rerun."""
+    from hf_ckpt.runtime.warn import HfCkptWarning
+
+    model = tiny_llama()
+    reference = train_step(model, _batch())
+    hooks = _hook_count(model)
+    hf_ckpt.enable(model, budget=0.5, keep_outputs=False)
+    train_step(model, _batch())
+    assert hf_ckpt.checkpointed_layers(model) == _planned_blocks(_plan_of(model)) != []
+    model.gradient_checkpointing_disable()
+    with pytest.warns(HfCkptWarning, match="was changed outside hf_ckpt"), BlockRunCounter(model) as runs:
+        grads = train_step(model, _batch())
+    assert runs.recomputed_in_backward() == [] and max_grad_diff(reference, grads) < 1e-6
+    assert get_state(model) is None and _hook_count(model) == hooks and len(budget_log()) == 1
+
+
 def test_enabling_again_with_the_same_budget_reapplies_its_plan_at_once(budget_log):
     model = hf_ckpt.enable(tiny_llama(), budget=0.5)
     train_step(model, _batch())
@@ -391,7 +412,7 @@ def test_enabling_again_with_other_options_keeps_the_optimizer_and_autocast_foun
     model = tiny_llama()
     hf_ckpt.enable(model, budget="auto")
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    _deferred.set_optimizer(model, optimizer)
+    get_state(model).budget.use_optimizer(optimizer)
     get_state(model).budget.autocast = torch.bfloat16
     hf_ckpt.enable(model, budget="auto", preserve_rng_state=False)
     request = get_state(model).budget

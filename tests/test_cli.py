@@ -140,7 +140,10 @@ def test_help_text_matches_the_registered_settings_and_workload_defaults():
     assert bench.SETTING_SYNTAX == ", ".join(available_settings())
     for name in ("DEFAULT_MODEL", "DEFAULT_LAYERS", "DEFAULT_HIDDEN", "DEFAULT_BATCH", "DEFAULT_SEQ"):
         assert getattr(arguments, name) == getattr(workload, name), name
-    assert set(arguments.DTYPES) == set(workload._DTYPES)
+    import torch
+
+    for name in ("float32", "bf16", "fp16", "torch.float16"):
+        assert workload.parse_dtype(name) is getattr(torch, arguments.dtype_name(name))
 
 
 @pytest.mark.parametrize(

@@ -196,12 +196,12 @@ def test_auto_chunks_the_head_when_nothing_fits_without(chunked_short):
     them) leaves one byte too few for any plan with the head whole (or, ``chunked_short``, even with it in the
     default chunks, whose transients at 64 tokens are no smaller than the whole head's): the plan takes the default
     chunk, or else the memory rule's smaller one, whose smaller transients the budget gives back to its plan."""
-    from hf_ckpt.budget import forms as _budget, deferred as _deferred
+    from hf_ckpt.budget import forms as _budget, from_estimate as _from_estimate
     from hf_ckpt.runtime.state import get_state
 
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(_config()).train()
-    made = _deferred.estimate_for(model, (BATCH, SEQ), ("none", "full", "selective"))[0]
+    made = _from_estimate.estimate_for(model, (BATCH, SEQ), ("none", "full", "selective"))[0]
     assert (made.head_chunk_size, made.head_smaller_chunk_size) == (64, 4)  # 128 / 32 = 4 tokens; the floor: 64
     assert max(made.head_smaller_transient_bytes.values()) < max(made.transient_bytes.values())
     total = 8 * 2**30

@@ -271,6 +271,7 @@ def test_once_measured_nothing_of_the_probe_runs_or_stays_in_the_record():
     from hf_ckpt.runtime.probe import RecomputeProbe
 
     def probe_hook(hook) -> bool:
+        hook = getattr(hook, "__wrapped__", hook)  # as registered by the record's Hooks
         bound = getattr(hook, "func", hook)
         return isinstance(getattr(bound, "__self__", None), RecomputeProbe)
 

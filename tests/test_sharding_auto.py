@@ -12,7 +12,7 @@ import pytest
 import transformers
 
 import hf_ckpt
-from hf_ckpt.budget import deferred as _deferred
+from hf_ckpt.budget import from_estimate as _from_estimate
 from hf_ckpt.estimate import estimate
 from hf_ckpt.estimate._engine import detected_sharding, still_allocated
 
@@ -69,11 +69,11 @@ def config():
 @pytest.mark.slow
 def test_the_first_batch_estimate_is_sharded_under_fsdp(accelerator, config):
     model = transformers.LlamaForCausalLM(config).train()
-    _deferred._estimates.clear()
+    _from_estimate._estimates.clear()
     accelerator(DistributedType.FSDP, 4, fsdp_plugin=_fsdp_plugin())
-    sharded, _device = _deferred.estimate_for(model, (2, 16), ("none", "full"))
+    sharded, _device = _from_estimate.estimate_for(model, (2, 16), ("none", "full"))
     accelerator(DistributedType.NO, 1)
-    whole, _device = _deferred.estimate_for(model, (2, 16), ("none", "full"))
+    whole, _device = _from_estimate.estimate_for(model, (2, 16), ("none", "full"))
     assert (sharded.shard, sharded.world_size, whole.shard) == ("fsdp-full", 4, "none")
     assert sharded.gradients_bytes < whole.gradients_bytes / 3
     # "auto" leaves room for the states the step still allocates: the shards and the gathers, not the whole
@@ -81,7 +81,7 @@ def test_the_first_batch_estimate_is_sharded_under_fsdp(accelerator, config):
     assert "fsdp-full over 4" in details
     assert sharded_room == sharded.gradients_bytes + sharded.optimizer_bytes + sharded.gather_bytes
     assert still_allocated(whole)[0] == whole.gradients_bytes + whole.optimizer_bytes
-    _deferred._estimates.clear()
+    _from_estimate._estimates.clear()
 
 
 @pytest.mark.slow

@@ -25,8 +25,7 @@ from typing import Callable
 
 import torch
 
-# AUTO and DEFERRED_BUDGET_FORMS are defined with the parser (runtime.units) and named here as before
-from hf_ckpt.runtime.units import AUTO, DEFERRED_BUDGET_FORMS, format_bytes
+from hf_ckpt.runtime.units import AUTO, format_bytes  # AUTO is defined with the parser
 
 #: Share of the device's total memory ``"auto"`` leaves free: allocator rounding and fragmentation, the CUDA
 #: context and library workspaces, and what the estimate does not model.

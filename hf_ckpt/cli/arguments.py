@@ -18,14 +18,13 @@ import struct
 from typing import Any, Callable
 
 from hf_ckpt.cli._lazy import converter as lazy_converter
+from hf_ckpt.runtime import units
 
 DEFAULT_MODEL = "llama"
 DEFAULT_LAYERS = 8
 DEFAULT_HIDDEN = 256
 DEFAULT_BATCH = 2
 DEFAULT_SEQ = 256
-DTYPES = ("float32", "bfloat16", "float16")
-_DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
 def positive_int(text: str) -> int:
@@ -75,18 +74,18 @@ def converter(function: Callable[[str], Any]) -> Callable[[str], Any]:
 
 
 def dtype_name(text: str) -> str:
-    """``float32``, ``bfloat16`` or ``float16`` (``fp32``, ``bf16``, ``fp16`` accepted); the canonical name."""
-    name = _DTYPE_ALIASES.get(text, text)
-    if name not in DTYPES:
+    """``--dtype``: ``float32``, ``bfloat16`` or ``float16`` (``fp32``, ``bf16``, ``fp16`` accepted); the torch name."""
+    name = units.dtype_name(text)
+    if name is None:
         raise argparse.ArgumentTypeError(
-            f"dtype must be one of {', '.join(DTYPES)} (or {', '.join(_DTYPE_ALIASES)}); got {text!r}"
+            f"dtype must be one of {', '.join(units.DTYPE_NAMES)} (or {', '.join(units.DTYPE_ALIASES)}); got {text!r}"
         )
     return name
 
 
 def autocast_name(text: str) -> str:
-    """``--autocast``: ``bfloat16`` or ``float16`` (``bf16``, ``fp16`` accepted); the canonical name."""
-    name = _DTYPE_ALIASES.get(text, text)
+    """``--autocast``: ``bfloat16`` or ``float16`` (``bf16``, ``fp16`` accepted); the torch name."""
+    name = units.dtype_name(text)
     if name not in ("bfloat16", "float16"):
         raise argparse.ArgumentTypeError(f"--autocast must be bfloat16 or float16 (or bf16, fp16); got {text!r}")
     return name

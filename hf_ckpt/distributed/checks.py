@@ -224,10 +224,13 @@ def _pre_forward(cache: _GuardCache, module: nn.Module, args: Any) -> None:
         cache.checked_ddp.add(id(ddp))
 
 
+def _is_guard(hook: Any) -> bool:
+    hook = getattr(hook, "__wrapped__", hook)  # one of a record's hooks (hf_ckpt.runtime.state.Hooks)
+    return isinstance(hook, functools.partial) and hook.func is _pre_forward
+
+
 def _installed(target: nn.Module) -> bool:
-    return any(
-        isinstance(hook, functools.partial) and hook.func is _pre_forward for hook in _torch.forward_pre_hooks(target).values()
-    )
+    return any(_is_guard(hook) for hook in _torch.forward_pre_hooks(target).values())
 
 
 def new_hook(target: nn.Module) -> functools.partial | None:
@@ -267,6 +270,6 @@ def unguard(model: nn.Module) -> nn.Module:
     target = target_model(model)
     hooks = _torch.forward_pre_hooks(target)
     for key, hook in list(hooks.items()):
-        if isinstance(hook, functools.partial) and hook.func is _pre_forward:
+        if _is_guard(hook):
             del hooks[key]
     return model

@@ -10,11 +10,10 @@ from torch import nn
 
 from hf_ckpt.meters.optimizer_states import optimizer_named
 from hf_ckpt.runtime.plans import CheckpointPlan
+from hf_ckpt.runtime.units import DTYPE_NAMES, dtype_name
 from hf_ckpt.estimate._attention import DEVICES
 from hf_ckpt.strategies import ALL_STRATEGIES
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-_DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16", "float": "float32"}
 STRATEGY_FORMS = "none, full, selective, every_n:K (K a positive int) or a hf_ckpt.CheckpointPlan"
 
 
@@ -31,13 +30,12 @@ def check_bool(name: str, value: Any) -> bool:
 
 
 def check_dtype(value: Any) -> torch.dtype:
-    if isinstance(value, torch.dtype) and value in _DTYPES.values():
+    if isinstance(value, torch.dtype) and str(value).removeprefix("torch.") in DTYPE_NAMES:
         return value
-    if isinstance(value, str):
-        name = _DTYPE_ALIASES.get(value.lower().removeprefix("torch."), value.lower().removeprefix("torch."))
-        if name in _DTYPES:
-            return _DTYPES[name]
-    raise ValueError(f"dtype must be one of {', '.join(_DTYPES)} (or bf16, fp16, fp32, or the torch dtype); got {value!r}")
+    name = dtype_name(value) if isinstance(value, str) else None
+    if name is not None:
+        return getattr(torch, name)
+    raise ValueError(f"dtype must be one of {', '.join(DTYPE_NAMES)} (or bf16, fp16, fp32, or the torch dtype); got {value!r}")
 
 
 def check_autocast(value: Any) -> torch.dtype | None:

@@ -38,7 +38,7 @@ class BudgetPlanCallback(TrainerCallback):
 
 
 def _budget_of(model: Any) -> PlannedBudget | None:
-    """The budget planned at the first batch (:class:`hf_ckpt.budget.deferred.DeferredBudget`) on ``model``'s record, or
+    """The budget planned at the first batch (:class:`hf_ckpt.budget.record.DeferredBudget`) on ``model``'s record, or
     None: read through the record's typed :class:`~hf_ckpt.runtime.state.PlannedBudget`, so the runtime loads none
     of the planning code."""
     if model is None:

@@ -14,6 +14,8 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from hf_ckpt.runtime import units
+
 #: The embedded default: a Llama-style decoder, sized so that ``hf-ckpt bench`` runs in well under two minutes
 #: on two CPU cores while its activations dominate (see docs/benchmarks.md).
 DEFAULT_MODEL = "llama"
@@ -22,8 +24,6 @@ DEFAULT_HIDDEN = 256
 DEFAULT_VOCAB = 512
 DEFAULT_BATCH = 2
 DEFAULT_SEQ = 256
-
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass
@@ -45,11 +45,10 @@ class Workload:
 
 def parse_dtype(name: str) -> torch.dtype:
     """``"float32"`` / ``"bfloat16"`` / ``"float16"`` (or ``fp32`` / ``bf16`` / ``fp16``) to a torch dtype."""
-    aliases = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
-    dtype = _DTYPES.get(aliases.get(name, name))
-    if dtype is None:
-        raise ValueError(f"dtype must be one of {', '.join(_DTYPES)} (or fp32, bf16, fp16); got {name!r}")
-    return dtype
+    canonical = units.dtype_name(name) if isinstance(name, str) else None
+    if canonical is None:
+        raise ValueError(f"dtype must be one of {', '.join(units.DTYPE_NAMES)} (or fp32, bf16, fp16); got {name!r}")
+    return getattr(torch, canonical)
 
 
 def parse_device(spec: str) -> torch.device:

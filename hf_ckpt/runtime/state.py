@@ -62,7 +62,7 @@ class Source(enum.Enum):
 
 class PlannedBudget(Protocol):
     """What the runtime (the record, the ``Trainer``'s callback) knows of a budget planned at the first training
-    batch (:class:`hf_ckpt.budget.deferred.DeferredBudget`), without loading the lab."""
+    batch (:class:`hf_ckpt.budget.record.DeferredBudget`), without loading the lab."""
 
     keep_outputs: bool
 
@@ -101,6 +101,24 @@ class _Hook:
     options: dict[str, Any]
     group: str
     handle: RemovableHandle | None = None
+    registered: _WhileRegistered | None = None
+
+
+class _WhileRegistered:
+    """What is registered for a hook: it calls the hook until that registration is removed. A forward runs the hooks
+    it began with, even one an earlier hook removed (a stale record dropped, a budget planned), and a removed
+    ``with_kwargs`` pre-hook without its kwargs; a registration removed and made again runs once, not twice."""
+
+    def __init__(self, function: Callable[..., Any]) -> None:
+        self.__wrapped__, self.removed = function, False
+
+    def __call__(self, *args: Any) -> Any:
+        return None if self.removed else self.__wrapped__(*args)
+
+
+def _register(hook: _Hook) -> None:
+    hook.registered = _WhileRegistered(hook.function)
+    hook.handle = getattr(hook.module, hook.register)(hook.registered, **hook.options)
 
 
 class Hooks:
@@ -113,27 +131,25 @@ class Hooks:
         self, module: nn.Module, register: str, function: Callable[..., Any], *, group: str = "", **options: Any
     ) -> None:
         """Register ``function`` with ``module.<register>(function, **options)`` and keep it, under ``group``."""
-        hook = _Hook(module, register, function, options, group)
-        hook.handle = getattr(module, register)(function, **options)
-        self._hooks.append(hook)
+        self._hooks.append(_Hook(module, register, function, options, group))
+        _register(self._hooks[-1])
 
-    def remove(self) -> None:
+    def remove(self, group: str | None = None) -> None:
         for hook in self._hooks:
-            if hook.handle is not None:
+            if hook.handle is not None and group in (None, hook.group):
                 hook.handle.remove()
-                hook.handle = None
+                hook.registered.removed = True
+                hook.handle = hook.registered = None
 
     def install(self) -> None:
         for hook in self._hooks:
             if hook.handle is None:
-                hook.handle = getattr(hook.module, hook.register)(hook.function, **hook.options)
+                _register(hook)
 
     def discard(self, group: str) -> None:
         """Remove and forget the hooks of ``group`` (a one-shot probe that finished)."""
-        for hook in [h for h in self._hooks if h.group == group]:
-            if hook.handle is not None:
-                hook.handle.remove()
-            self._hooks.remove(hook)
+        self.remove(group)
+        self._hooks = [h for h in self._hooks if h.group != group]
 
     def registered(self, module: nn.Module, register: str) -> list[tuple[Callable[..., Any], dict[str, Any]]]:
         """The ``(function, options)`` of the installed hooks registered on ``module`` with ``register``."""

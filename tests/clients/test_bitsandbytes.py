@@ -14,7 +14,7 @@ import torch
 bnb = pytest.importorskip("bitsandbytes")
 
 import hf_ckpt  # noqa: E402
-from hf_ckpt.budget import forms as _budget, deferred as _deferred  # noqa: E402
+from hf_ckpt.budget import forms as _budget, from_estimate as _from_estimate  # noqa: E402
 from hf_ckpt.meters.optimizer_states import pending_state_bytes, unwrap  # noqa: E402
 from hf_ckpt.runtime.state import get_state  # noqa: E402
 from helpers import VOCAB, tiny_llama  # noqa: E402
@@ -60,7 +60,7 @@ def test_auto_in_the_trainer_leaves_room_for_adamw_8bit(patched, tmp_path):
     from transformers import Trainer, TrainingArguments
 
     model = tiny_llama()
-    made = _deferred.estimate_for(model, (2, 16), ("none", "full", "selective"))[0]
+    made = _from_estimate.estimate_for(model, (2, 16), ("none", "full", "selective"))[0]
     total, activations = 8 * 2**30, made.activation_bytes["none"] // 2
     args = TrainingArguments(
         output_dir=str(tmp_path), gradient_checkpointing=True, gradient_checkpointing_kwargs={"budget": "auto"},

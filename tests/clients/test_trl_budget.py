@@ -15,7 +15,7 @@ trl = pytest.importorskip("trl")
 datasets = pytest.importorskip("datasets")
 
 import hf_ckpt  # noqa: E402
-from hf_ckpt.budget import deferred as _deferred  # noqa: E402
+from hf_ckpt.budget import record as _record  # noqa: E402
 from hf_ckpt.runtime.state import get_state  # noqa: E402
 from hf_ckpt.runtime.counting import BlockRunCounter  # noqa: E402
 from helpers import max_grad_diff, train_step  # noqa: E402
@@ -49,7 +49,7 @@ def test_sft_budget_plans_the_first_batch(patched, tmp_path, budget_log):
     expected = _planned(model)
     assert expected and runs.recomputed_in_backward() == expected
     assert hf_ckpt.checkpointed_layers(model) == expected
-    saved = hf_ckpt.CheckpointPlan.load(tmp_path / _deferred.PLAN_FILE)
+    saved = hf_ckpt.CheckpointPlan.load(tmp_path / _record.PLAN_FILE)
     assert list(saved.strategies) == list(get_state(model).budget.plan.strategies)
     messages = budget_log()
     # SFTConfig's bf16=True over float32 weights: accelerate's autocast wraps the outer forward, so the inner
@@ -83,7 +83,7 @@ def test_dpo_budget_plans_once_though_trl_re_enables(patched, tmp_path, budget_l
     expected = _planned(model)
     assert expected and runs.recomputed_in_backward() == expected
     assert hf_ckpt.checkpointed_layers(model) == expected
-    assert (tmp_path / _deferred.PLAN_FILE).is_file()
+    assert (tmp_path / _record.PLAN_FILE).is_file()
     messages = budget_log()
     # the first batch under bf16=True: planned, then again with the autocast found inside; TRL's re-enable (with
     # the options left out that the Trainer's enable gave as defaults) is the same request: its plan holds
