@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import logging
 import json
 import sys
 from pathlib import Path
@@ -204,8 +205,15 @@ def test_the_top_level_holds_few_modules_and_every_package_says_what_it_owns():
 
 
 def _lint(config: Path) -> int:
-    """import-linter's exit code for the contracts in ``config`` (0: every contract kept)."""
-    return importlinter_cli.lint_imports(config_filename=str(config), no_cache=True)
+    """import-linter's exit code for the contracts in ``config`` (0: every contract kept). Its CLI configures logging
+    with ``disable_existing_loggers``: the loggers it disables (``hf_ckpt``'s included) are enabled again after."""
+    loggers = [logger for logger in logging.root.manager.loggerDict.values()
+               if isinstance(logger, logging.Logger) and not logger.disabled]
+    try:
+        return importlinter_cli.lint_imports(config_filename=str(config), no_cache=True)
+    finally:
+        for logger in loggers:
+            logger.disabled = False
 
 
 @pytest.mark.any_release

@@ -17,7 +17,8 @@ from torch import nn
 from hf_ckpt.budget import forms as _budget
 from hf_ckpt.runtime.config import CheckpointConfig
 from hf_ckpt.runtime.request import EnableRequest
-from hf_ckpt.runtime.units import DTYPE_NAMES, format_bytes
+from hf_ckpt.runtime.dtype_names import DTYPE_NAMES
+from hf_ckpt.runtime.units import format_bytes
 from hf_ckpt.strategies import summary_order
 
 logger = logging.getLogger("hf_ckpt")

@@ -18,7 +18,7 @@ import struct
 from typing import Any, Callable
 
 from hf_ckpt.cli._lazy import converter as lazy_converter
-from hf_ckpt.runtime import units
+from hf_ckpt.runtime import dtype_names
 
 DEFAULT_MODEL = "llama"
 DEFAULT_LAYERS = 8
@@ -75,17 +75,17 @@ def converter(function: Callable[[str], Any]) -> Callable[[str], Any]:
 
 def dtype_name(text: str) -> str:
     """``--dtype``: ``float32``, ``bfloat16`` or ``float16`` (``fp32``, ``bf16``, ``fp16`` accepted); the torch name."""
-    name = units.dtype_name(text)
+    name = dtype_names.dtype_name(text)
     if name is None:
         raise argparse.ArgumentTypeError(
-            f"dtype must be one of {', '.join(units.DTYPE_NAMES)} (or {', '.join(units.DTYPE_ALIASES)}); got {text!r}"
+            f"dtype must be one of {', '.join(dtype_names.DTYPE_NAMES)} (or {', '.join(dtype_names.DTYPE_ALIASES)}); got {text!r}"
         )
     return name
 
 
 def autocast_name(text: str) -> str:
     """``--autocast``: ``bfloat16`` or ``float16`` (``bf16``, ``fp16`` accepted); the torch name."""
-    name = units.dtype_name(text)
+    name = dtype_names.dtype_name(text)
     if name not in ("bfloat16", "float16"):
         raise argparse.ArgumentTypeError(f"--autocast must be bfloat16 or float16 (or bf16, fp16); got {text!r}")
     return name

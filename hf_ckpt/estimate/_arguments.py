@@ -10,7 +10,7 @@ from torch import nn
 
 from hf_ckpt.meters.optimizer_states import optimizer_named
 from hf_ckpt.runtime.plans import CheckpointPlan
-from hf_ckpt.runtime.units import DTYPE_NAMES, dtype_name
+from hf_ckpt.runtime.dtype_names import DTYPE_NAMES, dtype_name
 from hf_ckpt.estimate._attention import DEVICES
 from hf_ckpt.strategies import ALL_STRATEGIES
 

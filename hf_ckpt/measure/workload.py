@@ -14,7 +14,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from hf_ckpt.runtime import units
+from hf_ckpt.runtime import dtype_names
 
 #: The embedded default: a Llama-style decoder, sized so that ``hf-ckpt bench`` runs in well under two minutes
 #: on two CPU cores while its activations dominate (see docs/benchmarks.md).
@@ -45,9 +45,9 @@ class Workload:
 
 def parse_dtype(name: str) -> torch.dtype:
     """``"float32"`` / ``"bfloat16"`` / ``"float16"`` (or ``fp32`` / ``bf16`` / ``fp16``) to a torch dtype."""
-    canonical = units.dtype_name(name) if isinstance(name, str) else None
+    canonical = dtype_names.dtype_name(name) if isinstance(name, str) else None
     if canonical is None:
-        raise ValueError(f"dtype must be one of {', '.join(units.DTYPE_NAMES)} (or fp32, bf16, fp16); got {name!r}")
+        raise ValueError(f"dtype must be one of {', '.join(dtype_names.DTYPE_NAMES)} (or fp32, bf16, fp16); got {name!r}")
     return getattr(torch, canonical)
 
 

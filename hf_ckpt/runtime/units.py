@@ -107,20 +107,6 @@ def _looks_numeric(text: str) -> bool:
     return True
 
 
-#: The dtypes hf_ckpt measures and estimates, by their torch names, and the short names accepted for them. One
-#: table for the CLI, ``hf_ckpt.estimate`` and the benchmark's workload (torch-free: the CLI parses without torch).
-DTYPE_NAMES = ("float32", "bfloat16", "float16")
-DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16", "float": "float32"}
-
-
-def dtype_name(text: str) -> str | None:
-    """The torch name of a dtype written as ``float32``, ``bf16``, ``torch.float16`` (any case); None for a dtype
-    not in :data:`DTYPE_NAMES`."""
-    name = text.lower().removeprefix("torch.")
-    name = DTYPE_ALIASES.get(name, name)
-    return name if name in DTYPE_NAMES else None
-
-
 def precision_label(dtype: str, autocast: str | None) -> str:
     """``float32``, or ``float32 with bfloat16 autocast`` under mixed precision: how reports name a step's dtypes."""
     return f"{dtype} with {autocast} autocast" if autocast else dtype
