@@ -409,6 +409,9 @@ def _trace_reduced(reduced: nn.Module, traced_blocks: list, strategies: Sequence
         raise ValueError(f"model_or_config: {type(reduced).__name__}'s forward cannot be traced on fake tensors "
                          f"({type(error).__name__}: {' '.join(str(error).split())[:120]}): a shape or branch that "
                          "depends on tensor values") from None
+    except NotImplementedError as error:  # the model's own refusal to train (VITS: "Training ... not supported yet")
+        raise ValueError(f"model_or_config: {type(reduced).__name__}'s training step is not implemented: "
+                         f"{' '.join(str(error).split())[:200]}") from None
 
 
 def estimate(
