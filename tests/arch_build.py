@@ -480,13 +480,20 @@ def _parameters(model_class: type, config: Any, **kwargs: Any) -> int:
     return sum(p.numel() for p in model_class(config, **kwargs).parameters())
 
 
-def build(entry: ModelType, seed: int = 0) -> torch.nn.Module:
-    """A tiny fp32 instance of ``entry``'s class in training mode; the same ``seed`` gives the same weights."""
+def model_config(entry: ModelType) -> Any:
+    """The tiny config :func:`build` makes ``entry``'s class from (a part of a composite config where the class
+    takes that part's config)."""
     config = tiny_config(entry.model_type)
-    model_class = entry.model_class()
-    wanted = getattr(model_class, "config_class", None)
+    wanted = getattr(entry.model_class(), "config_class", None)
     if isinstance(wanted, type) and not isinstance(config, wanted):  # a base class built from one part of its
         config = next((v for v in vars(config).values() if isinstance(v, wanted)), config)  # type's composite config
+    return config
+
+
+def build(entry: ModelType, seed: int = 0) -> torch.nn.Module:
+    """A tiny fp32 instance of ``entry``'s class in training mode; the same ``seed`` gives the same weights."""
+    config = model_config(entry)
+    model_class = entry.model_class()
     kwargs = MODEL_KWARGS.get(entry.model_type, {})
     parameters = _parameters(model_class, config, **kwargs)
     if parameters > PARAMETER_BUDGETS.get(entry.model_type, MAX_PARAMETERS):

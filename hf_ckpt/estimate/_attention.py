@@ -8,8 +8,10 @@ seq x seq``). Nothing about it is modelled.
 On CUDA the fused kernels cannot be dispatched without the device. They are **modelled**: the flash kernel
 (fp16/bf16, no explicit mask) and the memory-efficient kernel (an explicit mask, or fp32) both keep only
 query, key, value, the output and the log-sum-exp (fp32, ``batch x heads x seq``; the memory-efficient kernel
-pads it to a multiple of 32 rows, under 1% of the output). The trace therefore routes every SDPA call through
-the fused CPU kernel, which keeps the same tensors with the same shapes. Attention written out in eager ops
+pads it to a multiple of 32 rows, under 1% of the output); a bias that takes a gradient (T5's position bias)
+only the memory-efficient kernel takes, and it keeps the bias too. The trace therefore routes every SDPA call through
+the fused CPU kernel, which keeps the same tensors with the same shapes (through the memory-efficient kernel's own
+op, on fake tensors, where the bias takes a gradient). Attention written out in eager ops
 (``attn_implementation="eager"``, T5's position-biased attention) is traced as it is on any device.
 Figures for CUDA are **modelled, unverified on hardware** until ``benchmarks/gpu_check.py`` has run on one.
 """
@@ -79,11 +81,22 @@ def _fused(*args: Any, **kwargs: Any) -> Any:
     if mask is not None and mask.dtype == torch.bool:
         # the kernel takes an additive mask; the conversion happens before the kernel on CUDA too
         mask = torch.zeros(mask.shape, dtype=query.dtype, device=query.device).masked_fill(~mask, float("-inf"))
-    out = op(
-        query, key, value, dropout_p=float(bound.get("dropout_p") or 0.0),
-        is_causal=bool(bound.get("is_causal") or False), attn_mask=mask, scale=bound.get("scale"),
-    )
+    dropout, causal = float(bound.get("dropout_p") or 0.0), bool(bound.get("is_causal") or False)
+    if mask is not None and mask.requires_grad:  # a learned bias (T5's, in 5.x through SDPA)
+        return _efficient(query, key, value, mask, dropout, causal, bound.get("scale"))
+    out = op(query, key, value, dropout_p=dropout, is_causal=causal, attn_mask=mask, scale=bound.get("scale"))
     return out[0]
+
+
+def _efficient(query: Any, key: Any, value: Any, bias: Any, dropout: float, causal: bool, scale: Any) -> Any:
+    """Attention with a bias that takes a gradient: CUDA's memory-efficient kernel, the one that takes it (the fused
+    CPU kernel is not differentiable in its mask); it keeps the bias besides what the other kernels keep."""
+    op = _torch.aten_op("_scaled_dot_product_efficient_attention")
+    if op is None or key.shape[1] != query.shape[1]:  # grouped-query attention: the math path, as torch's fallback
+        with _torch.disable_torch_function():
+            return _SDPA(query, key, value, attn_mask=bias, dropout_p=dropout, is_causal=causal, scale=scale)
+    bias = bias.expand(query.shape[0], query.shape[1], query.shape[2], key.shape[2])
+    return op(query, key, value, bias, True, dropout, causal, scale=scale)[0]
 
 
 #: torch's own, called by :func:`_fused` where the fused kernel does not apply.

@@ -8,6 +8,7 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
+from hf_ckpt.runtime import _torch
 from hf_ckpt.runtime import head as _head
 from hf_ckpt.runtime.plans import CheckpointPlan
 from hf_ckpt.strategies import kind_class
@@ -183,7 +184,7 @@ def _models(model_or_config: Any, torch_dtype: torch.dtype, peft_config: Any, qu
         raise ValueError("quantization_config: a quantized base trains only adapters; pass peft_config (e.g. "
                          "peft.LoraConfig: QLoRA)")
     if full is None:
-        full = build_on_meta(cls, config, torch_dtype)
+        full = _built(cls, config, torch_dtype)
     else:
         full = copy.deepcopy(full).to(dtype=torch_dtype).train()
         if hasattr(full, "tie_weights"):  # a model built on meta may not have tied its embeddings yet
@@ -196,6 +197,20 @@ def _models(model_or_config: Any, torch_dtype: torch.dtype, peft_config: Any, qu
     as_traced(reduced, quant)
     reduced = _with_peft(reduced, peft_config)
     return config, cls, full, reduced, stored, dequantized
+
+
+def _built(cls: type, config: Any, torch_dtype: torch.dtype) -> nn.Module:
+    """:func:`build_on_meta`; where the class cannot be built (an optional dependency not installed, a config its
+    own ``__init__`` rejects) the estimate is refused in one line, with the first sentence of the model's reason."""
+    try:
+        return build_on_meta(cls, config, torch_dtype)
+    except ImportError as error:  # transformers' placeholder of a missing backend (timm): its message is a paragraph
+        reason = " ".join(str(error).split()).split(". ")[0]
+        raise ValueError(f"model_or_config: {cls.__name__} cannot be built here: {reason}") from None
+    except (AttributeError, TypeError, KeyError, IndexError) as error:  # the model's __init__ on this config
+        reason = " ".join(str(error).split())[:200]
+        raise ValueError(f"model_or_config: {cls.__name__} cannot be built from this config: "
+                         f"{type(error).__name__}: {reason}") from None
 
 
 def _quantization(value: Any, dtype: torch.dtype, sharding: Any):
@@ -385,9 +400,18 @@ def _trace_reduced(reduced: nn.Module, traced_blocks: list, strategies: Sequence
     needed = {s for strategy in strategies for s in _per_block(strategy, num_blocks)} | {"none"}
     needed |= {"full"} if mlp_chunk else set()
     mixed = any(len(set(_per_block(strategy, num_blocks))) > 1 for strategy in strategies) or set(TRACED) <= needed
-    return trace(reduced, traced_blocks, _inputs(reduced, batch_size, seq_len, mode), mode, device,
-                 tuple(s for s in TRACED if s in needed), mixed=mixed, autocast=autocast, keep_outputs=keep_outputs,
-                 head_chunk=head_chunks[0], smaller_chunk=head_chunks[1], mlp_chunk=mlp_chunk)
+    try:
+        return trace(reduced, traced_blocks, _inputs(reduced, batch_size, seq_len, mode), mode, device,
+                     tuple(s for s in TRACED if s in needed), mixed=mixed, autocast=autocast,
+                     keep_outputs=keep_outputs, head_chunk=head_chunks[0], smaller_chunk=head_chunks[1],
+                     mlp_chunk=mlp_chunk)
+    except _torch.fake_tensor_errors() as error:
+        raise ValueError(f"model_or_config: {type(reduced).__name__}'s forward cannot be traced on fake tensors "
+                         f"({type(error).__name__}: {' '.join(str(error).split())[:120]}): a shape or branch that "
+                         "depends on tensor values") from None
+    except NotImplementedError as error:  # the model's own refusal to train (VITS: "Training ... not supported yet")
+        raise ValueError(f"model_or_config: {type(reduced).__name__}'s training step is not implemented: "
+                         f"{' '.join(str(error).split())[:200]}") from None
 
 
 def estimate(

@@ -6,8 +6,8 @@
 * ``...ForTokenClassification``: a class per token;
 * ``...ForQuestionAnswering``: ``start_positions`` and ``end_positions``, one per sequence.
 
-Models that take no token ids (vision, audio) and heads whose batch has another shape (multiple choice) are
-refused with the reason.
+Models that take no token ids (vision, audio), heads whose batch has another shape (multiple choice) and models
+with no training head (a base model: its forward, nor any it inherits, takes the labels) are refused with the reason.
 """
 
 from __future__ import annotations
@@ -33,6 +33,39 @@ def check_text_model(model: nn.Module) -> None:
         first = next(iter(parameters), "?")
         raise ValueError(f"model_or_config: {name} takes {first}, not token ids: the estimate builds text batches "
                          "only (vision and audio models are not estimated)")
+    main = getattr(model, "main_input_name", "input_ids")
+    if main not in ("input_ids", "inputs", "inputs_embeds") and main in parameters:  # e.g. BLIP-2: pixels first
+        raise ValueError(f"model_or_config: {name}'s main input is {main}, not token ids: the estimate builds text "
+                         "batches only (vision and audio models are not estimated)")
+    codebooks = getattr(getattr(model, "config", None), "num_codebooks", None)
+    if isinstance(codebooks, int) and codebooks > 1:
+        raise ValueError(f"model_or_config: {name} takes {codebooks} audio codebook ids per position "
+                         "(config.num_codebooks): the estimate builds one token id per position, text batches only")
+    wanted = _label_names(name)
+    if not _takes(type(model), wanted[0]):
+        raise ValueError(f"model_or_config: {name} has no training head (its forward takes no {wanted[0]}, so it "
+                         "returns no loss): estimate a model with one, e.g. config.architectures naming its "
+                         "...ForCausalLM")
+
+
+def _label_names(name: str) -> tuple[str, ...]:
+    """The keys :func:`batch_for` gives the head named ``name`` besides ``input_ids``."""
+    return ("start_positions", "end_positions") if name.endswith("ForQuestionAnswering") else ("labels",)
+
+
+def _takes(cls: type, parameter: str) -> bool:
+    """Whether the ``forward`` of ``cls`` or of a class it inherits declares ``parameter`` (a head may pass it on
+    through ``**kwargs`` to its parent's, as 5.x's generic classification heads do)."""
+    for klass in cls.__mro__:
+        forward = vars(klass).get("forward")
+        if forward is None:
+            continue
+        try:
+            if parameter in inspect.signature(forward).parameters:
+                return True
+        except (TypeError, ValueError):  # a builtin without a signature
+            continue
+    return False
 
 
 def _label_count(config: Any) -> int:

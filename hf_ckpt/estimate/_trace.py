@@ -231,7 +231,11 @@ def to_fake(model: nn.Module, mode: Any, device: str = "cpu") -> nn.Module:
 
 
 def _loss(output: Any) -> torch.Tensor:
-    return loss_of(output, None, caller="estimate: ")
+    try:
+        return loss_of(output, None)
+    except ValueError:  # loss_of's advice (loss_fn) is not the estimate's: the batch is the estimate's own
+        raise ValueError("model_or_config: the model returned no loss for token ids with labels: it has no training "
+                         "head the estimate can use") from None
 
 
 def _forward(model: nn.Module, inputs: Mapping[str, Any], autocast: torch.dtype | None) -> Any:

@@ -88,6 +88,15 @@ def disable_torch_function() -> Iterator[None]:
         yield
 
 
+def fake_tensor_errors() -> tuple[type, ...]:
+    """The exceptions of what fake tensors cannot run: an output shape or a branch that depends on tensor values
+    (``nonzero``, boolean indexing, ``.item()``), an op with no fake implementation; verified on torch 2.13.0."""
+    from torch._subclasses import fake_tensor
+
+    names = ("DynamicOutputShapeException", "DataDependentOutputException", "UnsupportedOperatorException")
+    return tuple(getattr(fake_tensor, name) for name in names if hasattr(fake_tensor, name))
+
+
 def fake_tensor_mode() -> Any:
     """A new ``torch._subclasses.fake_tensor.FakeTensorMode``: the estimator traces a step on fake tensors (shapes
     and dtypes, no memory). Verified on torch 2.5.1, 2.13.0, 2.14.1, 2.15.0."""
