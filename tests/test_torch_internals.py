@@ -12,6 +12,7 @@ import re
 import warnings
 from pathlib import Path
 
+import pytest
 import torch
 from torch import nn
 
@@ -146,6 +147,8 @@ def test_dispatch_and_pytree_entries():
     with _torch.fake_tensor_mode() as mode:
         fake = torch.empty(1024, 1024)
     assert type(fake).__name__ == "FakeTensor" and mode is not None
+    with _torch.fake_tensor_mode(), pytest.raises(_torch.fake_tensor_errors()):
+        torch.ones(4).nonzero()  # an output shape that depends on the values
 
 
 def test_autograd_entries():

@@ -90,7 +90,8 @@ def disable_torch_function() -> Iterator[None]:
 
 def fake_tensor_errors() -> tuple[type, ...]:
     """The exceptions of what fake tensors cannot run: an output shape or a branch that depends on tensor values
-    (``nonzero``, boolean indexing, ``.item()``), an op with no fake implementation; verified on torch 2.13.0."""
+    (``nonzero``, boolean indexing, ``.item()``), an op with no fake implementation. Verified on torch 2.5.1, 2.13.0,
+    2.15.0."""
     from torch._subclasses import fake_tensor
 
     names = ("DynamicOutputShapeException", "DataDependentOutputException", "UnsupportedOperatorException")
