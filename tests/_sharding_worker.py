@@ -1,7 +1,9 @@
 """One rank of ``test_sharding_measured.py``: a tiny Llama under FSDP2 ``fully_shard`` (gloo, CPU), one AdamW step,
 and the bytes this rank holds.
 
-Run as ``python _sharding_worker.py RANK WORLD_SIZE INIT_FILE OUT_DIR``; writes ``OUT_DIR/rank{RANK}.json``.
+Run as ``python _sharding_worker.py RANK WORLD_SIZE INIT_FILE OUT_DIR [PARAM_DTYPE]``; writes
+``OUT_DIR/rank{RANK}.json``. With ``PARAM_DTYPE`` (``bfloat16``) every unit is sharded with FSDP2's mixed precision,
+``MixedPrecisionPolicy(param_dtype=...)``, over float32 parameters.
 
 What is measured, on this rank, as distinct tensor storages (``untyped_storage().nbytes()``, each storage once):
 
@@ -64,15 +66,16 @@ def optimizer_tensors(optimizer: torch.optim.Optimizer):
                 yield value
 
 
-def run(rank: int) -> dict:
-    from torch.distributed.fsdp import fully_shard
+def run(rank: int, param_dtype: str | None = None) -> dict:
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     from transformers import LlamaForCausalLM
 
     torch.manual_seed(0)
     model = LlamaForCausalLM(tiny_config()).train()
+    policy = MixedPrecisionPolicy(param_dtype=getattr(torch, param_dtype) if param_dtype else None)
     for layer in model.model.layers:
-        fully_shard(layer)
-    fully_shard(model)
+        fully_shard(layer, mp_policy=policy)
+    fully_shard(model, mp_policy=policy)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
     ids = torch.randint(1, 67, (BATCH, SEQ), generator=torch.Generator().manual_seed(rank))
     with StorageTracker() as tracker:
@@ -92,12 +95,13 @@ def run(rank: int) -> dict:
 
 def main() -> None:
     rank, world_size, init_file, out_dir = sys.argv[1:5]
+    param_dtype = sys.argv[5] if len(sys.argv) > 5 else None
     rank, world_size = int(rank), int(world_size)
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size,
                             timeout=timedelta(seconds=60))
     try:
-        result = run(rank)
+        result = run(rank, param_dtype)
     finally:
         dist.destroy_process_group()
     (Path(out_dir) / f"rank{rank}.json").write_text(json.dumps(result))

@@ -96,6 +96,12 @@ def test_offload_moves_states_to_the_host(config):
     ({"shard": "zero2", "offload_parameters": True}, "offload_parameters: DeepSpeed offloads parameters with zero3"),
     ({"offload_optimizer": True}, "offload_optimizer / offload_parameters need a shard"),
     ({"shard": "zero3", "offload_optimizer": "yes"}, "offload_optimizer must be True or False"),
+    ({"fsdp_param_dtype": "bf16"}, "fsdp_param_dtype: FSDP2's mixed precision needs shard='fsdp-full' or "
+     "'fsdp-grad-op'; got shard='none'"),
+    ({"shard": "fsdp-full", "fsdp_param_dtype": "float32"}, "fsdp_param_dtype must be None, bfloat16 or float16 (or "
+     "bf16, fp16, or the torch dtype); got 'float32'"),
+    ({"shard": "fsdp-full", "fsdp_param_dtype": "bf16", "dtype": "float32", "autocast": "bf16"},
+     "fsdp_param_dtype: FSDP2's mixed precision runs the forward in it already; leave autocast None"),
 ])
 def test_bad_sharding_arguments_name_the_argument(config, kwargs, message):
     with pytest.raises(ValueError, match="^" + message.replace("(", r"\(").replace(")", r"\)")):
@@ -132,10 +138,24 @@ def test_cli_json_gains_the_sharding_and_the_plan_fits_per_device(config_path, t
         == device_memory
 
 
+def test_cli_fsdp_mixed_precision_says_what_is_gathered_in_it(config_path, tmp_path, capsys):
+    out_json = tmp_path / "est.json"
+    argv = ["estimate", config_path, "--batch", "2", "--seq", "16", "--dtype", "float32", "--device", "cpu",
+            "--strategies", "none", "--world-size", "2", "--shard", "fsdp-full", "--json", str(out_json)]
+    assert cli.main([*argv, "--fsdp-param-dtype", "bf16"]) == 0
+    mixed = json.loads(out_json.read_text())
+    assert "(fsdp-full, units gathered and computed in bfloat16)" in capsys.readouterr().out
+    assert cli.main(argv) == 0
+    plain = json.loads(out_json.read_text())
+    assert (mixed["fsdp_param_dtype"], plain["fsdp_param_dtype"]) == ("bfloat16", None)
+    assert mixed["optimizer_bytes"] == plain["optimizer_bytes"] and mixed["gather_bytes"] * 2 == plain["gather_bytes"]
+
+
 @pytest.mark.parametrize(("argv", "message"), [
     (["--world-size", "0"], "--world-size must be a positive int; got 0"),
     (["--shard", "fsdp"], "--shard must be one of none, fsdp-full, fsdp-grad-op, zero1, zero2, zero3; got 'fsdp'"),
     (["--shard", "zero1", "--offload-parameters"], "--offload-parameters: DeepSpeed offloads parameters with zero3"),
+    (["--shard", "zero3", "--fsdp-param-dtype", "bf16"], "--fsdp-param-dtype: FSDP2's mixed precision needs shard="),
 ])
 def test_cli_sharding_errors_name_the_option(config_path, argv, message, capsys):
     code = cli.main(["estimate", config_path, "--batch", "1", "--seq", "8", *argv])

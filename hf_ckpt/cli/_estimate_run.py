@@ -104,7 +104,7 @@ _OPTIONS = {"world_size": "--world-size", "shard": "--shard", "offload_optimizer
             "head_chunk_size": "--head-chunk-size", "quantization_config": "--quantize",
             "attn_implementation": "--attn", "mlp_chunk_size": "--mlp-chunk-size",
             "host_memory": "--host-memory", "device_memory": "--device-memory", "pcie_bandwidth": "--pcie-bandwidth",
-            "offload_parameters": "--offload-parameters"}
+            "offload_parameters": "--offload-parameters", "fsdp_param_dtype": "--fsdp-param-dtype"}
 
 
 def _option_names(message: str) -> str:
@@ -166,6 +166,7 @@ def _max_seq(args: argparse.Namespace, device_memory: int | None, quantization: 
                         device=args.device, optimizer=args.optimizer, peft_config=_lora(args),
                         keep_outputs=args.keep_outputs, world_size=args.world_size, shard=args.shard,
                         offload_optimizer=args.offload_optimizer, offload_parameters=args.offload_parameters,
+                        fsdp_param_dtype=args.fsdp_param_dtype,
                         quantization_config=quantization, attn_implementation=args.attn)
     except (ValueError, FileNotFoundError) as error:
         raise CommandError(_option_names(str(error))) from None
@@ -226,6 +227,7 @@ def run(args: argparse.Namespace) -> int:
                         device=args.device, optimizer=args.optimizer, peft_config=_lora(args), strategies=strategies,
                         keep_outputs=args.keep_outputs, world_size=args.world_size, shard=args.shard,
                         offload_optimizer=args.offload_optimizer, offload_parameters=args.offload_parameters,
+                        fsdp_param_dtype=args.fsdp_param_dtype,
                         head_chunk_size=args.head_chunk_size, quantization_config=quantization,
                         attn_implementation=args.attn, mlp_chunk_size=args.mlp_chunk_size,
                         offload_activations=args.offload)

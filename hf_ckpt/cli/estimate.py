@@ -86,6 +86,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="DeepSpeed's offload_optimizer to the CPU (zero1, zero2, zero3)")
     parser.add_argument("--offload-parameters", action="store_true",
                         help="zero3's offload_param, or FSDP's CPUOffloadPolicy (parameters, gradients, optimizer step)")
+    parser.add_argument("--fsdp-param-dtype", default=None, metavar="DTYPE",
+                        help="FSDP2's mixed precision, MixedPrecisionPolicy(param_dtype=DTYPE): bfloat16 or float16 "
+                             "units gathered and computed over --dtype shards and states (with --shard fsdp-*)")
     parser.add_argument("--head-chunk-size", type=int, default=None, metavar="TOKENS",
                         help="tokens per chunk of the chunked head (the row full+head:TOKENS; default: chosen from "
                              "the vocabulary and hidden sizes, at least 128 tokens or the sequence length)")

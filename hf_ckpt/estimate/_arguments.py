@@ -51,6 +51,23 @@ def check_autocast(value: Any) -> torch.dtype | None:
     return dtype
 
 
+def check_fsdp_param_dtype(value: Any, autocast: torch.dtype | None) -> torch.dtype | None:
+    """None, or the lower precision FSDP2's ``MixedPrecisionPolicy(param_dtype=...)`` gathers and computes in."""
+    if value is None:
+        return None
+    try:
+        dtype = check_dtype(value)
+    except ValueError:
+        dtype = None
+    if dtype not in (torch.bfloat16, torch.float16):
+        raise ValueError("fsdp_param_dtype must be None, bfloat16 or float16 (or bf16, fp16, or the torch dtype); "
+                         f"got {value!r}")
+    if autocast is not None:
+        raise ValueError("fsdp_param_dtype: FSDP2's mixed precision runs the forward in it already; leave autocast "
+                         "None")
+    return dtype
+
+
 def check_device(value: Any) -> str:
     kind = value.type if isinstance(value, torch.device) else value
     if isinstance(kind, str) and kind.split(":")[0] in DEVICES:

@@ -172,9 +172,10 @@ def _attention(device: str, dtype: torch.dtype, attn: str | None) -> dict[str, A
 
 
 def _models(model_or_config: Any, torch_dtype: torch.dtype, peft_config: Any, quant: Any = None,
-            attn: str | None = None):
+            attn: str | None = None, traced_dtype: torch.dtype | None = None):
     """(config, class, the full model on meta, the reduced copy on meta, the quantized weights' stored bytes by
-    ``id`` and the largest dequantized weight), adapters added to both; ``attn="eager"``: eager attention."""
+    ``id`` and the largest dequantized weight), adapters added to both; ``attn="eager"``: eager attention. The
+    reduced copy is in ``traced_dtype`` where given (FSDP2's mixed precision computes in it)."""
     config, cls, full, found_peft = _source(model_or_config, torch_dtype)
     if attn == "eager":
         config = copy.deepcopy(config)
@@ -193,7 +194,7 @@ def _models(model_or_config: Any, torch_dtype: torch.dtype, peft_config: Any, qu
     stored = quantized_weights(full, quant) if quant is not None else {}
     dequantized = dequantized_bytes(full, stored, quant) if quant is not None else 0
     full = _with_peft(full, peft_config)
-    reduced = build_on_meta(cls, reduced_config(config), torch_dtype)
+    reduced = build_on_meta(cls, reduced_config(config), traced_dtype or torch_dtype)
     as_traced(reduced, quant)
     reduced = _with_peft(reduced, peft_config)
     return config, cls, full, reduced, stored, dequantized
@@ -430,6 +431,7 @@ def estimate(
     shard: str = "none",
     offload_optimizer: bool = False,
     offload_parameters: bool = False,
+    fsdp_param_dtype: str | torch.dtype | None = None,
     head_chunk_size: int | None = None,
     quantization_config: Any = None,
     attn_implementation: str | None = None,
@@ -474,6 +476,10 @@ def estimate(
             (``host_bytes``).
         offload_parameters: DeepSpeed's ``offload_param`` (zero3), or FSDP's ``CPUOffloadPolicy``: parameters on
             the host (``host_bytes``).
+        fsdp_param_dtype: FSDP2's mixed precision, ``MixedPrecisionPolicy(param_dtype=...)``: ``"bfloat16"`` or
+            ``"float16"``. The shards, their gradients and the optimizer states stay in ``dtype`` (float32); each
+            unit is gathered in this dtype and the forward runs in it (the activations are traced in it). With
+            ``shard="fsdp-full"`` or ``"fsdp-grad-op"``, without ``autocast``.
         head_chunk_size: The chunk (tokens) the chunked head (``hf_ckpt.enable(head_chunk_size=...)``) is
             estimated with, as the row ``full+head:<chunk>`` and the ``head_*`` fields; None: chosen by
             :func:`head_chunk_for` (at least 128 tokens, or ``seq_len`` where shorter), and where that floor raised
@@ -506,10 +512,12 @@ def estimate(
     batch_size, seq_len, torch_dtype, autocast_dtype, device, optimizer, peft_config, strategies, keep_outputs = \
         _checked(model_or_config, batch_size, seq_len, dtype, autocast, device, optimizer, peft_config, strategies,
                  keep_outputs, head_chunk_size, mlp_chunk_size, offload_activations)
-    sharding = check_sharding(world_size, shard, offload_optimizer, offload_parameters)
+    param_dtype = arguments.check_fsdp_param_dtype(fsdp_param_dtype, autocast_dtype)
+    sharding = check_sharding(world_size, shard, offload_optimizer, offload_parameters, param_dtype)
     quant = _quantization(quantization_config, autocast_dtype or torch_dtype, sharding)
     attn = _check_attn(attn_implementation, device, isinstance(model_or_config, nn.Module))
-    config, cls, full, reduced, stored, dequantized = _models(model_or_config, torch_dtype, peft_config, quant, attn)
+    config, cls, full, reduced, stored, dequantized = _models(model_or_config, torch_dtype, peft_config, quant, attn,
+                                                              param_dtype)
     full_blocks, traced_blocks = blocks_of(full), blocks_of(reduced)
     if not full_blocks:
         raise ValueError(f"model_or_config: {cls.__name__} has no repeated blocks to checkpoint")
@@ -556,7 +564,7 @@ def estimate(
         representative=rep,
         transient_bytes={s: traced.transient[s] for s in traced.transient},
         unusable=unusable,
-        attention=_attention(device, autocast_dtype or torch_dtype, attn),
+        attention=_attention(device, autocast_dtype or param_dtype or torch_dtype, attn),
         notes=(*_NOTES, OUTPUTS_NOTES[keep_outputs]),
         keep_outputs=keep_outputs, **_head_fields(traced), mlp_chunk_size=traced.mlp_chunk if traced.mlp_rows else None,
         activation_host_bytes=host,

@@ -63,6 +63,8 @@ class MemoryEstimate:
         shard: ``none``, ``fsdp-full``, ``fsdp-grad-op``, ``zero1``, ``zero2`` or ``zero3``.
         offload_optimizer: Optimizer states (and master weights, gradient partitions) on the host.
         offload_parameters: Parameter partitions on the host.
+        fsdp_param_dtype: FSDP2's mixed-precision ``param_dtype`` (units gathered and computed in it, the shards
+            and states in ``dtype``), or None.
         buffer_bytes: The engine's buffers kept on the device between steps (ZeRO-3's gradient bucket).
         gather_bytes: The most the engine holds above its steady state during forward and backward (gathered units
             and their unsharded gradients, ZeRO-1/2's gradient bucket).
@@ -125,6 +127,7 @@ class MemoryEstimate:
     shard: str = "none"
     offload_optimizer: bool = False
     offload_parameters: bool = False
+    fsdp_param_dtype: str | None = None
     buffer_bytes: int = 0
     gather_bytes: int = 0
     step_bytes: int = 0
@@ -196,8 +199,9 @@ class MemoryEstimate:
             return ""
         offload = [what for what, on in (("optimizer", self.offload_optimizer), ("parameters", self.offload_parameters))
                    if on]
+        mixed = f", units gathered and computed in {self.fsdp_param_dtype}" if self.fsdp_param_dtype else ""
         return (f"per device of {self.world_size} ({self.shard}{', offload ' + ' and '.join(offload) if offload else ''}"
-                f"): engine buffers {format_bytes(self.buffer_bytes)}, gathered in forward/backward "
+                f"{mixed}): engine buffers {format_bytes(self.buffer_bytes)}, gathered in forward/backward "
                 f"{format_bytes(self.gather_bytes)}, optimizer step {format_bytes(self.step_bytes)}, host "
                 f"{format_bytes(self.host_bytes)}; whole model: parameters {format_bytes(self.model_parameters_bytes)}"
                 f", gradients {format_bytes(self.model_gradients_bytes)}, optimizer "

@@ -14,7 +14,9 @@ from its code (torch 2.13's ``fully_shard``, DeepSpeed 0.19.8's ``stage_1_and_2.
   callback), the current block and the one prefetched in backward, and the current block's unsharded gradients;
   with ``fsdp-grad-op`` every unit stays unsharded from its forward to its backward. ``offload_parameters``
   (``CPUOffloadPolicy``) moves the sharded parameters, gradients and the optimizer step to the host; FSDP has no
-  optimizer-only offload.
+  optimizer-only offload. ``param_dtype`` (``MixedPrecisionPolicy(param_dtype=...)``): the shards, their gradients
+  and the optimizer states stay in ``dtype`` (float32), each unit is all-gathered cast to ``param_dtype`` and its
+  unsharded gradients are in it; the forward runs in it, inputs cast (the activations are traced in it).
 * **ZeRO-1/2**: the trainable parameters are flattened into one ``dtype`` buffer padded to a multiple of
   ``2 * world_size`` elements, held whole on every rank; the optimizer runs on an fp32 master copy of this rank's
   partition (always cloned, also for float32 training), with fp32 optimizer states. ZeRO-2 keeps the gradients
@@ -40,6 +42,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
+import torch
 from torch import nn
 
 from hf_ckpt.meters.optimizer_states import like_parameter, optimizer_named
@@ -68,12 +71,15 @@ class Sharding:
         shard: One of :data:`SHARDS`.
         offload_optimizer: ZeRO's ``offload_optimizer: {device: cpu}``.
         offload_parameters: ZeRO-3's ``offload_param: {device: cpu}``, or FSDP's ``CPUOffloadPolicy``.
+        param_dtype: FSDP2's ``MixedPrecisionPolicy(param_dtype=...)``: what units are gathered and run in; None:
+            the parameters' own dtype.
     """
 
     world_size: int = 1
     shard: str = "none"
     offload_optimizer: bool = False
     offload_parameters: bool = False
+    param_dtype: torch.dtype | None = None
 
     @property
     def engine(self) -> str:
@@ -119,8 +125,10 @@ class _Param:
     unit: int  # -1: the root unit
 
 
-def check_sharding(world_size: Any, shard: Any, offload_optimizer: Any, offload_parameters: Any) -> Sharding:
-    """A :class:`Sharding` from ``estimate``'s arguments; ValueError naming the argument and what it accepts."""
+def check_sharding(world_size: Any, shard: Any, offload_optimizer: Any, offload_parameters: Any,
+                   param_dtype: torch.dtype | None = None) -> Sharding:
+    """A :class:`Sharding` from ``estimate``'s arguments; ValueError naming the argument and what it accepts.
+    ``param_dtype``: ``fsdp_param_dtype``, checked as a dtype already."""
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size must be a positive int; got {world_size!r}")
     name = shard.strip().lower().replace("_", "-") if isinstance(shard, str) else shard
@@ -140,7 +148,10 @@ def check_sharding(world_size: Any, shard: Any, offload_optimizer: Any, offload_
     if offload_parameters and name in ("zero1", "zero2"):
         raise ValueError(f"offload_parameters: DeepSpeed offloads parameters with zero3 only; got shard={name!r} "
                          "(zero1 and zero2 take offload_optimizer)")
-    return Sharding(world_size, name, offload_optimizer, offload_parameters)
+    if param_dtype is not None and not name.startswith("fsdp"):
+        raise ValueError(f"fsdp_param_dtype: FSDP2's mixed precision needs shard='fsdp-full' or 'fsdp-grad-op'; got "
+                         f"shard={name!r}")
+    return Sharding(world_size, name, offload_optimizer, offload_parameters, param_dtype)
 
 
 def parameters_of(model: nn.Module, units: Sequence[nn.Module], receives_gradient: Callable[[str], bool]
@@ -159,12 +170,13 @@ def _fsdp_chunk(param: _Param, world_size: int) -> int:
     return math.ceil(param.rows / world_size) * (param.numel // max(param.rows, 1))
 
 
-def _unit_bytes(params: Sequence[_Param], trainable_only: bool, world_size: int) -> dict[int, int]:
-    """Bytes of each unit unsharded, as FSDP2's all-gather output holds them (every parameter padded on dim 0)."""
+def _unit_bytes(params: Sequence[_Param], trainable_only: bool, world_size: int, size: int | None) -> dict[int, int]:
+    """Bytes of each unit unsharded, as FSDP2's all-gather output holds them (every parameter padded on dim 0), in
+    ``size`` bytes an element (the mixed-precision ``param_dtype``'s; None: each parameter's own)."""
     totals: dict[int, int] = {}
     for p in params:
         if p.trainable or not trainable_only:
-            totals[p.unit] = totals.get(p.unit, 0) + _fsdp_chunk(p, world_size) * world_size * p.size
+            totals[p.unit] = totals.get(p.unit, 0) + _fsdp_chunk(p, world_size) * world_size * (size or p.size)
     return totals
 
 
@@ -173,7 +185,8 @@ def _fsdp(params: Sequence[_Param], sharding: Sharding, states: int, step_bytes:
     shard_params = sum(_fsdp_chunk(p, ws) * p.size for p in params)
     shard_grads = sum(_fsdp_chunk(p, ws) * p.size for p in params if p.trainable)
     optimizer = states * shard_grads + step_bytes * sum(p.trainable for p in params)
-    unit_params, unit_grads = _unit_bytes(params, False, ws), _unit_bytes(params, True, ws)
+    gathered = sharding.param_dtype.itemsize if sharding.param_dtype is not None else None
+    unit_params, unit_grads = _unit_bytes(params, False, ws, gathered), _unit_bytes(params, True, ws, gathered)
     blocks = [b for u, b in unit_params.items() if u >= 0] or [0]
     block_grads = [b for u, b in unit_grads.items() if u >= 0] or [0]
     root = unit_params.get(-1, 0) + unit_grads.get(-1, 0)
@@ -310,6 +323,7 @@ class PerDevice:
             "world_size": self.sharding.world_size, "shard": self.sharding.shard,
             "offload_optimizer": self.sharding.offload_optimizer,
             "offload_parameters": self.sharding.offload_parameters,
+            "fsdp_param_dtype": _name(self.sharding.param_dtype),
             "buffer_bytes": sharded.buffer_bytes, "gather_bytes": sharded.gather_bytes,
             "step_bytes": sharded.step_bytes, "host_bytes": sharded.host_bytes,
             "model_parameters_bytes": self.whole.parameters_bytes,
@@ -324,10 +338,15 @@ class PerDevice:
         return self.whole.optimizer_bytes if self.engine_optimizer_bytes is None else self.engine_optimizer_bytes
 
 
+def _name(dtype: torch.dtype | None) -> str | None:
+    return str(dtype).removeprefix("torch.") if dtype is not None else None
+
+
 def shard_estimate(model: nn.Module, blocks: Sequence[Any], sharding: Sharding, optimizer: str, device: str,
                    receives_gradient: Callable[[str], bool], stored: dict[int, int] | None = None) -> PerDevice:
     """The states of ``model`` (on meta) on one device, whole and under ``sharding``; ``blocks`` are FSDP's units
-    (each :class:`~hf_ckpt.runtime.blocks.Block`'s module); ``receives_gradient(name)``: the step reaches the parameter."""
+    (each :class:`~hf_ckpt.runtime.blocks.Block`'s module); ``receives_gradient(name)``: the step reaches the
+    parameter."""
     whole = count_states(model, optimizer, device, receives_gradient, stored)
     if sharding.shard == "none":
         return PerDevice(sharding, whole, None)

@@ -105,20 +105,14 @@ class _Hook:
 
 
 class _WhileRegistered:
-    """What is registered for a hook: it calls the hook until that registration is removed. A forward runs the hooks
-    it began with, even one an earlier hook removed (a stale record dropped, a budget planned), and a removed
-    ``with_kwargs`` pre-hook without its kwargs; a registration removed and made again runs once, not twice."""
+    """Registered for a hook: calls it until removed. A forward runs the hooks it began with, even one an earlier
+    hook removed (a stale record dropped, a budget planned), a ``with_kwargs`` pre-hook then without its kwargs."""
 
     def __init__(self, function: Callable[..., Any]) -> None:
         self.__wrapped__, self.removed = function, False
 
     def __call__(self, *args: Any) -> Any:
         return None if self.removed else self.__wrapped__(*args)
-
-
-def _register(hook: _Hook) -> None:
-    hook.registered = _WhileRegistered(hook.function)
-    hook.handle = getattr(hook.module, hook.register)(hook.registered, **hook.options)
 
 
 class Hooks:
@@ -132,7 +126,7 @@ class Hooks:
     ) -> None:
         """Register ``function`` with ``module.<register>(function, **options)`` and keep it, under ``group``."""
         self._hooks.append(_Hook(module, register, function, options, group))
-        _register(self._hooks[-1])
+        self.install(self._hooks[-1:])
 
     def remove(self, group: str | None = None) -> None:
         for hook in self._hooks:
@@ -141,10 +135,11 @@ class Hooks:
                 hook.registered.removed = True
                 hook.handle = hook.registered = None
 
-    def install(self) -> None:
-        for hook in self._hooks:
+    def install(self, hooks: list[_Hook] | None = None) -> None:
+        for hook in self._hooks if hooks is None else hooks:
             if hook.handle is None:
-                _register(hook)
+                hook.registered = _WhileRegistered(hook.function)
+                hook.handle = getattr(hook.module, hook.register)(hook.registered, **hook.options)
 
     def discard(self, group: str) -> None:
         """Remove and forget the hooks of ``group`` (a one-shot probe that finished)."""
