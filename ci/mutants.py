@@ -332,6 +332,14 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/test_outside.py",),
     ),
     Mutant(
+        "removed_hook_still_runs",
+        "a hook removed within a forward does nothing for the rest of it (torch still calls it)",
+        "hf_ckpt/runtime/state.py",
+        "        return None if self.removed else self.__wrapped__(*args)\n",
+        "        return self.__wrapped__(*args)\n",
+        ("tests/test_budget_trainer.py::test_a_planned_budget_changed_by_upstreams_disable_gives_way_to_it_in_the_next_step",),
+    ),
+    Mutant(
         "budget_ignores_moved_weights",
         "a budget plans again when the weights moved to another dtype or device after its plan",
         "hf_ckpt/budget/deferred.py",

@@ -38,8 +38,8 @@ def check_dtype(value: Any) -> torch.dtype:
     raise ValueError(f"dtype must be one of {', '.join(DTYPE_NAMES)} (or bf16, fp16, fp32, or the torch dtype); got {value!r}")
 
 
-def check_autocast(value: Any) -> torch.dtype | None:
-    """None (no autocast) or the lower precision autocast runs matmuls in: bfloat16 or float16."""
+def _lower_precision(name: str, value: Any) -> torch.dtype | None:
+    """None, or bfloat16 / float16 (any spelling :func:`check_dtype` takes); ValueError naming ``name`` otherwise."""
     if value is None:
         return None
     try:
@@ -47,22 +47,19 @@ def check_autocast(value: Any) -> torch.dtype | None:
     except ValueError:
         dtype = None
     if dtype not in (torch.bfloat16, torch.float16):
-        raise ValueError(f"autocast must be None, bfloat16 or float16 (or bf16, fp16, or the torch dtype); got {value!r}")
+        raise ValueError(f"{name} must be None, bfloat16 or float16 (or bf16, fp16, or the torch dtype); got {value!r}")
     return dtype
+
+
+def check_autocast(value: Any) -> torch.dtype | None:
+    """None (no autocast) or the lower precision autocast runs matmuls in: bfloat16 or float16."""
+    return _lower_precision("autocast", value)
 
 
 def check_fsdp_param_dtype(value: Any, autocast: torch.dtype | None) -> torch.dtype | None:
     """None, or the lower precision FSDP2's ``MixedPrecisionPolicy(param_dtype=...)`` gathers and computes in."""
-    if value is None:
-        return None
-    try:
-        dtype = check_dtype(value)
-    except ValueError:
-        dtype = None
-    if dtype not in (torch.bfloat16, torch.float16):
-        raise ValueError("fsdp_param_dtype must be None, bfloat16 or float16 (or bf16, fp16, or the torch dtype); "
-                         f"got {value!r}")
-    if autocast is not None:
+    dtype = _lower_precision("fsdp_param_dtype", value)
+    if dtype is not None and autocast is not None:
         raise ValueError("fsdp_param_dtype: FSDP2's mixed precision runs the forward in it already; leave autocast "
                          "None")
     return dtype

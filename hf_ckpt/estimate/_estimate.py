@@ -516,8 +516,7 @@ def estimate(
     sharding = check_sharding(world_size, shard, offload_optimizer, offload_parameters, param_dtype)
     quant = _quantization(quantization_config, autocast_dtype or torch_dtype, sharding)
     attn = _check_attn(attn_implementation, device, isinstance(model_or_config, nn.Module))
-    config, cls, full, reduced, stored, dequantized = _models(model_or_config, torch_dtype, peft_config, quant, attn,
-                                                              param_dtype)
+    config, cls, full, reduced, stored, dequantized = _models(model_or_config, torch_dtype, peft_config, quant, attn, param_dtype)
     full_blocks, traced_blocks = blocks_of(full), blocks_of(reduced)
     if not full_blocks:
         raise ValueError(f"model_or_config: {cls.__name__} has no repeated blocks to checkpoint")
