@@ -337,26 +337,34 @@ def test_runs_sharing_a_queue_sweep_each_release_once_newest_first(tmp_path: Pat
 
 
 def test_every_release_runs_the_same_two_cases_asserted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each release in its matrix environment, the newest in the torch range's ceiling one (timm loads there)."""
-    commands = {}
+    """Each release in its matrix environment, the newest in the torch range's ceiling one (timm loads there), where
+    the estimate over every model type runs too: a failure there fails the release's sweep."""
+    commands, failing = {}, set()
     monkeypatch.setattr(sweep.matrix, "build_env", lambda *args, **kwargs: (tmp_path / "matrix-env", False))
     monkeypatch.setattr(sweep.torch_range, "build_env", lambda *args, **kwargs: (tmp_path / "ceiling-env", False))
 
     def fake_run(command, log, env=None, echo=False):
-        commands[command[3]] = (env["HF_CKPT_SWEEP_KNOWN"], command[command.index("-k") + 1:])
-        return 0
+        commands.setdefault(command[3], []).append(
+            (env.get("HF_CKPT_SWEEP_KNOWN"), "HF_CKPT_SWEEP_REPORT" in env, command[command.index("-k") - 1:]))
+        return 1 if command[command.index("-k") - 1] in failing else 0
 
     monkeypatch.setattr(sweep.matrix, "run_logged", fake_run)
     args = sweep.argparse.Namespace(out=tmp_path, cache_dir=tmp_path, jobs=1, timeout=60)
     older, newest = sweep.run_release("4.45.2", args), sweep.run_release(sweep.NEWEST, args)
     junit = f"--junitxml={tmp_path}"
-    cases = "test_every_model_type and (enable-every2 or patched-every1)"
+    cases = ["tests/test_architectures.py", "-k", "test_every_model_type and (enable-every2 or patched-every1)"]
+    estimate = ["tests/test_estimate_every_type.py", "-k", "swept"]
     assert commands == {
-        str(tmp_path / "matrix-env" / "bin" / "python"): ("strict", [cases, f"{junit}/4.45.2/junit.xml", "--tb=line"]),
-        str(tmp_path / "ceiling-env" / "bin" / "python"): ("strict", [cases, f"{junit}/{sweep.NEWEST}/junit.xml",
-                                                                     "--tb=line"]),
+        str(tmp_path / "matrix-env" / "bin" / "python"): [
+            ("strict", True, [*cases, f"{junit}/4.45.2/junit.xml", "--tb=line"])],
+        str(tmp_path / "ceiling-env" / "bin" / "python"): [
+            ("strict", True, [*cases, f"{junit}/{sweep.NEWEST}/junit.xml", "--tb=line"]),
+            ("strict", False, [*estimate, f"{junit}/{sweep.NEWEST}/junit-estimate.xml", "--tb=line"])],
     }
     assert older["cases"] == newest["cases"] == ["enable-every2", "patched-every1"]
+    assert (older["exit_status"], newest["exit_status"]) == (0, 0)
+    failing.add("tests/test_estimate_every_type.py")
+    assert sweep.run_release(sweep.NEWEST, args)["exit_status"] == 1
 
 
 def _matrix_json(tmp_path: Path) -> Path:
