@@ -66,7 +66,8 @@ TOP_LEVEL_MODULES = 12
 #: runtime imports no package above it); #44 (the chunked head in hooks, the stale record's
 #: warning, the stale check, runtime/wrapping.py: about 110) and #47 (mlp_chunk_size through core, config, apply, the
 #: mixin: 36): 5,014 with the chunked head; #47's offload measured (its host copies counted apart on a CPU: about
-#: 12 in runtime/offload.py): 5,026.
+#: 12 in runtime/offload.py): 5,026; a hook removed within a forward doing nothing (runtime/state.py) and the fake
+#: tensor errors the estimator refuses with (runtime/_torch.py): 5,050, the bound itself.
 RUNTIME_LINES = 5050
 
 

@@ -77,9 +77,8 @@ def dtype_name(text: str) -> str:
     """``--dtype``: ``float32``, ``bfloat16`` or ``float16`` (``fp32``, ``bf16``, ``fp16`` accepted); the torch name."""
     name = dtype_names.dtype_name(text)
     if name is None:
-        raise argparse.ArgumentTypeError(
-            f"dtype must be one of {', '.join(dtype_names.DTYPE_NAMES)} (or {', '.join(dtype_names.DTYPE_ALIASES)}); got {text!r}"
-        )
+        accepted, aliases = ", ".join(dtype_names.DTYPE_NAMES), ", ".join(dtype_names.DTYPE_ALIASES)
+        raise argparse.ArgumentTypeError(f"dtype must be one of {accepted} (or {aliases}); got {text!r}")
     return name
 
 

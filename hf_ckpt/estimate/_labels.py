@@ -41,16 +41,11 @@ def check_text_model(model: nn.Module) -> None:
     if isinstance(codebooks, int) and codebooks > 1:
         raise ValueError(f"model_or_config: {name} takes {codebooks} audio codebook ids per position "
                          "(config.num_codebooks): the estimate builds one token id per position, text batches only")
-    wanted = _label_names(name)
-    if not _takes(type(model), wanted[0]):
-        raise ValueError(f"model_or_config: {name} has no training head (its forward takes no {wanted[0]}, so it "
+    label = next(key for key in batch_for(model, 1, 1) if key != "input_ids")  # the batch this head is given
+    if not _takes(type(model), label):
+        raise ValueError(f"model_or_config: {name} has no training head (its forward takes no {label}, so it "
                          "returns no loss): estimate a model with one, e.g. config.architectures naming its "
                          "...ForCausalLM")
-
-
-def _label_names(name: str) -> tuple[str, ...]:
-    """The keys :func:`batch_for` gives the head named ``name`` besides ``input_ids``."""
-    return ("start_positions", "end_positions") if name.endswith("ForQuestionAnswering") else ("labels",)
 
 
 def _takes(cls: type, parameter: str) -> bool:

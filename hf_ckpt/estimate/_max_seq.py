@@ -54,7 +54,6 @@ _VERIFY_TRIES = 4  # traces at long lengths, at most
 _LONGEST = 1 << 26  # the search's ceiling: 64M tokens per sequence
 
 
-
 @dataclass(frozen=True)
 class PlanFit:
     """One plan's bytes as a function of the sequence length ``s``: ``a + b*s + c*s**2`` (device) and ``host_b * s``
