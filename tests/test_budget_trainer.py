@@ -209,8 +209,8 @@ def test_weights_moved_after_the_first_plan_are_planned_again_and_auto_read_agai
     total = 8 * 2**30
     for dtype, share in ((torch.float32, 2), (torch.bfloat16, 3)):
         made = _from_estimate.estimate_for(model.to(dtype), (2, SEQ), strategies)[0]
-        free_memory(_budget.headroom(total) + made.gradients_bytes + made.optimizer_bytes
-                    + max(made.transient_bytes.values()) + made.activation_bytes["none"] // share, total)
+        free_memory(_budget.headroom(total) + made.held_above_bytes[""] - made.parameters_bytes
+                    + made.activation_bytes["none"] // share, total)
         if dtype is torch.float32:
             hf_ckpt.enable(model, budget="auto")
         train_step(model, _batch())
@@ -227,10 +227,13 @@ def test_weights_moved_after_the_first_plan_are_planned_again_and_auto_read_agai
 
 
 def test_auto_is_free_memory_less_headroom_gradients_states_and_transients(free_memory):
+    """The room left beside the activations: the states and what the backward's peak holds beside them (the
+    gradients made by then, the transients), the step's timeline."""
     model = tiny_llama()
     made = _from_estimate.estimate_for(model, (2, SEQ), ("none", "full", "selective"))[0]
     total = 8 * 2**30
-    still = made.gradients_bytes + made.optimizer_bytes + max(made.transient_bytes.values())
+    still = made.held_above_bytes[""] - made.parameters_bytes
+    assert still < made.gradients_bytes + made.optimizer_bytes + max(made.transient_bytes.values())
     activations = made.activation_bytes["none"] // 2
     free_memory(_budget.headroom(total) + still + activations, total)
     hf_ckpt.enable(model, budget="auto")
@@ -253,8 +256,8 @@ def test_auto_in_the_trainer_leaves_room_for_its_own_optimizer(patched, tmp_path
     made = _from_estimate.estimate_for(model, (2, SEQ), ("none", "full", "selective"))[0]
     total, activations = 8 * 2**30, made.activation_bytes["none"] // 2
     states = {"SGD": 0, "AdamW": made.optimizer_bytes}[name]
-    free_memory(_budget.headroom(total) + made.gradients_bytes + states + max(made.transient_bytes.values())
-                + activations, total)
+    free_memory(_budget.headroom(total) + made.held_above_bytes[""] - made.parameters_bytes - made.optimizer_bytes
+                + states + activations, total)
     args = _training_args(tmp_path, {"budget": "auto"}, optim=optim)
     trainer = Trainer(model=model, args=args, train_dataset=TokenRows(VOCAB, SEQ))
     trainer.create_optimizer()
@@ -273,8 +276,7 @@ def test_auto_with_an_unknown_optimizer_warns_once_and_assumes_adamw(free_memory
     model = tiny_llama()
     made = _from_estimate.estimate_for(model, (2, SEQ), ("none", "full", "selective"))[0]
     total, activations = 8 * 2**30, made.activation_bytes["none"] // 2
-    free_memory(_budget.headroom(total) + made.gradients_bytes + made.optimizer_bytes
-                + max(made.transient_bytes.values()) + activations, total)
+    free_memory(_budget.headroom(total) + made.held_above_bytes[""] - made.parameters_bytes + activations, total)
     hf_ckpt.enable(model, budget="auto")
     optimizer = Lion(model.parameters())
     get_state(model).budget.use_optimizer(optimizer)

@@ -230,8 +230,17 @@ def test_plan_budget_as_size_and_whole_step():
                     strategies=("none", "full"))
     roomy = plan_from_estimate(made, made.peak_bytes["none"] + 2**20, whole_step=True)
     assert roomy.strategies == ("none",) * BLOCKS
-    with pytest.raises(ValueError, match=r"^no plan fits a budget of .*: parameters, gradients and optimizer states"):
+    step = made.optimizer_step_peak_bytes
+    with pytest.raises(ValueError, match=rf"^no plan fits a budget of 0.00 MiB: the optimizer step alone takes "
+                                         rf"{step / 2**20:.2f} MiB \(parameters, gradients, optimizer states and the "
+                                         r"step's temporaries\); shard them"):
         plan_from_estimate(made, "1KiB", whole_step=True)
+    short = made.held_above_bytes[""]  # the optimizer step fits, the backward not: nothing left for activations
+    assert short >= step
+    with pytest.raises(ValueError, match=rf"^no plan fits a budget of {short / 2**20:.2f} MiB: beside the activations "
+                                         rf"the backward holds {short / 2**20:.2f} MiB \(parameters, optimizer states, "
+                                         r"the gradients made by its peak and its transients\)"):
+        plan_from_estimate(made, short, whole_step=True)
     tight = plan_from_estimate(made, f"{made.activation_bytes['full'] + 1}B")
     assert tight.predicted_bytes <= tight.budget_bytes
 

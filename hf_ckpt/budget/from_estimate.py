@@ -73,13 +73,14 @@ def plan_for(target: nn.Module, request: DeferredBudget, shape: tuple[int, int],
              f"({precision_label(made.dtype, made.autocast)} on {made.device}{trained})")
     if request.budget == _budget.AUTO:
         if request.auto_bytes is None:
-            transient = max(made.transient_bytes.values())
-            if made.shard == "none":
+            if made.shard == "none":  # the backward's peak beside the activations, the live optimizer's states
                 states, named = _optimizer_states(request, made)
-                still = made.gradients_bytes + states + transient
-                details = (f"gradients {format_bytes(made.gradients_bytes)}, {named} states {format_bytes(states)}, "
-                           f"transients {format_bytes(transient)}")
+                backward = made.held_above_bytes[""] - made.parameters_bytes - made.optimizer_bytes
+                still = states + backward
+                details = (f"{named} states {format_bytes(states)}, gradients and transients at the backward's peak "
+                           f"{format_bytes(backward)}")
             else:  # the engine's per-device states, what it allocates before the first batch left out
+                transient = max(made.transient_bytes.values())
                 still, details = still_allocated(made)
                 still, details = still + transient, f"{details}, transients {format_bytes(transient)}"
             try:

@@ -16,7 +16,7 @@ from hf_ckpt.strategies import ALL_STRATEGIES
 from hf_ckpt.estimate._check import run_check
 from hf_ckpt.estimate._estimate import CHUNKED_HEAD_ROW, EVERY_BLOCK_ROW, estimate
 from hf_ckpt.estimate._max_seq import DEVICE_FLOPS, copies_line, copy_and_compute_seconds, max_seq
-from hf_ckpt.estimate._plan import plan_from_estimate, step_transient
+from hf_ckpt.estimate._plan import plan_from_estimate, plan_peak
 
 
 def _folder_exists(option: str, path: str | None) -> None:
@@ -142,7 +142,7 @@ def _plan_line(plan, made) -> str:
     else:
         activations, recompute = plan.predicted_bytes, plan.predicted_recompute_flops
         ratio = (made.step_flops["none"] + recompute) / made.step_flops["none"]
-        peak = made.fixed_bytes + activations + step_transient(made, plan.head_chunk_size or False)
+        peak = plan_peak(made, activations, plan.head_chunk_size or False)
         source = " (activations: each block at its most, whatever its neighbours run)"
     return (f"cheapest plan that fits: {counts['full']} full, {counts['selective']} selective, {counts['none']} none"
             f"{head}; "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 from typing import Any, Sequence
 
 import torch
@@ -26,6 +27,7 @@ from hf_ckpt.estimate._labels import batch_for, check_text_model
 from hf_ckpt.estimate._quantized import as_traced, check_quantization, dequantized_bytes, quantized_weights
 from hf_ckpt.estimate._result import MemoryEstimate
 from hf_ckpt.estimate._sharding import check_sharding, shard_estimate
+from hf_ckpt.estimate._timeline import StepPeaks, backward_held, held_above, step_peaks
 from hf_ckpt.estimate._trace import TRACED, Trace, fake_mode, to_fake, trace
 
 #: The row of every block checkpointed whole: the chunked head's row (``full+head:<chunk>``) builds on it.
@@ -127,18 +129,24 @@ def _per_block(strategy: Any, num_blocks: int) -> tuple[str, ...]:
 def retained_bytes(traced: Trace, representative: Sequence[int], per_block: Sequence[str]) -> int:
     """Bytes retained at the end of forward by the full model running ``per_block``: the base for its first
     block's strategy, plus each block's bytes given its own strategy and its neighbours'."""
+    base, blocks = _retained(traced, representative, per_block)
+    return base + sum(blocks)
+
+
+def _retained(traced: Trace, representative: Sequence[int], per_block: Sequence[str]) -> tuple[int, list[int]]:
+    """(:func:`retained_bytes` outside the blocks, each block's)."""
     last = len(per_block) - 1
-    total = traced.base_bytes[per_block[0]]
     full_of: dict[int, int] = {}  # a traced position -> the first full-model block it represents
     for i, traced_position in enumerate(representative):
         full_of.setdefault(traced_position, i)
+    blocks = []
     for i, strategy in enumerate(per_block):
         previous = per_block[i - 1] if i > 0 else None
         following = per_block[i + 1] if i < last else None
         head = traced.head_of(representative[i])
         head_strategy = per_block[full_of[head]] if head is not None and head in full_of else None
-        total += traced.block_bytes(representative[i], previous, strategy, following, head_strategy)
-    return total
+        blocks.append(traced.block_bytes(representative[i], previous, strategy, following, head_strategy))
+    return traced.base_bytes[per_block[0]], blocks
 
 
 def _bound(traced: Trace, representative: Sequence[int], i: int, strategy: str, usable: Sequence[str]) -> int:
@@ -234,14 +242,48 @@ def _with_dequantized(traced: Trace, dequantized: int) -> None:
     for transient in transients:
         for strategy, value in transient.items():
             transient[strategy] = max(value, dequantized)
+    for key, line in traced.timelines.items():
+        traced.timelines[key] = replace(line, head_rise=max(line.head_rise, dequantized),
+                                        block_rises=tuple(max(r, dequantized) for r in line.block_rises))
+
+
+def _row_peaks(states: Any, accumulation: int, base: int, blocks: Sequence[int], transient: int,
+               lines: Sequence[Any], rep: Sequence[int], back: Sequence[int] | None = None) -> StepPeaks:
+    """A row's peaks (:func:`~hf_ckpt.estimate._timeline.step_peaks`): ``base`` and ``blocks`` retained,
+    ``lines`` the timeline of each block's strategy, ``back`` what an activation offload brings back per block."""
+    backward = backward_held(lines, base, blocks, rep, back=back)
+    in_flight = (2 * max(back) if len(back) > 1 else max(back)) if back else 0  # gradients held whole: the most
+    return step_peaks(states, base + sum(blocks), transient + in_flight, backward, accumulation)
+
+
+def _held_for_planners(traced: Trace, rep: Sequence[int], states: Any, accumulation: int) -> dict[str, int]:
+    """:attr:`MemoryEstimate.held_above_bytes`: per head setting, the timeline's bound
+    (:func:`~hf_ckpt.estimate._timeline.held_above`) over the planned strategies, or, where the backward counts
+    the gradients whole, the fixed part and the largest transient."""
+    planned = [s for s in TRACED if s in traced.transient]
+    settings = [("", traced.transient, traced.base_bytes, "")]
+    if traced.head_chunk is not None and traced.chunked_base:
+        settings.append((f"head:{traced.head_chunk}", traced.chunked_transient, traced.chunked_base,
+                         f"+head:{traced.head_chunk}"))
+    if traced.smaller_chunked and traced.smaller_chunked[0]:
+        base, transient, _flops, _refused, chunk = traced.smaller_chunked
+        settings.append((f"head:{chunk}", transient, base, f"+head:{chunk}"))
+    held = {}
+    for key, transient, base, suffix in settings:
+        names = [s for s in planned if s in transient]
+        lines = [traced.timelines.get(s + suffix) for s in names]
+        above = held_above(lines, max(base.values()), rep) if states.sharded is None and accumulation == 1 else None
+        held[key] = (states.peak_fixed_bytes + max(transient[s] for s in names) if above is None
+                     else states.parameters_bytes + states.optimizer_bytes + above)
+    return held
 
 
 def _per_strategy(traced: Trace, rep: Sequence[int], strategies: Sequence[Any], num_blocks: int,
-                  block_flops: dict, none_flops: int, states: Any):
-    """Activation, peak, recompute and step FLOPs and the FLOPs ratio of each strategy, and the unusable ones."""
-    activation, peak, recompute, step, ratio = {}, {}, {}, {}, {}
+                  block_flops: dict, none_flops: int, states: Any, accumulation: int = 1):
+    """Activation, peak, recompute and step FLOPs, the FLOPs ratio, the unusable strategies and each row's
+    :class:`StepPeaks`."""
+    activation, peak, recompute, step, ratio, timing = {}, {}, {}, {}, {}, {}
     unusable = dict(traced.unusable)
-    fixed, step_peak = states.peak_fixed_bytes, states.step_peak_bytes
     for strategy in dict.fromkeys(("none", *strategies)):
         name = arguments.strategy_name(strategy)
         per_block = _per_block(strategy, num_blocks)
@@ -249,14 +291,17 @@ def _per_strategy(traced: Trace, rep: Sequence[int], strategies: Sequence[Any], 
         if missing:
             unusable.setdefault(name, unusable.get(missing[0], f"{missing[0]} cannot run on this model"))
             continue
-        activation[name] = retained_bytes(traced, rep, per_block)
-        peak[name] = max(fixed + activation[name] + max(traced.transient[s] for s in set(per_block)), step_peak)
+        base, blocks = _retained(traced, rep, per_block)
+        activation[name] = base + sum(blocks)
+        timing[name] = _row_peaks(states, accumulation, base, blocks, max(traced.transient[s] for s in set(per_block)),
+                                  [traced.timelines.get(s) for s in per_block], rep)
+        peak[name] = timing[name].steady
         recompute[name] = sum(block_flops[s][i] for i, s in enumerate(per_block))
         step[name] = none_flops + recompute[name]
         ratio[name] = step[name] / none_flops if none_flops else 1.0
-    figures = activation, peak, recompute, step, ratio, unusable
-    _with_chunked_head(traced, figures, fixed, step_peak)
-    _with_chunked_mlp(traced, rep, num_blocks, figures, fixed, step_peak)
+    figures = activation, peak, recompute, step, ratio, unusable, timing
+    _with_chunked_head(traced, rep, num_blocks, figures, states, accumulation)
+    _with_chunked_mlp(traced, rep, num_blocks, figures, states, accumulation)
     return figures
 
 
@@ -266,12 +311,12 @@ def mlp_row_name(mlp_chunk: int, head_chunk: int | None = None) -> str:
     return f"{CHUNKED_HEAD_ROW}{head_chunk}+mlp:{mlp_chunk}" if head_chunk else f"{EVERY_BLOCK_ROW}+mlp:{mlp_chunk}"
 
 
-def _with_chunked_mlp(traced: Trace, rep: Sequence[int], num_blocks: int, figures: tuple, fixed: int,
-                      step_peak: int) -> None:
+def _with_chunked_mlp(traced: Trace, rep: Sequence[int], num_blocks: int, figures: tuple, states: Any,
+                      accumulation: int) -> None:
     """Adds the rows of :func:`mlp_row_name` (every block full, the MLP chunked; the head whole and chunked) to the
     per-strategy figures: the traced base and blocks scaled to the full depth, the traced transient (one block's
     recompute, its MLP one chunk at a time), the FLOPs of the MLP's second recompute scaled by the blocks."""
-    activation, peak, recompute, step, ratio, unusable = figures
+    activation, peak, recompute, step, ratio, unusable, timing = figures
     if traced.mlp_chunk is None or EVERY_BLOCK_ROW not in activation:
         return
     if traced.mlp_refused is not None or not traced.mlp_rows:
@@ -280,8 +325,11 @@ def _with_chunked_mlp(traced: Trace, rep: Sequence[int], num_blocks: int, figure
     traced_count = len(traced.block_flops)
     for head_chunk, (base, per_block, transient, added) in traced.mlp_rows.items():
         name = mlp_row_name(traced.mlp_chunk, head_chunk)
-        activation[name] = base + sum(per_block[r] for r in rep)
-        peak[name] = max(fixed + activation[name] + transient, step_peak)
+        blocks = [per_block[r] for r in rep]
+        activation[name] = base + sum(blocks)
+        timing[name] = _row_peaks(states, accumulation, base, blocks, transient,
+                                  [traced.timelines.get(name.rsplit(":", 1)[0])] * num_blocks, rep)
+        peak[name] = timing[name].steady
         head_flops = traced.chunked_flops if head_chunk else 0
         recompute[name] = recompute["full"] + head_flops + (added * num_blocks) // max(1, traced_count)
         step[name] = step["full"] + recompute[name] - recompute["full"]
@@ -299,26 +347,40 @@ def _checkpoint_inputs(block_bytes: Sequence[int], device: str) -> list[int]:
     return [max(0, value - kept) for value in block_bytes]
 
 
-def _with_offload(figures: tuple, block_bytes: Sequence[int], device: str, states: Any) -> dict:
-    """Adds ``<row>+offload`` for every row with every block full: its checkpointed inputs (``block_bytes`` of
-    ``full``) in host memory, but the two the overlapped offload holds on the device in flight
-    (:mod:`hf_ckpt.runtime.offload`: one copied back while the one before it is recomputed), counted in the peak;
-    the FLOPs unchanged. Returns each new row's host bytes."""
-    activation, peak, recompute, step, ratio, _unusable = figures
-    fixed, step_peak = states.peak_fixed_bytes, states.step_peak_bytes
-    inputs = _checkpoint_inputs(block_bytes, device)
-    if not inputs:
+def _with_offload(figures: tuple, traced: Trace, rep: Sequence[int], device: str, states: Any,
+                  accumulation: int) -> dict:
+    """Adds ``<row>+offload`` for every row with every block full: its checkpointed inputs in host memory, but the
+    two the overlapped offload holds on the device in flight (:mod:`hf_ckpt.runtime.offload`: one copied back while
+    the one before it is recomputed), counted in every backward phase; the FLOPs unchanged. Returns each new row's
+    host bytes."""
+    activation, peak, recompute, step, ratio, _unusable, timing = figures
+    if EVERY_BLOCK_ROW not in traced.strategies:
         return {}
-    moved, in_flight = sum(inputs), 2 * max(inputs) if len(inputs) > 1 else max(inputs)
+    base, blocks = _retained(traced, rep, (EVERY_BLOCK_ROW,) * len(rep))
+    inputs = _checkpoint_inputs(blocks, device)
+    moved = sum(inputs)
+    kept = [b - i for b, i in zip(blocks, inputs)]
     host = {}
     for name in [n for n in activation if n == EVERY_BLOCK_ROW or n.startswith(EVERY_BLOCK_ROW + "+")]:
         offloaded = name + OFFLOAD_SUFFIX
         activation[offloaded] = activation[name] - moved
-        transient = peak[name] - fixed - activation[name]  # the row's transient where its peak is not the step's
-        peak[offloaded] = max(fixed + activation[offloaded] + max(0, transient) + in_flight, step_peak)
+        row_base, lines, transient = _row_parts(traced, name, activation[name] - sum(blocks), len(rep))
+        timing[offloaded] = _row_peaks(states, accumulation, row_base, kept, transient, lines, rep, inputs)
+        peak[offloaded] = timing[offloaded].steady
         recompute[offloaded], step[offloaded], ratio[offloaded] = recompute[name], step[name], ratio[name]
         host[offloaded] = moved
     return host
+
+
+def _row_parts(traced: Trace, name: str, base: int, num_blocks: int) -> tuple[int, list, int]:
+    """(base, each block's timeline, transient) of a row with every block full: ``full``, ``full+head:<c>``, an
+    MLP row; ``base``: the row's bytes outside the blocks."""
+    key = name.rsplit(":", 1)[0] if "+mlp:" in name else name
+    if "+mlp:" in name:
+        transient = traced.mlp_rows[traced.head_chunk if name.startswith(CHUNKED_HEAD_ROW) else None][2]
+    else:
+        transient = (traced.chunked_transient if name != EVERY_BLOCK_ROW else traced.transient)[EVERY_BLOCK_ROW]
+    return base, [traced.timelines.get(key)] * num_blocks, transient
 
 
 def head_chunk_for(tokens: int, hidden: int, vocab: int, seq_len: int | None = None) -> int:
@@ -339,9 +401,10 @@ def _head_chunks(config: Any, batch_size: int, seq_len: int, given: int | None) 
     return chunk, smaller if chunk is not None and smaller < chunk else None
 
 
-def _with_chunked_head(traced: Trace, figures: tuple, fixed: int, step_peak: int) -> None:
+def _with_chunked_head(traced: Trace, rep: Sequence[int], num_blocks: int, figures: tuple, states: Any,
+                       accumulation: int) -> None:
     """Adds the row ``full+head:<chunk>`` (every block full, the head chunked) to the per-strategy figures."""
-    activation, peak, recompute, step, ratio, unusable = figures
+    activation, peak, recompute, step, ratio, unusable, timing = figures
     if traced.head_chunk is None or EVERY_BLOCK_ROW not in activation:
         return
     name = f"full+head:{traced.head_chunk}"
@@ -349,7 +412,10 @@ def _with_chunked_head(traced: Trace, figures: tuple, fixed: int, step_peak: int
         unusable[name] = traced.chunked_refused or "the chunked head was not traced"
         return
     activation[name] = activation["full"] - traced.base_bytes["full"] + traced.chunked_base["full"]
-    peak[name] = max(fixed + activation[name] + traced.chunked_transient["full"], step_peak)
+    base, blocks = _retained(traced, rep, (EVERY_BLOCK_ROW,) * num_blocks)
+    timing[name] = _row_peaks(states, accumulation, traced.chunked_base["full"], blocks,
+                              traced.chunked_transient["full"], [traced.timelines.get(name)] * num_blocks, rep)
+    peak[name] = timing[name].steady
     recompute[name] = recompute["full"] + traced.chunked_flops
     step[name] = step["full"] + traced.chunked_flops
     ratio[name] = ratio["full"] * step[name] / step["full"] if step["full"] else 1.0
@@ -437,6 +503,7 @@ def estimate(
     attn_implementation: str | None = None,
     mlp_chunk_size: int | None = None,
     offload_activations: bool = False,
+    gradient_accumulation_steps: int = 1,
 ) -> MemoryEstimate:
     """Estimate one training step's memory and compute, per checkpointing strategy, without allocating.
 
@@ -501,6 +568,9 @@ def estimate(
             chunked head's and MLP's): ``hf_ckpt.enable(..., offload=True)``, each block's checkpointed input in
             host memory (:attr:`MemoryEstimate.activation_host_bytes`) but the two the overlapped offload holds on
             the device in flight (one copied back while the one before it is recomputed).
+        gradient_accumulation_steps: Micro-batches per optimizer step (the ``Trainer``'s
+            ``gradient_accumulation_steps``). 1: each step's gradients appear during its backward, as the
+            activations are freed; above 1 the later micro-batches run with every gradient held.
 
     Returns:
         A :class:`MemoryEstimate`.
@@ -513,6 +583,7 @@ def estimate(
         _checked(model_or_config, batch_size, seq_len, dtype, autocast, device, optimizer, peft_config, strategies,
                  keep_outputs, head_chunk_size, mlp_chunk_size, offload_activations)
     param_dtype = arguments.check_fsdp_param_dtype(fsdp_param_dtype, autocast_dtype)
+    accumulation = arguments.check_positive_int("gradient_accumulation_steps", gradient_accumulation_steps)
     sharding = check_sharding(world_size, shard, offload_optimizer, offload_parameters, param_dtype)
     quant = _quantization(quantization_config, autocast_dtype or torch_dtype, sharding)
     attn = _check_attn(attn_implementation, device, isinstance(model_or_config, nn.Module))
@@ -534,9 +605,9 @@ def estimate(
     block_flops = {s: tuple(traced.recompute_flops[s][r] for r in rep) for s in usable}
     none_flops = traced.step_flops + sum(traced.block_flops[r] for r in rep) - sum(traced.block_flops)
 
-    figures = _per_strategy(traced, rep, strategies, num_blocks, block_flops, none_flops, per_device)
-    host = _with_offload(figures, block_bytes.get("full", ()), device, per_device) if offload_activations else {}
-    activation, peak, recompute, step, ratio, unusable = figures
+    figures = _per_strategy(traced, rep, strategies, num_blocks, block_flops, none_flops, per_device, accumulation)
+    host = _with_offload(figures, traced, rep, device, per_device, accumulation) if offload_activations else {}
+    activation, peak, recompute, step, ratio, unusable, timing = figures
 
     return MemoryEstimate(
         model_type=getattr(config, "model_type", None),
@@ -566,6 +637,8 @@ def estimate(
         attention=_attention(device, autocast_dtype or param_dtype or torch_dtype, attn),
         notes=(*_NOTES, OUTPUTS_NOTES[keep_outputs]),
         keep_outputs=keep_outputs, **_head_fields(traced), mlp_chunk_size=traced.mlp_chunk if traced.mlp_rows else None,
-        activation_host_bytes=host,
-        **per_device.fields(),
+        activation_host_bytes=host, gradient_accumulation_steps=accumulation,
+        first_step_peak_bytes={n: t.first for n, t in timing.items()}, peak_phase={n: t.where for n, t in timing.items()},
+        optimizer_step_bytes=per_device.whole.step_bytes if per_device.sharded is None else 0,
+        held_above_bytes=_held_for_planners(traced, rep, per_device, accumulation), **per_device.fields(),
     )

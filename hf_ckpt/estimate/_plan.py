@@ -29,11 +29,16 @@ def profile_of(estimate: MemoryEstimate, chunked_head: bool | int = False) -> Bl
     )
 
 
-def step_transient(estimate: MemoryEstimate, chunked_head: bool | int = False) -> int:
-    """The largest transient of the step, with the head whole, or chunked (as :func:`profile_of` reads
-    ``chunked_head``)."""
+def step_held(estimate: MemoryEstimate, chunked_head: bool | int = False) -> int:
+    """What the step's backward holds beside a plan's activations at its peak (:attr:`MemoryEstimate.held_above_bytes`),
+    with the head whole, or chunked (as :func:`profile_of` reads ``chunked_head``)."""
     chunk = _chunk(estimate, chunked_head)
-    return max((_head_figures(estimate, chunk)[1] if chunk else estimate.transient_bytes).values())
+    return estimate.held_above_bytes[f"head:{chunk}" if chunk else ""]
+
+
+def plan_peak(estimate: MemoryEstimate, activations: int, chunked_head: bool | int = False) -> int:
+    """The step's peak with a plan retaining ``activations``: its backward, or the optimizer step."""
+    return max(step_held(estimate, chunked_head) + activations, estimate.optimizer_step_peak_bytes)
 
 
 def _chunk(estimate: MemoryEstimate, chunked_head: bool | int | None) -> int | None:
@@ -53,20 +58,25 @@ def _activation_budget(estimate: MemoryEstimate, budget: Any, whole_step: bool, 
                        transient_in_budget: bool) -> int:
     profile = profile_of(estimate)
     parsed = parse_budget(budget)
-    freed = step_transient(estimate) - step_transient(estimate, chunk) if chunk and transient_in_budget else 0
+    freed = step_held(estimate) - step_held(estimate, chunk) if chunk and transient_in_budget else 0
     if isinstance(parsed, float):
         if whole_step:
             raise ValueError("budget: with whole_step=True the budget is device memory: give a size such as 80GiB")
         return int(parsed * profile.baseline_bytes)
     if not whole_step:
         return parsed + freed
-    transient = step_transient(estimate, chunk or False)
-    available = parsed - estimate.fixed_bytes - transient
+    held = step_held(estimate, chunk or False)
+    available = parsed - held
+    if parsed < estimate.optimizer_step_peak_bytes:
+        raise ValueError(
+            f"no plan fits a budget of {format_bytes(parsed)}: the optimizer step alone takes "
+            f"{format_bytes(estimate.optimizer_step_peak_bytes)} (parameters, gradients, optimizer states and the "
+            "step's temporaries)" + _way_out(estimate))
     if available <= 0:
         raise ValueError(
-            f"no plan fits a budget of {format_bytes(parsed)}: parameters, gradients and optimizer states alone "
-            f"take {format_bytes(estimate.fixed_bytes)}, and the step's transients {format_bytes(transient)}"
-            + _way_out(estimate)
+            f"no plan fits a budget of {format_bytes(parsed)}: beside the activations the backward holds "
+            f"{format_bytes(held)} (parameters, optimizer states, the gradients made by its peak and its "
+            "transients)" + _way_out(estimate)
         )
     return available
 

@@ -37,7 +37,19 @@ class MemoryEstimate:
         gradients_bytes: Bytes of the gradients of the trainable parameters.
         optimizer_bytes: Bytes of the optimizer states on the device.
         activation_bytes: Bytes retained at the end of forward, per strategy (what backward holds).
-        peak_bytes: Predicted peak of the step per strategy: fixed part + activations + the largest transient.
+        peak_bytes: Predicted peak of a steady step per strategy: the most the step's timeline holds (see
+            :mod:`hf_ckpt.estimate._timeline`: the backward as the gradients appear, the optimizer step).
+        first_step_peak_bytes: The same for the first step, before the optimizer has allocated its states.
+        peak_phase: Per strategy, where the steady step's peak falls (``"the optimizer step"``, ``"the backward
+            of block 27"``, ``"the backward of the head and loss"``, or ``"backward, gradients held whole"`` with
+            gradient accumulation or a sharded engine).
+        gradient_accumulation_steps: Micro-batches per optimizer step: above 1 the later ones run with every
+            gradient held.
+        optimizer_step_bytes: What the optimizer's step allocates above its states (its temporaries; single
+            device: a sharded engine's step is ``step_bytes``).
+        held_above_bytes: What the backward holds beside a plan's activations at its peak, for the planners (the
+            parameters, optimizer states, gradients made by then and transients; every activation counted in each
+            block's phase: a bound for any plan): keyed ``""`` with the head whole, ``"head:<chunk>"`` chunked.
         recompute_flops: FLOPs the strategy adds to the step, per strategy: the recompute in backward, plus any
             change of kernel a checkpointed block makes (T5's attention takes SDPA's math path in checkpointed
             blocks, where its zero position bias requires grad, and counts fewer FLOPs there: this term can be
@@ -52,7 +64,8 @@ class MemoryEstimate:
         block_recompute_flops: Per base strategy, each block's recompute FLOPs.
         base_bytes: Bytes retained outside the blocks (embeddings, head, loss), the largest over strategies.
         representative: For each block, the traced block that stands for it.
-        transient_bytes: Per strategy, the step's peak above the bytes retained at the end of forward.
+        transient_bytes: Per strategy, the step's peak above the bytes retained at the end of forward, with every
+            gradient held (gradient accumulation's later micro-batches).
         unusable: Strategies that cannot run on this model, with the reason.
         attention: How attention's saved tensors were obtained (traced or modelled) for the device.
         notes: What the figures assume.
@@ -146,6 +159,11 @@ class MemoryEstimate:
     quantization: str | None = None
     mlp_chunk_size: int | None = None
     activation_host_bytes: dict[str, int] = field(default_factory=dict)
+    first_step_peak_bytes: dict[str, int] = field(default_factory=dict)
+    peak_phase: dict[str, str] = field(default_factory=dict)
+    gradient_accumulation_steps: int = 1
+    optimizer_step_bytes: int = 0
+    held_above_bytes: dict[str, int] = field(default_factory=dict)
 
     @property
     def fixed_bytes(self) -> int:
@@ -153,6 +171,13 @@ class MemoryEstimate:
         needs on the device."""
         return (self.parameters_bytes + self.gradients_bytes + self.optimizer_bytes + self.buffer_bytes
                 + self.gather_bytes)
+
+    @property
+    def optimizer_step_peak_bytes(self) -> int:
+        """The device during the optimizer step: parameters, gradients, states, the engine's buffers and the
+        step's temporaries."""
+        return (self.parameters_bytes + self.gradients_bytes + self.optimizer_bytes + self.buffer_bytes
+                + self.step_bytes + self.optimizer_step_bytes)
 
     def fits(self, device_memory: int) -> dict[str, bool]:
         """Per strategy, whether the predicted peak fits ``device_memory`` bytes."""

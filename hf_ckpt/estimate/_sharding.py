@@ -313,8 +313,12 @@ class PerDevice:
 
     @property
     def step_peak_bytes(self) -> int:
-        """The device during the optimizer step (activations freed): states, buffers and the step's allocations."""
-        return self.sharded.fixed_bytes + self.sharded.step_bytes if self.sharded else 0
+        """The device during the optimizer step (activations freed): states, gradients, buffers and the step's
+        temporaries."""
+        if self.sharded is None:
+            whole = self.whole
+            return whole.parameters_bytes + whole.gradients_bytes + whole.optimizer_bytes + whole.step_bytes
+        return self.sharded.fixed_bytes + self.sharded.step_bytes
 
     def fields(self) -> dict[str, Any]:
         """The :class:`~hf_ckpt.estimate.MemoryEstimate` fields that describe the sharding."""

@@ -9,7 +9,9 @@
   parameter, which lives on the host (device memory only on the CPU, or with ``adamw_torch_fused``); SGD with
   momentum keeps one buffer, plain SGD none; bitsandbytes' 8-bit states one byte an element and a float32 scale
   per 256 (32-bit below 4096 elements and, as the Trainer sets, for embeddings); Adafactor float32 row and column
-  statistics.
+  statistics;
+* the optimizer step's temporaries (:func:`hf_ckpt.meters.optimizer_step.planned_step_bytes`), parameters in model
+  order as the optimizer steps them.
 
 Mixed precision with fp32 master weights is not modelled: the parameters train in ``dtype``.
 """
@@ -22,6 +24,7 @@ from typing import Callable, Mapping
 from torch import nn
 
 from hf_ckpt.meters.optimizer_states import planned_state_bytes
+from hf_ckpt.meters.optimizer_step import planned_step_bytes
 
 
 @dataclass(frozen=True)
@@ -31,6 +34,7 @@ class States:
     parameters_bytes: int
     gradients_bytes: int
     optimizer_bytes: int
+    step_bytes: int = 0  # what the optimizer's step allocates above its states (its temporaries)
 
 
 def count_states(
@@ -51,10 +55,13 @@ def count_states(
     embeddings = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
     optimizer_bytes = sum(planned_state_bytes(optimizer, tuple(p.shape), p.element_size(), device, id(p) in embeddings)
                           for p in trainable)
+    step_bytes = planned_step_bytes(optimizer, [(tuple(p.shape), p.element_size(), id(p) in embeddings)
+                                                 for p in trainable], device)
     return States(
         parameters=sum(p.numel() for p in parameters),
         trainable_parameters=sum(p.numel() for p in trainable),
         parameters_bytes=sum(stored.get(id(p), p.numel() * p.element_size()) for p in parameters),
         gradients_bytes=trainable_bytes,
         optimizer_bytes=optimizer_bytes,
+        step_bytes=step_bytes,
     )

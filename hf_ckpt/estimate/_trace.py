@@ -89,6 +89,9 @@ class Trace:
         mlp_rows: Every block ``full`` and its MLP chunked, keyed by the head's chunk (None: the head whole):
             ``(base bytes, bytes per traced block, transient, FLOPs added to the step with every block full)``.
         mlp_refused: Why the chunked MLP cannot run on this model (``enable``'s error), or None.
+        timelines: The backward as the gradients appear (:class:`StepTimeline`), keyed by the uniform strategy
+            (``"full"``), with the chunked head ``"full+head:<chunk>"``, with the chunked MLP ``"full+mlp"`` or
+            ``"full+head:<chunk>+mlp"``; missing where a block's backward could not be told apart.
     """
 
     base_bytes: dict[str, int]
@@ -109,6 +112,7 @@ class Trace:
     mlp_chunk: int | None = None
     mlp_rows: dict[int | None, tuple[int, tuple[int, ...], int, int]] = field(default_factory=dict)
     mlp_refused: str | None = None
+    timelines: dict[str, "StepTimeline"] = field(default_factory=dict)
 
     @property
     def strategies(self) -> tuple[str, ...]:
@@ -139,6 +143,116 @@ class Trace:
     def head_of(self, block: int) -> int | None:
         """The traced position of the head of traced block ``block``'s stack, or None."""
         return self.heads[block] if block < len(self.heads) else None
+
+
+@dataclass(frozen=True)
+class StepTimeline:
+    """The traced backward with the gradients appearing as they do after ``zero_grad(set_to_none=True)``, split by
+    the block whose backward runs (it starts when the gradient of the block's output is ready), so that it scales
+    to the full depth. Every figure counts activations, transients and the gradients made so far, not the
+    parameters or optimizer states.
+
+    Attributes:
+        head_rise: The most the head and loss's backward holds above what forward retained.
+        backward_base: What is held outside the blocks once the head's backward is done (its saved tensors gone).
+        head_grads: The gradients made by then (the head's, the final norm's; tied embeddings').
+        block_grads: Per traced block, the gradients of its parameters.
+        block_rises: Per traced block, the most its backward holds above ``backward_base``, the activations of
+            it and the blocks before it, ``head_grads`` and the gradients of the blocks after it (its own
+            gradients appearing, its recompute, and, for the first block, the embeddings' gradients).
+    """
+
+    head_rise: int
+    backward_base: int
+    head_grads: int
+    block_grads: tuple[int, ...]
+    block_rises: tuple[int, ...]
+
+
+class _StepTracker(StorageTracker):
+    """The storage tracker that also keeps, per backward phase, the most of the live bytes plus the gradients made
+    so far (counted by hooks, since the trace's gradients are allocated before the step)."""
+
+    def __init__(self, label: Any, devices: tuple[str, ...]) -> None:
+        super().__init__(label=label)
+        self.devices, self.grads, self.phase = devices, 0, None
+        self.phase_peaks: dict[Any, int] = {}
+        self.phase_starts: dict[Any, tuple[int, int]] = {}
+
+    def _add(self, device: str, nbytes: int) -> None:
+        super()._add(device, nbytes)
+        if self.phase is not None:
+            self._note()
+
+    def _held(self) -> int:
+        return sum(self._live[name] for name in self.devices)
+
+    def _note(self) -> None:
+        value = self._held() + self.grads
+        if value > self.phase_peaks.get(self.phase, -1):
+            self.phase_peaks[self.phase] = value
+
+    def enter(self, phase: Any) -> None:
+        """Start ``phase`` (once: a block's output gradient can be ready more than once only in odd graphs)."""
+        with self._lock:
+            if phase in self.phase_starts:
+                return
+            self.phase = phase
+            self.phase_starts[phase] = (self._held(), self.grads)
+            self._note()
+
+
+@contextlib.contextmanager
+def _backward_phases(model: nn.Module, blocks: list[Block], tracker: _StepTracker) -> Iterator[list[bool]]:
+    """Marks each block's backward in ``tracker`` (a hook on the gradient of its output, registered in forward
+    while the returned flag is up) and counts each gradient once, where it appears, by block (None: outside)."""
+    armed = [True]
+    owner = {id(p): block.index for block in blocks for p in block.module.parameters()}
+    made: dict[Any, int] = {}
+
+    def on_output(index: int):
+        def hook(module: nn.Module, args: Any, output: Any) -> None:
+            if armed[0] and torch.is_grad_enabled():
+                first = next((t for t in tree_leaves(output) if isinstance(t, torch.Tensor) and t.requires_grad), None)
+                if first is not None:
+                    first.register_hook(lambda grad: tracker.enter(index))
+        return hook
+
+    seen: set[int] = set()
+
+    def on_grad(parameter: torch.Tensor) -> None:
+        if id(parameter) not in seen:
+            seen.add(id(parameter))
+            nbytes = parameter.numel() * parameter.element_size()
+            tracker.grads += nbytes
+            made[owner.get(id(parameter))] = made.get(owner.get(id(parameter)), 0) + nbytes
+
+    handles = [block.module.register_forward_hook(on_output(block.index)) for block in blocks]
+    handles += [p.register_post_accumulate_grad_hook(on_grad) for p in model.parameters() if p.requires_grad]
+    tracker.grads_by_block = made  # type: ignore[attr-defined]
+    try:
+        yield armed
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def _timeline(tracker: _StepTracker, blocks: list[Block], retained: int, per_block: tuple[int, ...]
+              ) -> StepTimeline | None:
+    """The :class:`StepTimeline` of a traced step; None where some block's backward was not seen."""
+    phases = [block.index for block in blocks]
+    if any(index not in tracker.phase_starts for index in phases) or not phases:
+        return None
+    entered = [p for p in tracker.phase_starts if p != "head"]  # in the order the backward reached them
+    held, head_grads = tracker.phase_starts[entered[0]]
+    backward_base = held - sum(per_block)
+    grads = tuple(tracker.grads_by_block.get(index, 0) for index in phases)  # type: ignore[attr-defined]
+    rises = []
+    for j, index in enumerate(phases):
+        start = backward_base + sum(per_block[: j + 1]) + head_grads + sum(grads[j + 1:])
+        rises.append(tracker.phase_peaks[index] - start)
+    head_rise = tracker.phase_peaks.get("head", retained) - retained
+    return StepTimeline(head_rise, backward_base, head_grads, grads, tuple(rises))
 
 
 @contextlib.contextmanager
@@ -256,8 +370,9 @@ def _apply(model: nn.Module, strategies: tuple[str, ...], head_chunk: int | None
 
 def _chunked_head(model: nn.Module, blocks: list[Block], inputs: Mapping[str, Any], mode: Any, device: str,
                   strategies: list[str], unusable: dict[str, str], head_chunk: int | None, autocast: torch.dtype | None,
-                  keep_outputs: bool) -> tuple:
-    """Base bytes and transient per usable uniform strategy with the chunked head, the FLOPs it adds, the reason it
+                  keep_outputs: bool, timelines: dict) -> tuple:
+    """Base bytes and transient per usable uniform strategy with the chunked head (their timelines into
+    ``timelines``), the FLOPs it adds, the reason it
     cannot run (None) and the chunk, as :class:`Trace` holds them; nothing without ``head_chunk``."""
     base: dict[str, int] = {}
     transient: dict[str, int] = {}
@@ -266,8 +381,10 @@ def _chunked_head(model: nn.Module, blocks: list[Block], inputs: Mapping[str, An
     try:
         for strategy in [s for s in strategies if s not in unusable]:
             _apply(model, (strategy,) * len(blocks), head_chunk)  # a model that refuses it raises ValueError here
-            base[strategy], _, transient[strategy] = _memory_step(model, blocks, inputs, mode, device, autocast,
-                                                                  keep_outputs)
+            base[strategy], _, transient[strategy], timeline = _memory_step(model, blocks, inputs, mode, device,
+                                                                            autocast, keep_outputs)
+            if timeline is not None:
+                timelines[f"{strategy}+head:{head_chunk}"] = timeline
         remove(model)
         plain, _ = _flops_step(model, inputs, mode, autocast=autocast)
         _apply(model, ("none",) * len(blocks), head_chunk)
@@ -283,7 +400,7 @@ def _chunked_head(model: nn.Module, blocks: list[Block], inputs: Mapping[str, An
 
 def _chunked_mlp(model: nn.Module, blocks: list[Block], inputs: Mapping[str, Any], mode: Any, device: str,
                  mlp_chunk: int | None, head_chunks: tuple[int | None, ...], autocast: torch.dtype | None,
-                 keep_outputs: bool) -> tuple[dict, str | None]:
+                 keep_outputs: bool, timelines: dict) -> tuple[dict, str | None]:
     """:attr:`Trace.mlp_rows` and :attr:`Trace.mlp_refused`: every block ``full`` with the MLP in chunks of
     ``mlp_chunk``, with the head whole and in each of ``head_chunks``; nothing without ``mlp_chunk``."""
     rows: dict = {}
@@ -295,7 +412,10 @@ def _chunked_mlp(model: nn.Module, blocks: list[Block], inputs: Mapping[str, Any
         plain, _ = _flops_step(model, inputs, mode, autocast=autocast)
         for head_chunk in (None, *head_chunks):
             _apply(model, full, head_chunk, mlp_chunk)  # a model that refuses it raises ValueError here
-            base, per_block, transient = _memory_step(model, blocks, inputs, mode, device, autocast, keep_outputs)
+            base, per_block, transient, timeline = _memory_step(model, blocks, inputs, mode, device, autocast,
+                                                                keep_outputs)
+            if timeline is not None:
+                timelines[f"full+head:{head_chunk}+mlp" if head_chunk else "full+mlp"] = timeline
             _apply(model, full, None, mlp_chunk)
             flops, _ = _flops_step(model, inputs, mode, autocast=autocast)
             rows[head_chunk] = (base, per_block, transient, flops - plain)
@@ -319,25 +439,32 @@ def _quiet() -> Iterator[None]:
 
 def _memory_step(model: nn.Module, blocks: list[Block], inputs: Mapping[str, Any], mode: Any, device: str,
                  autocast: torch.dtype | None = None, keep_outputs: bool = False):
-    """(base bytes, bytes per block, transient peak) of one fake step, labelled by block. Only the loss is held
-    into backward (the ``Trainer``'s step), or, with ``keep_outputs``, the whole output object (a loop that keeps
-    ``outputs = model(**batch)`` alive through ``outputs.loss.backward()``: logits and all else it holds)."""
-    with block_labels(blocks) as label, mode, _AssumedChecks(), attention_for(device), StorageTracker(label=label) as tracker:
+    """(base bytes, bytes per block, transient peak, :class:`StepTimeline` or None) of one fake step, labelled by
+    block. Only the loss is held into backward (the ``Trainer``'s step), or, with ``keep_outputs``, the whole output
+    object (a loop that keeps ``outputs = model(**batch)`` alive through ``outputs.loss.backward()``: logits and all
+    else it holds). The transient is measured with every gradient allocated before the step (gradient
+    accumulation's later micro-batches), the timeline as the gradients appear."""
+    # fake tensors live on "meta"; checkpointing's RNG states are real host tensors: activations where the
+    # target is the CPU, host memory beside the device's otherwise
+    devices = ("meta", "cpu") if device == "cpu" else ("meta",)
+    with block_labels(blocks) as label, mode, _AssumedChecks(), attention_for(device), \
+            _StepTracker(label, devices) as tracker, _backward_phases(model, blocks, tracker) as armed:
         outputs = _forward(model, inputs, autocast)
         loss = _loss(outputs)
         outputs = outputs if keep_outputs else None
-        # fake tensors live on "meta"; checkpointing's RNG states are real host tensors: activations where the
-        # target is the CPU, host memory beside the device's otherwise
-        devices = ("meta", "cpu") if device == "cpu" else ("meta",)
         by_block = Counter()
         for name in devices:
             by_block.update(tracker.live_bytes_by_label(name))
         retained = sum(by_block.values())
         tracker.reset_peak()
+        armed[0] = False
+        tracker.enter("head")
         loss.backward()
         peak = sum(tracker.peak_bytes().get(name, 0) for name in devices)
         del loss, outputs
-    return by_block.get(None, 0), tuple(by_block.get(block.index, 0) for block in blocks), max(0, peak - retained)
+    per_block = tuple(by_block.get(block.index, 0) for block in blocks)
+    timeline = _timeline(tracker, blocks, retained, per_block)
+    return by_block.get(None, 0), per_block, max(0, peak - retained), timeline
 
 
 def _flops_step(
@@ -500,6 +627,7 @@ def trace(
     base: dict[str, int] = {}
     seen: dict[tuple[int, str | None, str, str | None, str | None], int] = {}
     transient: dict[str, int] = {}
+    timelines: dict[str, StepTimeline] = {}
     recompute: dict[str, tuple[int, ...]] = {}
     unusable: dict[str, str] = {}
     usable = list(dict.fromkeys(("none", *strategies)))
@@ -512,7 +640,8 @@ def trace(
                 continue
             _apply(model, pattern)
             try:
-                outside, per_block, above = _memory_step(model, blocks, inputs, mode, device, autocast, keep_outputs)
+                outside, per_block, above, timeline = _memory_step(model, blocks, inputs, mode, device, autocast,
+                                                                   keep_outputs)
             except SelectiveRecomputeError as error:
                 unusable[next(s for s in pattern if kind_class(s).recomputes)] = str(error)
                 continue
@@ -523,6 +652,8 @@ def trace(
                 continue
             if len(set(pattern)) == 1:
                 base[pattern[0]], transient[pattern[0]] = outside, above
+                if timeline is not None:
+                    timelines[pattern[0]] = timeline
             for j in range(count):
                 previous = pattern[j - 1] if j > 0 else None
                 following = pattern[j + 1] if j + 1 < count else None
@@ -530,13 +661,14 @@ def trace(
                 key = (j, previous, pattern[j], following, head)
                 if number < plain or key not in seen:  # a head variant adds contexts, never replaces one
                     seen[key] = per_block[j]
-        chunked = _chunked_head(model, blocks, inputs, mode, device, usable, unusable, head_chunk, autocast, keep_outputs)
+        chunked = _chunked_head(model, blocks, inputs, mode, device, usable, unusable, head_chunk, autocast, keep_outputs,
+                                timelines)
         smaller = () if not chunked or chunked[3] is not None else _chunked_head(
-            model, blocks, inputs, mode, device, usable, unusable, smaller_chunk, autocast, keep_outputs)
+            model, blocks, inputs, mode, device, usable, unusable, smaller_chunk, autocast, keep_outputs, timelines)
         heads_chunked = (head_chunk,) if chunked and chunked[3] is None and EVERY_BLOCK in chunked[0] else ()
         every_block = EVERY_BLOCK in usable and EVERY_BLOCK not in unusable  # the chunked MLP's rows build on it
         mlp_rows, mlp_refused = _chunked_mlp(model, blocks, inputs, mode, device, mlp_chunk, heads_chunked, autocast,
-                                             keep_outputs) if every_block else ({}, None)
+                                             keep_outputs, timelines) if every_block else ({}, None)
         remove(model)
         used: set[str] = set()
         step_flops, _per_module = _flops_step(model, inputs, mode, used, autocast)
@@ -549,4 +681,5 @@ def trace(
     for parameter in model.parameters():
         parameter.grad = None
     return Trace(base, seen, transient, step_flops, block_flops, recompute, unusable, frozenset(used), heads, *chunked,
-                 smaller_chunked=smaller, mlp_chunk=mlp_chunk, mlp_rows=mlp_rows, mlp_refused=mlp_refused)
+                 smaller_chunked=smaller, mlp_chunk=mlp_chunk, mlp_rows=mlp_rows, mlp_refused=mlp_refused,
+                 timelines=timelines)

@@ -73,7 +73,8 @@ def test_auto_in_the_trainer_leaves_room_for_adamw_8bit(patched, tmp_path):
     states = pending_state_bytes(trainer.optimizer)
     assert 0 < states != made.optimizer_bytes  # AdamW's, as assumed for an unknown optimizer
     previous = _budget.set_free_memory_source(lambda device: (
-        _budget.headroom(total) + made.gradients_bytes + states + max(made.transient_bytes.values()) + activations,
+        _budget.headroom(total) + made.held_above_bytes[""] - made.parameters_bytes - made.optimizer_bytes + states
+        + activations,
         total))
     try:
         with warnings.catch_warnings():
