@@ -49,11 +49,11 @@ def test_lora_estimate_matches_a_real_step(name, dtype):
     assert made.trainable_parameters == sum(p.numel() for p in adapters)
     assert made.gradients_bytes == sum(p.numel() * p.element_size() for p in adapters)  # float32 adapters
     assert made.activation_bytes["none"] == pytest.approx(measured.retained_bytes, rel=0.03)
-    step_peak = made.peak_bytes["none"] - made.parameters_bytes - made.optimizer_bytes  # what the step allocates
-    # the peak falls at the loss, before backward makes the adapters' gradients, which the estimate counts
-    # throughout (the issue's timeline): it never reads lower, and without them it is the measured peak
-    assert measured.peak_bytes <= step_peak
-    assert step_peak - made.gradients_bytes == pytest.approx(measured.peak_bytes, rel=0.03)
+    # the step's timeline: the backward as the gradients appear, above the parameters and the states (a measured
+    # step has no optimizer)
+    assert made.peak_phase["none"] != "the optimizer step"
+    backward = made.peak_bytes["none"] - made.parameters_bytes - made.optimizer_bytes
+    assert backward == pytest.approx(measured.peak_bytes, rel=0.03)
 
 
 def test_dropout_keeps_each_adapted_modules_dropped_input():

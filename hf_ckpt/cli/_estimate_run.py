@@ -104,7 +104,8 @@ _OPTIONS = {"world_size": "--world-size", "shard": "--shard", "offload_optimizer
             "head_chunk_size": "--head-chunk-size", "quantization_config": "--quantize",
             "attn_implementation": "--attn", "mlp_chunk_size": "--mlp-chunk-size",
             "host_memory": "--host-memory", "device_memory": "--device-memory", "pcie_bandwidth": "--pcie-bandwidth",
-            "offload_parameters": "--offload-parameters", "fsdp_param_dtype": "--fsdp-param-dtype"}
+            "offload_parameters": "--offload-parameters", "fsdp_param_dtype": "--fsdp-param-dtype",
+            "gradient_accumulation_steps": "--gradient-accumulation-steps"}
 
 
 def _option_names(message: str) -> str:
@@ -230,7 +231,8 @@ def run(args: argparse.Namespace) -> int:
                         fsdp_param_dtype=args.fsdp_param_dtype,
                         head_chunk_size=args.head_chunk_size, quantization_config=quantization,
                         attn_implementation=args.attn, mlp_chunk_size=args.mlp_chunk_size,
-                        offload_activations=args.offload)
+                        offload_activations=args.offload,
+                        gradient_accumulation_steps=args.gradient_accumulation_steps)
     except (ValueError, FileNotFoundError) as error:
         raise CommandError(_option_names(str(error))) from None
     print(str(made).rsplit("\n", 1 + len(made.activation_bytes) + 1)[0])

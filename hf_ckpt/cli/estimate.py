@@ -99,6 +99,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="also the rows <row>+offload of every row with every block full: hf_ckpt.enable(..., "
                              "offload=True), the checkpointed block inputs in host memory (the table's host column) "
                              "but two in flight on the device")
+    parser.add_argument("--gradient-accumulation-steps", type=int, default=1, metavar="N",
+                        help="micro-batches per optimizer step (default 1: each step's gradients appear during its "
+                             "backward as the activations are freed; above 1 the later micro-batches hold them all)")
     parser.add_argument("--max-seq", action="store_true",
                         help="with --device-memory: the longest --seq at --batch for which some plan fits (full; + head "
                              "chunks; + MLP chunks; + checkpointed inputs offloaded, with --host-memory), the plan, and "

@@ -13,6 +13,15 @@ from hf_ckpt.estimate._sharding import optimizer_definition
 _FORMAT = "hf_ckpt.MemoryEstimate"
 
 
+#: The table's short words for where a peak falls (:attr:`MemoryEstimate.peak_phase`).
+_PHASES = {"the optimizer step": "optimizer step", "the backward of the head and loss": "backward: head, loss",
+           "backward, gradients held whole": "backward (all grads)"}
+
+
+def _short_phase(phase: str) -> str:
+    return _PHASES.get(phase, phase.replace("the backward of ", "backward: "))
+
+
 @dataclass(frozen=True)
 class MemoryEstimate:
     """The predicted memory and compute of one training step (forward, backward, optimizer state).
@@ -200,11 +209,11 @@ class MemoryEstimate:
             handle.write(self.to_json() + "\n")
 
     def table(self, device_memory: int | None = None) -> str:
-        """One row per strategy: activation memory, peak, whether it fits, FLOPs ratio (and, with offloaded rows,
-        the host memory they take)."""
+        """One row per strategy: activation memory, peak (a steady step's), whether it fits, FLOPs ratio (and,
+        with offloaded rows, the host memory they take), the first step's peak and where the peak falls."""
         header = ["strategy", "activations", "peak", "fits", "FLOPs ratio"]
         host = bool(self.activation_host_bytes)
-        header += ["host"] if host else []
+        header += (["host"] if host else []) + ["first step", "peak in"]
         rows = []
         fits = self.fits(device_memory) if device_memory is not None else {}
         for name in self.activation_bytes:
@@ -212,10 +221,13 @@ class MemoryEstimate:
                 name, format_bytes(self.activation_bytes[name]), format_bytes(self.peak_bytes[name]),
                 ("yes" if fits[name] else "no") if fits else "-", f"{self.flops_ratio[name]:.3f}x",
             ] + ([format_bytes(self.activation_host_bytes[name]) if name in self.activation_host_bytes else "-"]
-                 if host else []))
+                 if host else [])
+              + [format_bytes(self.first_step_peak_bytes.get(name, self.peak_bytes[name])),
+                 _short_phase(self.peak_phase.get(name, "-"))])
         widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
-        lines = ["  ".join(str(c).ljust(w) if i == 0 else str(c).rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
-                 for r in [header, *rows]]
+        last = len(header) - 1  # the phase, left-aligned like the names
+        lines = ["  ".join(str(c).ljust(w) if i in (0, last) else str(c).rjust(w)
+                           for i, (c, w) in enumerate(zip(r, widths))).rstrip() for r in [header, *rows]]
         lines.insert(1, "  ".join("-" * w for w in widths))
         return "\n".join(lines)
 
