@@ -42,7 +42,7 @@ def _estimate(config=None, **kwargs):
 
 @pytest.fixture(scope="module")
 def made():
-    return _estimate()
+    return _estimate(optimizer="adamw_torch_fused")  # a step without temporaries: the backward binds, not the step
 
 
 def _smallest(made, chunked: bool) -> int:

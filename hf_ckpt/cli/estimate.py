@@ -27,7 +27,10 @@ HELP = "will it fit? predicted training memory and recompute cost per checkpoint
 
 
 def _add_adapter_arguments(parser: argparse.ArgumentParser) -> None:
-    """LoRA as peft configures it, and a quantized base (QLoRA)."""
+    """LoRA as peft configures it, a quantized base (QLoRA), and the micro-batches an optimizer step takes."""
+    parser.add_argument("--gradient-accumulation-steps", type=int, default=1, metavar="N",
+                        help="micro-batches per optimizer step (default 1: each step's gradients appear during its "
+                             "backward as the activations are freed; above 1 the later micro-batches hold them all)")
     parser.add_argument("--lora-r", type=int, default=None, metavar="R",
                         help="train LoRA adapters of rank R (peft; float32 adapters, as peft keeps them), the base "
                              "frozen")
@@ -99,9 +102,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="also the rows <row>+offload of every row with every block full: hf_ckpt.enable(..., "
                              "offload=True), the checkpointed block inputs in host memory (the table's host column) "
                              "but two in flight on the device")
-    parser.add_argument("--gradient-accumulation-steps", type=int, default=1, metavar="N",
-                        help="micro-batches per optimizer step (default 1: each step's gradients appear during its "
-                             "backward as the activations are freed; above 1 the later micro-batches hold them all)")
     parser.add_argument("--max-seq", action="store_true",
                         help="with --device-memory: the longest --seq at --batch for which some plan fits (full; + head "
                              "chunks; + MLP chunks; + checkpointed inputs offloaded, with --host-memory), the plan, and "

@@ -278,6 +278,14 @@ def _held_for_planners(traced: Trace, rep: Sequence[int], states: Any, accumulat
     return held
 
 
+def _timeline_fields(traced: Trace, rep: Sequence[int], states: Any, accumulation: int, timing: dict) -> dict:
+    """The :class:`MemoryEstimate` fields of the step's timeline."""
+    return dict(gradient_accumulation_steps=accumulation, first_step_peak_bytes={n: t.first for n, t in timing.items()},
+                peak_phase={n: t.where for n, t in timing.items()},
+                optimizer_step_bytes=states.whole.step_bytes if states.sharded is None else 0,
+                held_above_bytes=_held_for_planners(traced, rep, states, accumulation))
+
+
 def _per_strategy(traced: Trace, rep: Sequence[int], strategies: Sequence[Any], num_blocks: int,
                   block_flops: dict, none_flops: int, states: Any, accumulation: int = 1):
     """Activation, peak, recompute and step FLOPs, the FLOPs ratio, the unusable strategies and each row's
@@ -582,9 +590,9 @@ def estimate(
     batch_size, seq_len, torch_dtype, autocast_dtype, device, optimizer, peft_config, strategies, keep_outputs = \
         _checked(model_or_config, batch_size, seq_len, dtype, autocast, device, optimizer, peft_config, strategies,
                  keep_outputs, head_chunk_size, mlp_chunk_size, offload_activations)
-    param_dtype = arguments.check_fsdp_param_dtype(fsdp_param_dtype, autocast_dtype)
     accumulation = arguments.check_positive_int("gradient_accumulation_steps", gradient_accumulation_steps)
-    sharding = check_sharding(world_size, shard, offload_optimizer, offload_parameters, param_dtype)
+    sharding = check_sharding(world_size, shard, offload_optimizer, offload_parameters,
+                              param_dtype := arguments.check_fsdp_param_dtype(fsdp_param_dtype, autocast_dtype))
     quant = _quantization(quantization_config, autocast_dtype or torch_dtype, sharding)
     attn = _check_attn(attn_implementation, device, isinstance(model_or_config, nn.Module))
     config, cls, full, reduced, stored, dequantized = _models(model_or_config, torch_dtype, peft_config, quant, attn, param_dtype)
@@ -599,7 +607,6 @@ def estimate(
     renamed = _traced_name(full_blocks, traced_blocks, mapping.representative)
     per_device = shard_estimate(full, full_blocks, sharding, optimizer, device,
                                 lambda name: renamed(name) in traced.used_parameters, stored)
-    del full
     rep, usable = mapping.representative, traced.strategies
     block_bytes = {s: tuple(_bound(traced, rep, i, s, usable) for i in range(num_blocks)) for s in usable}
     block_flops = {s: tuple(traced.recompute_flops[s][r] for r in rep) for s in usable}
@@ -637,8 +644,6 @@ def estimate(
         attention=_attention(device, autocast_dtype or param_dtype or torch_dtype, attn),
         notes=(*_NOTES, OUTPUTS_NOTES[keep_outputs]),
         keep_outputs=keep_outputs, **_head_fields(traced), mlp_chunk_size=traced.mlp_chunk if traced.mlp_rows else None,
-        activation_host_bytes=host, gradient_accumulation_steps=accumulation,
-        first_step_peak_bytes={n: t.first for n, t in timing.items()}, peak_phase={n: t.where for n, t in timing.items()},
-        optimizer_step_bytes=per_device.whole.step_bytes if per_device.sharded is None else 0,
-        held_above_bytes=_held_for_planners(traced, rep, per_device, accumulation), **per_device.fields(),
+        activation_host_bytes=host, **_timeline_fields(traced, rep, per_device, accumulation, timing),
+        **per_device.fields(),
     )

@@ -80,7 +80,7 @@ def _foreach(parameters: Sequence[Parameter]) -> int:
 def _torch_adam(name: str, spec: TrainerOptimizer, parameters: Sequence[Parameter], cpu: bool) -> int:
     """torch.optim.adam: ``_fused_adam`` (fused) none; ``_single_tensor_adam`` (CPU) ``denom = (exp_avg_sq.sqrt() /
     bias_correction2_sqrt)``, two, the previous parameter's ``denom`` still bound; ``_multi_tensor_adam`` (CUDA)
-    ``torch._foreach_sqrt(exp_avg_sqs)``."""
+    ``_foreach_sqrt(exp_avg_sqs)``."""
     if spec.options.get("fused"):
         return 0
     if not cpu:
@@ -90,7 +90,7 @@ def _torch_adam(name: str, spec: TrainerOptimizer, parameters: Sequence[Paramete
 
 def _torch_rmsprop(name: str, spec: TrainerOptimizer, parameters: Sequence[Parameter], cpu: bool) -> int:
     """torch.optim.rmsprop: ``_single_tensor_rmsprop`` (CPU) ``avg = square_avg.sqrt()``, the previous parameter's
-    ``avg`` still bound; ``_multi_tensor_rmsprop`` (CUDA) ``avg = torch._foreach_sqrt(grouped_square_avgs)``."""
+    ``avg`` still bound; ``_multi_tensor_rmsprop`` (CUDA) ``avg = _foreach_sqrt(grouped_square_avgs)``."""
     if not cpu:
         return _foreach(parameters)
     return max(_chained(group, _bytes, _bytes) for group in _trainer_groups(parameters))
