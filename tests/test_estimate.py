@@ -161,7 +161,11 @@ def test_keep_outputs_matches_a_loop_that_keeps_the_outputs_through_backward():
         # releases the key/value cache too (the measured loop above is the reference on every release)
         logits = batch_size * seq_len * config.vocab_size * 4
         assert kept.activation_bytes[strategy] - dropped.activation_bytes[strategy] >= logits, strategy
-        assert kept.peak_bytes[strategy] - dropped.peak_bytes[strategy] >= logits, strategy
+        # the peak: the logits more from the loss on; while the forward computes the loss both loops hold them
+        if dropped.peak_phase[strategy] == "the forward's loss":
+            assert kept.peak_bytes[strategy] >= dropped.peak_bytes[strategy], strategy
+        else:
+            assert kept.peak_bytes[strategy] - dropped.peak_bytes[strategy] >= logits, strategy
     hf_ckpt.disable(model)
     assert kept.to_dict()["keep_outputs"] is True and dropped.to_dict()["keep_outputs"] is False
     assert any(note.startswith("outputs: kept") for note in kept.to_dict()["notes"])

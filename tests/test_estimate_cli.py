@@ -30,9 +30,11 @@ def test_table_json_and_the_plan_that_fits(config_path, tmp_path, capsys):
                      "--json", str(out_json), *fast])
     assert code == 0
     data = json.loads(out_json.read_text())
-    # a device that holds the fixed states and half the activations: "none" does not fit, "full" does
-    device_memory = data["held_above_bytes"][""] + (data["activation_bytes"]["none"]
-                                                    + data["activation_bytes"]["full"]) // 2
+    # a device between the two peaks, with room for the planner's bound on every block full: "none" does not fit,
+    # "full" does, and so does a plan
+    peaks, held = data["peak_bytes"], data["held_above_bytes"][""]
+    device_memory = max((peaks["none"] + peaks["full"]) // 2, held + data["activation_bytes"]["full"])
+    assert peaks["full"] <= device_memory < peaks["none"]
     capsys.readouterr()
     code = cli.main(["estimate", config_path, "--batch", "2", "--seq", "16", "--dtype", "float32", "--device", "cpu",
                      "--device-memory", f"{device_memory}B", "--json", str(out_json), "--plan-json", str(plan_json),

@@ -156,17 +156,17 @@ def test_the_command_names_its_option_in_errors(tmp_path, capsys):
 @pytest.mark.slow
 @needs_loss_function
 def test_llama_3_8b_on_80_gib_fits_with_blocks_and_the_chunked_head(tmp_path, capsys):
-    """The guide's example: batch 4 x seq 4096, bf16, AdamW on one 80 GiB device; nothing fits without."""
+    """The guide's example: batch 8 x seq 4096, bf16, AdamW on one 80 GiB device; nothing fits without."""
     transformers.LlamaConfig(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
                              num_key_value_heads=8, vocab_size=128_256, max_position_embeddings=8192,
                              rope_theta=500_000.0).save_pretrained(tmp_path)
-    code = cli.main(["estimate", str(tmp_path / "config.json"), "--batch", "4", "--seq", "4096",
+    code = cli.main(["estimate", str(tmp_path / "config.json"), "--batch", "8", "--seq", "4096",
                      "--device-memory", "80GiB", "--plan-json", str(tmp_path / "plan.json")])
     out = capsys.readouterr().out
     assert code == 0, out
-    assert "device memory 80.00 GiB: full+head:512 fits" in out
-    assert "head in chunks of 512 tokens" in out.split("cheapest plan that fits:")[1].splitlines()[0]
-    assert CheckpointPlan.load(tmp_path / "plan.json").head_chunk_size == 512
+    assert "device memory 80.00 GiB: full+head:1024 fits" in out
+    assert "head in chunks of 1024 tokens" in out.split("cheapest plan that fits:")[1].splitlines()[0]
+    assert CheckpointPlan.load(tmp_path / "plan.json").head_chunk_size == 1024
 
 
 @pytest.mark.slow

@@ -30,8 +30,11 @@ def _config(**overrides):
 
 @pytest.fixture(scope="module")
 def made():
+    # a later micro-batch of gradient accumulation: every gradient held through backward, as _measured allocates
+    # them before the step (tests/test_estimate_timeline.py measures the rows as the gradients appear)
     return estimate(_config(), batch_size=BATCH, seq_len=SEQ, dtype="float32", device="cpu",
-                    strategies=("none", "full"), head_chunk_size=CHUNK, mlp_chunk_size=CHUNK, offload_activations=True)
+                    strategies=("none", "full"), head_chunk_size=CHUNK, mlp_chunk_size=CHUNK, offload_activations=True,
+                    gradient_accumulation_steps=2)
 
 
 @pytest.mark.slow

@@ -2,7 +2,7 @@
 CPU steps of tiny models trained by the optimizer the ``Trainer`` builds, within 3 %: the gradients appear as the
 activations are freed, the optimizer's states exist from the first ``step()``, the step's temporaries on top.
 Each setting the estimate takes: checkpointing, Adafactor, LoRA with dropout and chosen targets, classification
-and question-answering heads, the activation offload. (4-bit bases and bitsandbytes' optimizers:
+and question-answering heads, the activation offload, the chunked head and MLP. (4-bit bases and bitsandbytes' optimizers:
 ``tests/clients/test_qlora.py`` and ``tests/clients/test_bitsandbytes.py``.)"""
 
 from __future__ import annotations
@@ -45,6 +45,8 @@ SETTINGS = {
                 None),
     "offload": (transformers.LlamaConfig(**_LLAMA), transformers.LlamaForCausalLM, "adamw_torch", {"offload": True},
                 "full+offload", None),
+    "mlp-chunks": (transformers.LlamaConfig(**_LLAMA), transformers.LlamaForCausalLM, "adamw_torch",
+                   {"mlp_chunk_size": 16, "head_chunk_size": 16}, "full+head:16+mlp:16", None),
 }
 
 
@@ -80,9 +82,10 @@ def test_first_and_steady_step_match_real_cpu_steps(name, tmp_path):
     if options is not None:
         hf_ckpt.enable(model, **options)
     first, steady = _measured(model, batch, optim, tmp_path)
+    chunks = {key: value for key, value in (options or {}).items() if key.endswith("_chunk_size")}
     made = estimate(config, batch_size=BATCH, seq_len=SEQ, dtype="float32", device="cpu", optimizer=optim,
-                    peft_config=peft_config, strategies=(row.removesuffix("+offload"),),
-                    offload_activations=row.endswith("+offload"))
+                    peft_config=peft_config, strategies=(row.split("+")[0],),
+                    offload_activations=row.endswith("+offload"), **chunks)
     params = made.parameters_bytes
     assert made.first_step_peak_bytes[row] - params == pytest.approx(first, rel=0.03), made.peak_phase[row]
     assert made.peak_bytes[row] - params == pytest.approx(steady, rel=0.03), made.peak_phase[row]

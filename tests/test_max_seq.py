@@ -89,5 +89,6 @@ def test_the_length_found_fits_and_the_next_step_up_does_not():
             device -= sum(inputs) - 2 * max(inputs)
             host = sum(inputs)
         assert (device <= 48 * 2**20 and host <= 8 * 2**20) is fits, (seq_len, device, host)
-    assert found.binds in ("device memory", "host memory")
+    # on the CPU the math path keeps each block's attention scores: at this length they grow faster than the rest
+    assert found.binds == "attention's own memory"
     assert f"{found.seq_len:,} tokens with {found.plan}" in str(found)

@@ -3,7 +3,8 @@
 The config's sizes are shrunk (hidden 64, 4 heads, 6 blocks per stack, vocab 256, ...; its structure, layer
 types and options kept), a model is built with random weights, and for each strategy one real step is measured
 by :func:`hf_ckpt.measure.measure_step` and compared with :func:`hf_ckpt.estimate.estimate` (``device="cpu"``,
-fp32): retained activation bytes within 3%, FLOPs within 1%. For a causal LM the row ``full+head:<chunk>`` (every
+fp32, ``adamw_torch``): retained activation bytes within 3%, FLOPs within 1%, and the peaks of a first and a
+steady training step with torch's AdamW (:func:`training_peaks`) within 3%. For a causal LM the row ``full+head:<chunk>`` (every
 block full, the head and loss in checkpointed chunks of the estimate's default chunk) is checked the same way.
 """
 
@@ -18,6 +19,7 @@ import torch
 from hf_ckpt.runtime.apply import apply_request, remove
 from hf_ckpt.runtime.request import EnableRequest
 from hf_ckpt.runtime.units import format_bytes, format_flops
+from hf_ckpt.meters.memory import StorageTracker
 from hf_ckpt.meters.step import measure_step
 from hf_ckpt.estimate._estimate import CHUNKED_HEAD_ROW, EVERY_BLOCK_ROW, estimate, row_options
 from hf_ckpt.estimate._labels import batch_for
@@ -87,7 +89,8 @@ def run_check(source: Any, strategies: tuple[str, ...] = ("none", "full", "every
     ids = torch.randint(3, vocab, (BATCH, SEQ), generator=torch.Generator().manual_seed(0))
     batch = batch_for(model, BATCH, SEQ)  # labels of the head's shape (zeros: a valid class, position, token)
     batch = {**batch, "input_ids": ids, **({"labels": ids.clone()} if batch.get("labels") is batch["input_ids"] else {})}
-    predicted = estimate(tiny, batch_size=BATCH, seq_len=SEQ, dtype="float32", device="cpu", strategies=strategies)
+    predicted = estimate(tiny, batch_size=BATCH, seq_len=SEQ, dtype="float32", device="cpu", strategies=strategies,
+                         optimizer="adamw_torch")
     print(f"check: {cls.__name__}, tiny copy ({predicted.num_blocks} blocks, {predicted.traced_blocks} traced), "
           f"batch {BATCH} x seq {SEQ}, float32, a real CPU step per strategy")
     ok = True
@@ -102,15 +105,50 @@ def run_check(source: Any, strategies: tuple[str, ...] = ("none", "full", "every
         measured = measure_step(model, batch)
         memory = 100.0 * (predicted.activation_bytes[strategy] - measured.retained_bytes) / max(1, measured.retained_bytes)
         flops = 100.0 * (predicted.step_flops[strategy] - measured.flops) / max(1, measured.flops)
-        good = abs(memory) <= 3.0 and abs(flops) <= 1.0
+        peaks, peaks_line = _peaks(model, batch, predicted, strategy)
+        good = abs(memory) <= 3.0 and abs(flops) <= 1.0 and all(abs(p) <= 3.0 for p in peaks)
         ok = ok and good
         print(f"  {strategy:12s} retained {format_bytes(measured.retained_bytes)}, predicted "
               f"{format_bytes(predicted.activation_bytes[strategy])} ({memory:+.2f}%); FLOPs "
               f"{format_flops(measured.flops)} predicted {format_flops(predicted.step_flops[strategy])} "
-              f"({flops:+.2f}%)  {'ok' if good else 'OUT OF TOLERANCE'}")
+              f"({flops:+.2f}%); {peaks_line}  {'ok' if good else 'OUT OF TOLERANCE'}")
     remove(model)
-    print("check passed" if ok else "check FAILED (tolerance: 3% memory, 1% FLOPs)")
+    print("check passed" if ok else "check FAILED (tolerance: 3% memory and peaks, 1% FLOPs)")
     return 0 if ok else 1
+
+
+def training_peaks(model: Any, batch: dict, steps: int = 2) -> list[int]:
+    """The peak of each of ``steps`` real training steps of ``model`` (``zero_grad(set_to_none=True)``, forward,
+    backward, ``step()`` of torch's AdamW with the ``Trainer``'s two parameter groups, matrices and the rest), above
+    the parameters: what the steps make, the optimizer's states from the first on, counts."""
+    groups = [[p for p in model.parameters() if p.requires_grad and p.dim() >= 2],
+              [p for p in model.parameters() if p.requires_grad and p.dim() < 2]]
+    optimizer = torch.optim.AdamW([{"params": group} for group in groups if group], lr=1e-6, weight_decay=0.0)
+    peaks = []
+    with StorageTracker() as tracker:
+        for _ in range(steps):
+            tracker.reset_peak()
+            model.zero_grad(set_to_none=True)
+            model(**batch).loss.backward()
+            optimizer.step()
+            peaks.append(tracker.peak_bytes().get("cpu", 0))
+    model.zero_grad(set_to_none=True)
+    return peaks
+
+
+def _peaks(model: Any, batch: dict, predicted: Any, strategy: str) -> tuple[list[float], str]:
+    """The first and a steady step's peaks against the estimate's: the differences (%) and their report."""
+    state = {name: p.detach().clone() for name, p in model.named_parameters()}
+    first, steady = training_peaks(model, batch)
+    with torch.no_grad():  # the steps moved the weights: the next row starts from the same ones
+        for name, p in model.named_parameters():
+            p.copy_(state[name])
+    params = predicted.parameters_bytes
+    figures = ((first, predicted.first_step_peak_bytes[strategy] - params),
+               (steady, predicted.peak_bytes[strategy] - params))
+    diffs = [100.0 * (guess - real) / max(1, real) for real, guess in figures]
+    return diffs, (f"peak first step {format_bytes(first)} ({diffs[0]:+.2f}%), steady {format_bytes(steady)} "
+                   f"({diffs[1]:+.2f}%)")
 
 
 def _chunked_head_row(predicted: Any, strategies: tuple[str, ...]) -> tuple[str, ...]:

@@ -243,7 +243,8 @@ def _with_dequantized(traced: Trace, dequantized: int) -> None:
         for strategy, value in transient.items():
             transient[strategy] = max(value, dequantized)
     for key, line in traced.timelines.items():
-        traced.timelines[key] = replace(line, head_rise=max(line.head_rise, dequantized),
+        traced.timelines[key] = replace(line, head_rise=max(line.head_rise, dequantized),  # the forward's too
+                                        forward_rise=max(line.forward_rise, dequantized),
                                         block_rises=tuple(max(r, dequantized) for r in line.block_rises))
 
 
@@ -253,7 +254,8 @@ def _row_peaks(states: Any, accumulation: int, base: int, blocks: Sequence[int],
     ``lines`` the timeline of each block's strategy, ``back`` what an activation offload brings back per block."""
     backward = backward_held(lines, base, blocks, rep, back=back)
     in_flight = (2 * max(back) if len(back) > 1 else max(back)) if back else 0  # gradients held whole: the most
-    return step_peaks(states, base + sum(blocks), transient + in_flight, backward, accumulation)
+    kept = max((line.after_backward for line in lines if line is not None), default=0)
+    return step_peaks(states, base + sum(blocks), transient + in_flight, backward, accumulation, kept)
 
 
 def _held_for_planners(traced: Trace, rep: Sequence[int], states: Any, accumulation: int) -> dict[str, int]:

@@ -15,6 +15,7 @@ _FORMAT = "hf_ckpt.MemoryEstimate"
 
 #: The table's short words for where a peak falls (:attr:`MemoryEstimate.peak_phase`).
 _PHASES = {"the optimizer step": "optimizer step", "the backward of the head and loss": "backward: head, loss",
+           "the forward's loss": "forward: loss",
            "backward, gradients held whole": "backward (all grads)"}
 
 
@@ -50,7 +51,7 @@ class MemoryEstimate:
             :mod:`hf_ckpt.estimate._timeline`: the backward as the gradients appear, the optimizer step).
         first_step_peak_bytes: The same for the first step, before the optimizer has allocated its states.
         peak_phase: Per strategy, where the steady step's peak falls (``"the optimizer step"``, ``"the backward
-            of block 27"``, ``"the backward of the head and loss"``, or ``"backward, gradients held whole"`` with
+            of block 27"``, ``"the forward's loss"``, ``"the backward of the head and loss"``, or ``"backward, gradients held whole"`` with
             gradient accumulation or a sharded engine).
         gradient_accumulation_steps: Micro-batches per optimizer step: above 1 the later ones run with every
             gradient held.

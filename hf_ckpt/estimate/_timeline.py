@@ -4,6 +4,7 @@ A real step does not hold its worst moments at once. After ``zero_grad(set_to_no
 gradients appear during backward while the activations they needed are freed, and the optimizer's states exist
 only from the first ``step()``. So the device holds, above the parameters:
 
+* at the end of forward, the activations and the loss's temporaries (the logits' float32 copies);
 * in backward, what the trace's :class:`~hf_ckpt.estimate._trace.StepTimeline` says for the head and loss, then
   for each block from the last to the first: the activations of it and the blocks before it, the gradients of
   the head and the blocks after it, and its own rise (its recompute, its gradients appearing); plus, in every step
@@ -25,6 +26,7 @@ from hf_ckpt.estimate._trace import StepTimeline
 #: Where a step's peak falls, as the estimate says it.
 OPTIMIZER_STEP = "the optimizer step"
 HEAD_BACKWARD = "the backward of the head and loss"
+FORWARD_LOSS = "the forward's loss"
 WHOLE_GRADIENTS = "backward, gradients held whole"
 
 
@@ -53,6 +55,9 @@ def backward_held(lines: Sequence[StepTimeline | None], base: int, block_bytes: 
     grads_above = max(line.head_grads for line in lines)
     below = sum(block_bytes)
     best, where = base + below + max(head_rise, at_least), HEAD_BACKWARD
+    forward = base + below + max(line.forward_rise for line in lines)
+    if forward > best:
+        best, where = forward, FORWARD_LOSS
     for i in reversed(range(len(block_bytes))):
         traced = representative[i]
         value = backward_base + below + grads_above + max(lines[i].block_rises[traced], at_least)
@@ -66,11 +71,12 @@ def backward_held(lines: Sequence[StepTimeline | None], base: int, block_bytes: 
 
 
 def step_peaks(states: Any, activation: int, transient: int, backward: tuple[int, str] | None,
-               accumulation: int) -> StepPeaks:
+               accumulation: int, kept: int = 0) -> StepPeaks:
     """The peaks of a row: ``activation`` and ``transient`` as the trace gives them (the transient with every
     gradient held), ``backward`` from :func:`backward_held`; ``states``: the
-    :class:`~hf_ckpt.estimate._sharding.PerDevice` states, whose ``step_peak_bytes`` is the optimizer step."""
-    step = states.step_peak_bytes
+    :class:`~hf_ckpt.estimate._sharding.PerDevice` states, whose ``step_peak_bytes`` is the optimizer step, with
+    ``kept`` (outputs a loop holds through it) on top."""
+    step = states.step_peak_bytes + kept
     if states.sharded is not None or backward is None or accumulation > 1:
         whole = states.peak_fixed_bytes + activation + transient
         first = whole if states.sharded is not None else whole - states.optimizer_bytes
@@ -95,4 +101,5 @@ def held_above(lines: Sequence[StepTimeline | None], base: int, representative: 
         block = max(block, grads_above + rises[representative[i]])
         grads_above += lines[0].block_grads[representative[i]]
     backward_base = max(line.backward_base for line in lines) - base
-    return max(max(line.head_rise for line in lines), backward_base + block)
+    head = max(max(line.head_rise for line in lines), max(line.forward_rise for line in lines))
+    return max(head, backward_base + block)

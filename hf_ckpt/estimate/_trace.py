@@ -153,6 +153,8 @@ class StepTimeline:
     parameters or optimizer states.
 
     Attributes:
+        forward_rise: The most the forward held above what it retains at its end (the loss's temporaries: the
+            logits' float32 copies), or below zero where the forward's peak is its end.
         head_rise: The most the head and loss's backward holds above what forward retained.
         backward_base: What is held outside the blocks once the head's backward is done (its saved tensors gone).
         head_grads: The gradients made by then (the head's, the final norm's; tied embeddings').
@@ -160,13 +162,17 @@ class StepTimeline:
         block_rises: Per traced block, the most its backward holds above ``backward_base``, the activations of
             it and the blocks before it, ``head_grads`` and the gradients of the blocks after it (its own
             gradients appearing, its recompute, and, for the first block, the embeddings' gradients).
+        after_backward: What is still held once backward is done, gradients left out: the outputs a loop keeps
+            (``keep_outputs``), held through the optimizer step too.
     """
 
+    forward_rise: int
     head_rise: int
     backward_base: int
     head_grads: int
     block_grads: tuple[int, ...]
     block_rises: tuple[int, ...]
+    after_backward: int = 0
 
 
 class _StepTracker(StorageTracker):
@@ -237,8 +243,8 @@ def _backward_phases(model: nn.Module, blocks: list[Block], tracker: _StepTracke
             handle.remove()
 
 
-def _timeline(tracker: _StepTracker, blocks: list[Block], retained: int, per_block: tuple[int, ...]
-              ) -> StepTimeline | None:
+def _timeline(tracker: _StepTracker, blocks: list[Block], retained: int, per_block: tuple[int, ...],
+              forward_peak: int, after_backward: int) -> StepTimeline | None:
     """The :class:`StepTimeline` of a traced step; None where some block's backward was not seen."""
     phases = [block.index for block in blocks]
     if any(index not in tracker.phase_starts for index in phases) or not phases:
@@ -252,7 +258,8 @@ def _timeline(tracker: _StepTracker, blocks: list[Block], retained: int, per_blo
         start = backward_base + sum(per_block[: j + 1]) + head_grads + sum(grads[j + 1:])
         rises.append(tracker.phase_peaks[index] - start)
     head_rise = tracker.phase_peaks.get("head", retained) - retained
-    return StepTimeline(head_rise, backward_base, head_grads, grads, tuple(rises))
+    return StepTimeline(forward_peak - retained, head_rise, backward_base, head_grads, grads, tuple(rises),
+                        after_backward)
 
 
 @contextlib.contextmanager
@@ -456,14 +463,17 @@ def _memory_step(model: nn.Module, blocks: list[Block], inputs: Mapping[str, Any
         for name in devices:
             by_block.update(tracker.live_bytes_by_label(name))
         retained = sum(by_block.values())
+        forward_peak = sum(tracker.peak_bytes().get(name, 0) for name in devices)
         tracker.reset_peak()
         armed[0] = False
         tracker.enter("head")
         loss.backward()
         peak = sum(tracker.peak_bytes().get(name, 0) for name in devices)
-        del loss, outputs
+        del loss
+        after_backward = tracker._held()  # the kept outputs, if any (the loss is a scalar, dropped by the loop too)
+        del outputs
     per_block = tuple(by_block.get(block.index, 0) for block in blocks)
-    timeline = _timeline(tracker, blocks, retained, per_block)
+    timeline = _timeline(tracker, blocks, retained, per_block, forward_peak, after_backward)
     return by_block.get(None, 0), per_block, max(0, peak - retained), timeline
 
 
