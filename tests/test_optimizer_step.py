@@ -1,12 +1,11 @@
 """What an optimizer's step allocates above its states (:mod:`hf_ckpt.meters.optimizer_step`), against real steps
 of the optimizer the ``Trainer`` builds for each ``optim`` name, on the CPU: equal to the byte, first and second
-step. bitsandbytes' names run where bitsandbytes is installed (the clients environment, ``python ci/clients.py``
-builds it) and are skipped, saying so, elsewhere. The CUDA formulas are checked on hand-made parameter lists.
+step. bitsandbytes' names are measured in the clients environment (``tests/clients/test_optimizer_step_bnb.py``,
+``python ci/clients.py``). The CUDA formulas are checked on hand-made parameter lists.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import weakref
 
 import pytest
@@ -16,8 +15,6 @@ import transformers
 from hf_ckpt.meters.memory import StorageTracker
 from hf_ckpt.meters.optimizer_states import LEGACY_OPTIMIZERS, TRAINER_OPTIMIZERS
 from hf_ckpt.meters.optimizer_step import planned_step_bytes
-
-HAS_BNB = importlib.util.find_spec("bitsandbytes") is not None
 
 #: Two shapes of a tiny Llama: MLP weights of 8192 elements (bitsandbytes' 8-bit state from 4096) the largest,
 #: three in a row, and a large tied embedding, the first parameter, the largest.
@@ -50,19 +47,6 @@ class _StepTracker(StorageTracker):
         return most
 
 
-@pytest.fixture
-def bnb_kernels_in_python(monkeypatch):
-    """bitsandbytes' CPU optimizer kernels called as plain Python: a custom op's kernel runs with dispatch modes
-    off, so the tracker would see none of the torch ops inside it."""
-    if not HAS_BNB:
-        return
-    from bitsandbytes.backends.cpu import ops
-
-    monkeypatch.setattr(torch.ops.bitsandbytes, "optimizer_update_32bit", ops._optimizer_update_32bit_cpu)
-    monkeypatch.setattr(torch.ops.bitsandbytes, "optimizer_update_8bit_blockwise",
-                        ops._optimizer_update_8bit_blockwise_cpu)
-
-
 def _model(kind: str, dtype: torch.dtype) -> transformers.PreTrainedModel:
     torch.manual_seed(0)
     config = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_attention_heads=4,
@@ -80,19 +64,13 @@ def _measured_steps(optimizer: torch.optim.Optimizer) -> list[int]:
     return temporaries
 
 
-def _name(name: str):
-    """``name``, skipped where it needs bitsandbytes and bitsandbytes is not installed."""
-    if str(TRAINER_OPTIMIZERS[name].cls).startswith("bitsandbytes.") and not HAS_BNB:
-        return pytest.param(name, marks=pytest.mark.skip(reason="bitsandbytes is not installed (the clients "
-                                                                 "environment has it: python ci/clients.py)"))
-    return name
+#: bitsandbytes' names: measured in the clients environment (tests/clients/test_optimizer_step_bnb.py).
+BNB_NAMES = [name for name in TRAINER_OPTIMIZERS if str(TRAINER_OPTIMIZERS[name].cls).startswith("bitsandbytes.")]
 
 
-@pytest.mark.edge_releases
-@pytest.mark.parametrize(("kind", "dtype"), CASES, ids=lambda v: str(v).replace("torch.", ""))
-@pytest.mark.parametrize("name", [_name(name) for name in TRAINER_OPTIMIZERS])
-@pytest.mark.filterwarnings("ignore::UserWarning")  # bitsandbytes: a paged optimizer is not paged on the CPU
-def test_planned_step_bytes_equal_a_measured_step(name, kind, dtype, tmp_path, bnb_kernels_in_python):
+def check_measured_step(name: str, kind: str, dtype: torch.dtype, tmp_path) -> None:
+    """The Trainer's optimizer for ``optim=name`` on a tiny model: each of two steps makes exactly the planned
+    temporaries."""
     model = _model(kind, dtype)
     args = transformers.TrainingArguments(output_dir=str(tmp_path), optim=name, use_cpu=True, report_to=[])
     optimizer = transformers.Trainer(model=model, args=args).create_optimizer()
@@ -103,6 +81,13 @@ def test_planned_step_bytes_equal_a_measured_step(name, kind, dtype, tmp_path, b
     planned = planned_step_bytes(name, [(tuple(p.shape), p.element_size(), id(p) in embeddings) for p in trainable],
                                  "cpu")
     assert _measured_steps(optimizer) == [planned, planned]
+
+
+@pytest.mark.edge_releases
+@pytest.mark.parametrize(("kind", "dtype"), CASES, ids=lambda v: str(v).replace("torch.", ""))
+@pytest.mark.parametrize("name", [name for name in TRAINER_OPTIMIZERS if name not in BNB_NAMES])
+def test_planned_step_bytes_equal_a_measured_step(name, kind, dtype, tmp_path):
+    check_measured_step(name, kind, dtype, tmp_path)
 
 
 #: Matrices of two sizes and a norm's weight, float32: the Trainer steps the one-dimensional weights apart.
