@@ -46,7 +46,7 @@ SETTINGS = {
     "offload": (transformers.LlamaConfig(**_LLAMA), transformers.LlamaForCausalLM, "adamw_torch", {"offload": True},
                 "full+offload", None),
     "mlp-chunks": (transformers.LlamaConfig(**_LLAMA), transformers.LlamaForCausalLM, "adamw_torch",
-                   {"mlp_chunk_size": 16, "head_chunk_size": 16}, "full+head:16+mlp:16", None),
+                   {"mlp_chunk_size": 16}, "full+mlp:16", None),
 }
 
 
