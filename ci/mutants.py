@@ -138,6 +138,22 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/test_estimate_plan_line.py",),
     ),
     Mutant(
+        "estimate_gradients_whole_through_backward",
+        "the estimate's step is a timeline: gradients appear as the activations are freed, states from the first step",
+        "hf_ckpt/estimate/_timeline.py",
+        "    if states.sharded is not None or backward is None or accumulation > 1:\n",
+        "    if True:  # mutant: every gradient and the states through backward, the sum of worst moments\n",
+        ("tests/test_estimate_timeline.py",),
+    ),
+    Mutant(
+        "optimizer_step_without_temporaries",
+        "the optimizer step counts its temporaries (torch's single-tensor AdamW on the CPU: three parameters' worth)",
+        "hf_ckpt/meters/optimizer_step.py",
+        "    return max(_chained(group, lambda p: 2 * _bytes(p), _bytes) for group in _trainer_groups(parameters))\n",
+        "    return 0  # mutant: no temporaries\n",
+        ("tests/test_optimizer_step.py",),
+    ),
+    Mutant(
         "estimate_fused_adamw_step_on_host",
         "adamw_torch_fused's step counters are device memory (the Trainer's fused AdamW), counted per parameter",
         "hf_ckpt/meters/optimizer_states.py",
