@@ -182,6 +182,7 @@ class _StepTracker(StorageTracker):
     def __init__(self, label: Any, devices: tuple[str, ...]) -> None:
         super().__init__(label=label)
         self.devices, self.grads, self.phase = devices, 0, None
+        self.grads_by_block: dict[int | None, int] = {}  # None: parameters outside the blocks
         self.phase_peaks: dict[Any, int] = {}
         self.phase_starts: dict[Any, tuple[int, int]] = {}
 
@@ -214,7 +215,7 @@ def _backward_phases(model: nn.Module, blocks: list[Block], tracker: _StepTracke
     while the returned flag is up) and counts each gradient once, where it appears, by block (None: outside)."""
     armed = [True]
     owner = {id(p): block.index for block in blocks for p in block.module.parameters()}
-    made: dict[Any, int] = {}
+    made = tracker.grads_by_block
 
     def on_output(index: int):
         def hook(module: nn.Module, args: Any, output: Any) -> None:
@@ -235,7 +236,6 @@ def _backward_phases(model: nn.Module, blocks: list[Block], tracker: _StepTracke
 
     handles = [block.module.register_forward_hook(on_output(block.index)) for block in blocks]
     handles += [p.register_post_accumulate_grad_hook(on_grad) for p in model.parameters() if p.requires_grad]
-    tracker.grads_by_block = made  # type: ignore[attr-defined]
     try:
         yield armed
     finally:
@@ -252,7 +252,7 @@ def _timeline(tracker: _StepTracker, blocks: list[Block], retained: int, per_blo
     entered = [p for p in tracker.phase_starts if p != "head"]  # in the order the backward reached them
     held, head_grads = tracker.phase_starts[entered[0]]
     backward_base = held - sum(per_block)
-    grads = tuple(tracker.grads_by_block.get(index, 0) for index in phases)  # type: ignore[attr-defined]
+    grads = tuple(tracker.grads_by_block.get(index, 0) for index in phases)
     rises = []
     for j, index in enumerate(phases):
         start = backward_base + sum(per_block[: j + 1]) + head_grads + sum(grads[j + 1:])
