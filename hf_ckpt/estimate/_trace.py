@@ -470,7 +470,7 @@ def _memory_step(model: nn.Module, blocks: list[Block], inputs: Mapping[str, Any
         loss.backward()
         peak = sum(tracker.peak_bytes().get(name, 0) for name in devices)
         del loss
-        after_backward = tracker._held()  # the kept outputs, if any (the loss is a scalar, dropped by the loop too)
+        after_backward = tracker._held() if keep_outputs else 0  # what the loop's kept outputs still hold
         del outputs
     per_block = tuple(by_block.get(block.index, 0) for block in blocks)
     timeline = _timeline(tracker, blocks, retained, per_block, forward_peak, after_backward)
