@@ -41,8 +41,9 @@ _NOTES = (
     "rounding and fragmentation not included)",
     "batches without padding mask (causal attention via is_causal); labels of the head's shape (seq_len tokens, "
     "one per sequence for classification, answer start and end for question answering)",
-    "peak: fixed states + activations + the largest transient of the step; gradients counted whole "
-    "throughout backward; optimizer-step temporaries (foreach buffers) not included",
+    "peak: the step as a timeline, a steady step's (first_step_peak_bytes: the first, before the optimizer's "
+    "states exist): gradients appear in backward as the activations are freed, the optimizer step's temporaries "
+    "counted; with gradient accumulation or a sharded engine every gradient is held through backward",
 )
 #: What is held into backward besides the activations, by ``keep_outputs``: the note each estimate carries.
 OUTPUTS_NOTES = {
@@ -290,9 +291,9 @@ def _timeline_fields(traced: Trace, rep: Sequence[int], states: Any, accumulatio
 
 def _per_strategy(traced: Trace, rep: Sequence[int], strategies: Sequence[Any], num_blocks: int,
                   block_flops: dict, none_flops: int, states: Any, accumulation: int = 1):
-    """Activation, peak, recompute and step FLOPs, the FLOPs ratio, the unusable strategies and each row's
-    :class:`StepPeaks`."""
-    activation, peak, recompute, step, ratio, timing = {}, {}, {}, {}, {}, {}
+    """Activation, recompute and step FLOPs, the FLOPs ratio, the unusable strategies and each row's
+    :class:`StepPeaks` (its peaks)."""
+    activation, recompute, step, ratio, timing = {}, {}, {}, {}, {}
     unusable = dict(traced.unusable)
     for strategy in dict.fromkeys(("none", *strategies)):
         name = arguments.strategy_name(strategy)
@@ -305,11 +306,10 @@ def _per_strategy(traced: Trace, rep: Sequence[int], strategies: Sequence[Any], 
         activation[name] = base + sum(blocks)
         timing[name] = _row_peaks(states, accumulation, base, blocks, max(traced.transient[s] for s in set(per_block)),
                                   [traced.timelines.get(s) for s in per_block], rep)
-        peak[name] = timing[name].steady
         recompute[name] = sum(block_flops[s][i] for i, s in enumerate(per_block))
         step[name] = none_flops + recompute[name]
         ratio[name] = step[name] / none_flops if none_flops else 1.0
-    figures = activation, peak, recompute, step, ratio, unusable, timing
+    figures = activation, recompute, step, ratio, unusable, timing
     _with_chunked_head(traced, rep, num_blocks, figures, states, accumulation)
     _with_chunked_mlp(traced, rep, num_blocks, figures, states, accumulation)
     return figures
@@ -326,7 +326,7 @@ def _with_chunked_mlp(traced: Trace, rep: Sequence[int], num_blocks: int, figure
     """Adds the rows of :func:`mlp_row_name` (every block full, the MLP chunked; the head whole and chunked) to the
     per-strategy figures: the traced base and blocks scaled to the full depth, the traced transient (one block's
     recompute, its MLP one chunk at a time), the FLOPs of the MLP's second recompute scaled by the blocks."""
-    activation, peak, recompute, step, ratio, unusable, timing = figures
+    activation, recompute, step, ratio, unusable, timing = figures
     if traced.mlp_chunk is None or EVERY_BLOCK_ROW not in activation:
         return
     if traced.mlp_refused is not None or not traced.mlp_rows:
@@ -338,8 +338,7 @@ def _with_chunked_mlp(traced: Trace, rep: Sequence[int], num_blocks: int, figure
         blocks = [per_block[r] for r in rep]
         activation[name] = base + sum(blocks)
         timing[name] = _row_peaks(states, accumulation, base, blocks, transient,
-                                  [traced.timelines.get(name.rsplit(":", 1)[0])] * num_blocks, rep)
-        peak[name] = timing[name].steady
+                                  [traced.timelines.get(_timeline_key(name))] * num_blocks, rep)
         head_flops = traced.chunked_flops if head_chunk else 0
         recompute[name] = recompute["full"] + head_flops + (added * num_blocks) // max(1, traced_count)
         step[name] = step["full"] + recompute[name] - recompute["full"]
@@ -363,7 +362,7 @@ def _with_offload(figures: tuple, traced: Trace, rep: Sequence[int], device: str
     two the overlapped offload holds on the device in flight (:mod:`hf_ckpt.runtime.offload`: one copied back while
     the one before it is recomputed), counted in every backward phase; the FLOPs unchanged. Returns each new row's
     host bytes."""
-    activation, peak, recompute, step, ratio, _unusable, timing = figures
+    activation, recompute, step, ratio, _unusable, timing = figures
     if EVERY_BLOCK_ROW not in traced.strategies:
         return {}
     base, blocks = _retained(traced, rep, (EVERY_BLOCK_ROW,) * len(rep))
@@ -374,23 +373,27 @@ def _with_offload(figures: tuple, traced: Trace, rep: Sequence[int], device: str
     for name in [n for n in activation if n == EVERY_BLOCK_ROW or n.startswith(EVERY_BLOCK_ROW + "+")]:
         offloaded = name + OFFLOAD_SUFFIX
         activation[offloaded] = activation[name] - moved
-        row_base, lines, transient = _row_parts(traced, name, activation[name] - sum(blocks), len(rep))
-        timing[offloaded] = _row_peaks(states, accumulation, row_base, kept, transient, lines, rep, inputs)
-        peak[offloaded] = timing[offloaded].steady
+        lines, transient = _row_parts(traced, name, len(rep))
+        timing[offloaded] = _row_peaks(states, accumulation, activation[name] - sum(blocks), kept, transient, lines,
+                                       rep, inputs)
         recompute[offloaded], step[offloaded], ratio[offloaded] = recompute[name], step[name], ratio[name]
         host[offloaded] = moved
     return host
 
 
-def _row_parts(traced: Trace, name: str, base: int, num_blocks: int) -> tuple[int, list, int]:
-    """(base, each block's timeline, transient) of a row with every block full: ``full``, ``full+head:<c>``, an
-    MLP row; ``base``: the row's bytes outside the blocks."""
-    key = name.rsplit(":", 1)[0] if "+mlp:" in name else name
+def _row_parts(traced: Trace, name: str, num_blocks: int) -> tuple[list, int]:
+    """(each block's timeline, transient) of a row with every block full: ``full``, ``full+head:<c>``, an MLP row."""
     if "+mlp:" in name:
         transient = traced.mlp_rows[traced.head_chunk if name.startswith(CHUNKED_HEAD_ROW) else None][2]
     else:
         transient = (traced.chunked_transient if name != EVERY_BLOCK_ROW else traced.transient)[EVERY_BLOCK_ROW]
-    return base, [traced.timelines.get(key)] * num_blocks, transient
+    return [traced.timelines.get(_timeline_key(name))] * num_blocks, transient
+
+
+def _timeline_key(row: str) -> str:
+    """The key of :attr:`Trace.timelines` a row with every block full reads: the row's name, an MLP row's without
+    its chunk (``full+head:<c>+mlp``)."""
+    return row.rsplit(":", 1)[0] if "+mlp:" in row else row
 
 
 def head_chunk_for(tokens: int, hidden: int, vocab: int, seq_len: int | None = None) -> int:
@@ -414,7 +417,7 @@ def _head_chunks(config: Any, batch_size: int, seq_len: int, given: int | None) 
 def _with_chunked_head(traced: Trace, rep: Sequence[int], num_blocks: int, figures: tuple, states: Any,
                        accumulation: int) -> None:
     """Adds the row ``full+head:<chunk>`` (every block full, the head chunked) to the per-strategy figures."""
-    activation, peak, recompute, step, ratio, unusable, timing = figures
+    activation, recompute, step, ratio, unusable, timing = figures
     if traced.head_chunk is None or EVERY_BLOCK_ROW not in activation:
         return
     name = f"full+head:{traced.head_chunk}"
@@ -422,10 +425,9 @@ def _with_chunked_head(traced: Trace, rep: Sequence[int], num_blocks: int, figur
         unusable[name] = traced.chunked_refused or "the chunked head was not traced"
         return
     activation[name] = activation["full"] - traced.base_bytes["full"] + traced.chunked_base["full"]
-    base, blocks = _retained(traced, rep, (EVERY_BLOCK_ROW,) * num_blocks)
+    _base, blocks = _retained(traced, rep, (EVERY_BLOCK_ROW,) * num_blocks)
     timing[name] = _row_peaks(states, accumulation, traced.chunked_base["full"], blocks,
                               traced.chunked_transient["full"], [traced.timelines.get(name)] * num_blocks, rep)
-    peak[name] = timing[name].steady
     recompute[name] = recompute["full"] + traced.chunked_flops
     step[name] = step["full"] + traced.chunked_flops
     ratio[name] = ratio["full"] * step[name] / step["full"] if step["full"] else 1.0
@@ -616,7 +618,7 @@ def estimate(
 
     figures = _per_strategy(traced, rep, strategies, num_blocks, block_flops, none_flops, per_device, accumulation)
     host = _with_offload(figures, traced, rep, device, per_device, accumulation) if offload_activations else {}
-    activation, peak, recompute, step, ratio, unusable, timing = figures
+    activation, recompute, step, ratio, unusable, timing = figures
 
     return MemoryEstimate(
         model_type=getattr(config, "model_type", None),
@@ -633,7 +635,7 @@ def estimate(
         gradients_bytes=per_device.gradients_bytes,
         optimizer_bytes=per_device.optimizer_bytes,
         activation_bytes=activation,
-        peak_bytes=peak,
+        peak_bytes={name: peaks.steady for name, peaks in timing.items()},
         recompute_flops=recompute, step_flops=step, flops_ratio=ratio,
         num_blocks=num_blocks,
         traced_blocks=mapping.traced_blocks,

@@ -40,12 +40,10 @@ class StepPeaks:
 
 
 def backward_held(lines: Sequence[StepTimeline | None], base: int, block_bytes: Sequence[int],
-                  representative: Sequence[int], at_least: int = 0,
-                  back: Sequence[int] | None = None) -> tuple[int, str] | None:
+                  representative: Sequence[int], back: Sequence[int] | None = None) -> tuple[int, str] | None:
     """The most the backward holds above the parameters and optimizer states (activations, transients, gradients
     made so far), and where; ``lines[i]``: the timeline of block ``i``'s strategy; ``base`` and ``block_bytes``:
-    what forward retains outside the blocks and in each; ``at_least``: each phase's rise at least this (a quantized
-    base's dequantized weight); ``back[i]``: what an activation offload brings back to the device for block ``i``
+    what forward retains outside the blocks and in each; ``back[i]``: what an activation offload brings back to the device for block ``i``
     (held through its backward and the next one's, as the overlapped copy does). None where a timeline is
     missing."""
     if not lines or any(line is None for line in lines):
@@ -54,13 +52,13 @@ def backward_held(lines: Sequence[StepTimeline | None], base: int, block_bytes: 
     backward_base = max(line.backward_base for line in lines)
     grads_above = max(line.head_grads for line in lines)
     below = sum(block_bytes)
-    best, where = base + below + max(head_rise, at_least), HEAD_BACKWARD
+    best, where = base + below + head_rise, HEAD_BACKWARD
     forward = base + below + max(line.forward_rise for line in lines)
     if forward > best:
         best, where = forward, FORWARD_LOSS
     for i in reversed(range(len(block_bytes))):
         traced = representative[i]
-        value = backward_base + below + grads_above + max(lines[i].block_rises[traced], at_least)
+        value = backward_base + below + grads_above + lines[i].block_rises[traced]
         if back:
             value += back[i] + (back[i - 1] if i > 0 else 0)
         if value > best:
