@@ -7,16 +7,14 @@ and question-answering heads, the activation offload, the chunked head and MLP. 
 
 from __future__ import annotations
 
-import gc
-
 import pytest
 import torch
 import transformers
 
 import hf_ckpt
 from hf_ckpt.estimate import estimate
+from hf_ckpt.estimate._check import training_peaks
 from hf_ckpt.estimate._labels import batch_for
-from hf_ckpt.meters.memory import StorageTracker
 
 pytestmark = pytest.mark.edge_releases  # the matrix's ends only (tests/release_guard.py)
 
@@ -51,19 +49,9 @@ SETTINGS = {
 
 
 def _measured(model, batch, optim: str, tmp_path) -> list[int]:
-    """The peak of the first and of the second step, above the parameters (everything the steps make counts)."""
+    """The peak of the first and of the second step with the ``Trainer``'s ``optim``, above the parameters."""
     args = transformers.TrainingArguments(output_dir=str(tmp_path), optim=optim, use_cpu=True, report_to=[])
-    optimizer = transformers.Trainer(model=model, args=args).create_optimizer()
-    peaks = []
-    with StorageTracker() as tracker:
-        for _ in range(2):
-            gc.collect()
-            tracker.reset_peak()
-            model.zero_grad(set_to_none=True)
-            model(**batch).loss.backward()
-            optimizer.step()
-            peaks.append(tracker.peak_bytes()["cpu"])
-    return peaks
+    return training_peaks(model, batch, transformers.Trainer(model=model, args=args).create_optimizer())
 
 
 @pytest.mark.filterwarnings("ignore")

@@ -4,13 +4,14 @@ The config's sizes are shrunk (hidden 64, 4 heads, 6 blocks per stack, vocab 256
 types and options kept), a model is built with random weights, and for each strategy one real step is measured
 by :func:`hf_ckpt.measure.measure_step` and compared with :func:`hf_ckpt.estimate.estimate` (``device="cpu"``,
 fp32, ``adamw_torch``): retained activation bytes within 3%, FLOPs within 1%, and the peaks of a first and a
-steady training step with torch's AdamW (:func:`training_peaks`) within 3%. For a causal LM the row ``full+head:<chunk>`` (every
+steady training step with torch's AdamW, the ``Trainer``'s parameter groups (:func:`training_peaks`), within 3%. For a causal LM the row ``full+head:<chunk>`` (every
 block full, the head and loss in checkpointed chunks of the estimate's default chunk) is checked the same way.
 """
 
 from __future__ import annotations
 
 import copy
+import gc
 import warnings
 from typing import Any
 
@@ -117,16 +118,14 @@ def run_check(source: Any, strategies: tuple[str, ...] = ("none", "full", "every
     return 0 if ok else 1
 
 
-def training_peaks(model: Any, batch: dict, steps: int = 2) -> list[int]:
+def training_peaks(model: Any, batch: dict, optimizer: torch.optim.Optimizer, steps: int = 2) -> list[int]:
     """The peak of each of ``steps`` real training steps of ``model`` (``zero_grad(set_to_none=True)``, forward,
-    backward, ``step()`` of torch's AdamW with the ``Trainer``'s two parameter groups, matrices and the rest), above
-    the parameters: what the steps make, the optimizer's states from the first on, counts."""
-    groups = [[p for p in model.parameters() if p.requires_grad and p.dim() >= 2],
-              [p for p in model.parameters() if p.requires_grad and p.dim() < 2]]
-    optimizer = torch.optim.AdamW([{"params": group} for group in groups if group], lr=1e-6, weight_decay=0.0)
+    backward, ``optimizer.step()``), above the parameters: what the steps make, the optimizer's states from the
+    first on, counts."""
     peaks = []
     with StorageTracker() as tracker:
         for _ in range(steps):
+            gc.collect()
             tracker.reset_peak()
             model.zero_grad(set_to_none=True)
             model(**batch).loss.backward()
@@ -136,10 +135,17 @@ def training_peaks(model: Any, batch: dict, steps: int = 2) -> list[int]:
     return peaks
 
 
+def _trainer_adamw(model: Any) -> torch.optim.AdamW:
+    """torch's AdamW with the ``Trainer``'s two parameter groups (matrices, the rest), without weight decay."""
+    groups = [[p for p in model.parameters() if p.requires_grad and p.dim() >= 2],
+              [p for p in model.parameters() if p.requires_grad and p.dim() < 2]]
+    return torch.optim.AdamW([{"params": group} for group in groups if group], lr=1e-6, weight_decay=0.0)
+
+
 def _peaks(model: Any, batch: dict, predicted: Any, strategy: str) -> tuple[list[float], str]:
     """The first and a steady step's peaks against the estimate's: the differences (%) and their report."""
     state = {name: p.detach().clone() for name, p in model.named_parameters()}
-    first, steady = training_peaks(model, batch)
+    first, steady = training_peaks(model, batch, _trainer_adamw(model))
     with torch.no_grad():  # the steps moved the weights: the next row starts from the same ones
         for name, p in model.named_parameters():
             p.copy_(state[name])
