@@ -132,7 +132,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "estimate_plan_line_bound_for_uniform_plans",
         "the estimate's plan line gives the table's figures for a setting the table has (one figure per setting)",
-        "hf_ckpt/cli/_estimate_run.py",
+        "hf_ckpt/estimate/_plan.py",
         "    if len(kinds) != 1:\n        return None\n",
         "    if True:  # mutant: always the solver's bound\n        return None\n",
         ("tests/test_estimate_plan_line.py",),

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from hf_ckpt import cli
-from hf_ckpt.cli import _bench_run, arguments, bench
+from hf_ckpt.cli import arguments, bench
 
 ROOT = str(Path(__file__).resolve().parents[1])
 TINY = ["--layers", "2", "--hidden", "32", "--seq", "8", "--batch", "1", "--repeat", "1", "--warmup", "0"]
@@ -375,13 +375,15 @@ def test_bench_plot_without_matplotlib_is_refused_while_parsing(tmp_path, capsys
 def test_progress_is_on_by_default_on_a_terminal_and_off_otherwise(monkeypatch):
     import io
 
+    from tqdm.auto import tqdm
+
     class Terminal(io.StringIO):
         def isatty(self):
             return True
 
     for stream, shown in ((Terminal(), True), (io.StringIO(), False)):
         monkeypatch.setattr(sys, "stderr", stream)
-        bar = _bench_run._progress_bar(3, None)
+        bar = bench._progress_bar(tqdm, 3, None)
         bar.update(3)
         bar.close()
         assert ("hf-ckpt bench" in stream.getvalue()) == shown

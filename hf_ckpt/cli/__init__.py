@@ -1,9 +1,11 @@
-"""The ``hf-ckpt`` command: ``hf-ckpt bench``, ``hf-ckpt plan``, ``hf-ckpt verify``.
+"""The ``hf-ckpt`` command: ``hf-ckpt bench``, ``hf-ckpt plan``, ``hf-ckpt verify``, ``hf-ckpt estimate``.
 
-One module per command (:mod:`hf_ckpt.cli.bench`, :mod:`hf_ckpt.cli.plan`, :mod:`hf_ckpt.cli.verify`), each with
-``NAME``, ``HELP``, ``add_arguments(parser)`` and ``run(args) -> int``, listed once in
-:data:`hf_ckpt.cli._main.COMMANDS`. Parsing imports neither torch nor transformers: ``--help`` and argument errors
-return at once; a command imports what it needs inside ``run``.
+One module per command (:mod:`hf_ckpt.cli.bench`, :mod:`hf_ckpt.cli.plan`, :mod:`hf_ckpt.cli.verify`,
+:mod:`hf_ckpt.cli.estimate`), each with ``NAME``, ``HELP``, ``add_arguments(parser)`` and ``run(args) -> int``,
+listed once in :data:`hf_ckpt.cli._main.COMMANDS`; the workload options three of them share, and the workload they
+describe, are :mod:`hf_ckpt.cli.arguments`. Parsing imports neither torch nor transformers: ``--help`` and argument
+errors return at once; a command imports what it runs inside ``run`` (and an option that needs torch, such as
+``--device``, inside its argument type, when given).
 
 Bad input raises :class:`CommandError` (or argparse rejects it): one line on stderr,
 ``hf-ckpt <command>: error: <message>``, exit status 2, no traceback.

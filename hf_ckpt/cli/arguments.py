@@ -1,8 +1,10 @@
-"""Argument types and the workload options shared by ``hf-ckpt bench``, ``plan`` and ``verify``.
+"""Argument types and the workload options shared by ``hf-ckpt bench``, ``plan`` and ``verify``, and the workload
+they describe.
 
 Every value is checked while parsing, before any model is built: a wrong value is an argparse error, one line
 naming the argument (and the file, for a model directory). Nothing here imports torch or transformers at module
-level; the types that need them (``--device``, a model type name) import them when such a value is given.
+level; the types that need them (``--device``, a model type name) import them when such a value is given, and
+:func:`build_workload_from` when a command runs.
 
 The defaults below are those of :mod:`hf_ckpt.measure.workload` (a test keeps them equal); they are repeated
 here so that ``--help`` does not import torch.
@@ -17,8 +19,9 @@ import os
 import struct
 from typing import Any, Callable
 
-from hf_ckpt.cli._lazy import converter as lazy_converter
+from hf_ckpt.cli.errors import CommandError
 from hf_ckpt.runtime import dtype_names
+from hf_ckpt.runtime.units import precision_label
 
 DEFAULT_MODEL = "llama"
 DEFAULT_LAYERS = 8
@@ -90,8 +93,11 @@ def autocast_name(text: str) -> str:
     return name
 
 
-#: ``--device``: a ``torch.device`` that exists on this machine (imports torch: only when the option is given).
-device = lazy_converter("hf_ckpt.measure.workload:parse_device")
+def device(text: str) -> Any:
+    """``--device``: a ``torch.device`` that exists on this machine."""
+    from hf_ckpt.measure.workload import parse_device  # torch loads when the option is given, not for --help
+
+    return converter(parse_device)(text)
 
 
 def output_file(text: str) -> str:
@@ -199,3 +205,48 @@ def add_workload_arguments(parser: Any, *, seed_help: str = "seed of the weights
         "bf16=True runs it (--autocast bf16)")
     add("--device", type=device, default=None, help="cpu, cuda, cuda:1, ... (default: the first accelerator, else cpu)")
     add("--seed", type=int, default=0, help=f"{seed_help} (default %(default)s)")
+
+
+def build_workload_from(args: argparse.Namespace, device: Any = None) -> Any:
+    """The :class:`~hf_ckpt.measure.Workload` the parsed ``args`` describe.
+
+    A model directory that passed the parse-time checks can still fail to load (weights that do not match the
+    config, a format transformers refuses): that is a one-line :class:`CommandError` naming the directory.
+    """
+    from hf_ckpt.measure.workload import build_workload, default_device, parse_dtype  # torch: when a command runs
+
+    spec = args.model
+    try:
+        return build_workload(
+            spec,
+            layers=args.layers,
+            hidden=args.hidden,
+            batch=args.batch,
+            seq=args.seq,
+            dtype=parse_dtype(args.dtype) if isinstance(args.dtype, str) else args.dtype,
+            device=device if device is not None else (args.device or default_device()),
+            seed=args.seed,
+            autocast=parse_dtype(args.autocast) if getattr(args, "autocast", None) else None,
+        )
+    except ValueError as error:
+        if spec is None or not os.path.isdir(spec):
+            raise CommandError(str(error)) from None
+        raise _load_error(spec, error) from None
+    except Exception as error:  # noqa: BLE001  (a user's directory: any loading failure is a one-line error)
+        if spec is None or not os.path.isdir(spec):
+            raise
+        raise _load_error(spec, error) from None
+
+
+def _load_error(directory: str, error: BaseException) -> CommandError:
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return CommandError(f"cannot load the model in {directory}: {type(error).__name__}: {lines[0] if lines else ''}")
+
+
+def workload_line(info: dict[str, Any]) -> str:
+    """One line on the model and batch a command ran on (``Workload.info``)."""
+    return (
+        f"model: {info['class']} ({info['source']}), {info['layers']} layers, hidden {info['hidden']}; "
+        f"batch {info['batch']} x seq {info['seq']}, {precision_label(info['dtype'], info.get('autocast'))} on "
+        f"{info['device']}"
+    )

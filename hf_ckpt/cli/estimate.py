@@ -13,14 +13,19 @@ when nothing fits without; ``--mlp-chunk-size`` adds the rows with every block's
 (with ``--device-memory``, no ``--seq``) prints the longest sequence that fits instead (:mod:`hf_ckpt.estimate._max_seq`).
 ``--check`` instead runs a real CPU step of a tiny model of the same
 architecture and compares it with the estimate. Exit status: 0, 1 when nothing fits (or the check fails), 2 for
-bad arguments. The parser; the run is :mod:`hf_ckpt.cli._estimate_run`.
+bad arguments.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+from dataclasses import asdict
+from typing import Any, Callable
 
-from hf_ckpt.cli._lazy import runner
+from hf_ckpt.runtime.units import format_bytes, parse_size
+from hf_ckpt.cli.errors import CommandError
 
 NAME = "estimate"
 HELP = "will it fit? predicted training memory and recompute cost per checkpointing strategy, from a config"
@@ -120,4 +125,224 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="compare the estimate with a real CPU step of a tiny model of this architecture")
 
 
-run = runner("hf_ckpt.cli._estimate_run:run")
+def run(args: argparse.Namespace) -> int:
+    """Run ``hf-ckpt estimate``; returns the exit status."""
+    # Imported when the command runs: the estimator loads torch and transformers, --help must not.
+    from hf_ckpt.estimate._arguments import check_dtype
+    from hf_ckpt.estimate._check import run_check
+    from hf_ckpt.estimate._estimate import estimate
+    from hf_ckpt.estimate._max_seq import DEVICE_FLOPS, copies_line, copy_and_compute_seconds, max_seq
+    from hf_ckpt.estimate._plan import plan_from_estimate, plan_line
+
+    device_memory = _device_memory(args)
+    quantization = _quantization(args, check_dtype)
+    _refuse_combinations(args, quantization)
+    if args.check:
+        return run_check(args.config)
+    if args.max_seq:  # the longest sequence that fits, printed (and written as JSON); 1 when nothing fits
+        _check_max_seq(args, device_memory)
+        found = _computed(max_seq, args, quantization, device_memory=device_memory, host_memory=args.host_memory,
+                          pcie_bandwidth=args.pcie_bandwidth * 1e9)
+        print(found)
+        if args.json is not None:
+            _write_json(args.json, asdict(found), "result")
+        return 0 if found.seq_len else 1
+    if args.seq is None:
+        raise CommandError("--seq is required (tokens per sequence), but with --max-seq")
+    if args.host_memory is not None:
+        raise CommandError("--host-memory only applies with --max-seq; drop it or add --max-seq")
+    strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
+    made = _computed(estimate, args, quantization, seq_len=args.seq, strategies=strategies,
+                     offload_activations=args.offload, gradient_accumulation_steps=args.gradient_accumulation_steps)
+    print(str(made).rsplit("\n", 1 + len(made.activation_bytes) + 1)[0])
+    print(made.table(device_memory))
+    data = made.to_dict()
+    status = 0
+    if device_memory is not None:
+        print(f"device memory {format_bytes(device_memory)}: "
+              f"{', '.join(n for n, ok in made.fits(device_memory).items() if ok) or 'no strategy'} fits")
+        data["device_memory_bytes"] = device_memory
+        data["fits"] = made.fits(device_memory)
+        try:
+            plan = plan_from_estimate(made, device_memory, whole_step=True)
+        except ValueError as error:
+            print(str(error))
+            data["plan"] = None
+            status = 1
+        else:
+            print(plan_line(plan, made))
+            data["plan"] = plan.to_dict()
+            if args.plan_json is not None:
+                plan.save(args.plan_json)
+                print(f"plan written to {args.plan_json}")
+    if made.activation_host_bytes and made.device == "cuda":
+        print(copies_line(*copy_and_compute_seconds(made, args.pcie_bandwidth * 1e9), args.pcie_bandwidth * 1e9,
+                          DEVICE_FLOPS))
+    if made.attention.get("modelled"):
+        print(f"note: {made.attention['note']}")
+    if args.json is not None:
+        _write_json(args.json, data, "estimate")
+    return status
+
+
+def _computed(function: Callable[..., Any], args: argparse.Namespace, quantization: Any, **options: Any) -> Any:
+    """``function`` (the estimator's ``estimate`` or ``max_seq``) on ``args.config`` with the options both take and
+    ``options``; its argument errors as the command's, naming the option."""
+    try:
+        return function(args.config, batch_size=args.batch, dtype=args.dtype, autocast=args.autocast,
+                        device=args.device, optimizer=args.optimizer, peft_config=_lora(args),
+                        keep_outputs=args.keep_outputs, world_size=args.world_size, shard=args.shard,
+                        offload_optimizer=args.offload_optimizer, offload_parameters=args.offload_parameters,
+                        fsdp_param_dtype=args.fsdp_param_dtype, head_chunk_size=args.head_chunk_size,
+                        mlp_chunk_size=args.mlp_chunk_size, quantization_config=quantization,
+                        attn_implementation=args.attn, **options)
+    except (ValueError, FileNotFoundError) as error:
+        raise CommandError(_option_names(str(error))) from None
+
+
+def _check_max_seq(args: argparse.Namespace, device_memory: int | None) -> None:
+    """``--max-seq``: it needs ``--device-memory`` and searches for ``--seq`` itself."""
+    if device_memory is None:
+        raise CommandError("--max-seq needs --device-memory (the memory the step must fit)")
+    if args.seq is not None:
+        raise CommandError("--max-seq searches for the sequence length itself; drop --seq")
+    if args.check or args.plan_json is not None:
+        raise CommandError("--max-seq cannot be combined with --check or --plan-json; drop them")
+
+
+def _write_json(path: str, data: Any, what: str) -> None:
+    with open(path, "w", encoding="utf-8") as handle:
+        json.dump(data, handle, indent=2)
+        handle.write("\n")
+    print(f"{what} written to {path}")
+
+
+def _folder_exists(option: str, path: str | None) -> None:
+    if path is not None and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
+        raise CommandError(f"{option}: the folder of {path!r} does not exist")
+
+
+def _names(option: str, value: str | None) -> list[str] | None:
+    if value is None:
+        return None
+    names = [name.strip() for name in value.split(",") if name.strip()]
+    if not names:
+        raise CommandError(f"{option} must name at least one module (comma-separated); got {value!r}")
+    return names
+
+
+def _lora(args: argparse.Namespace):
+    """The ``LoraConfig`` the ``--lora-*`` flags describe, or None without ``--lora-r``."""
+    rank = args.lora_r
+    given = [option for option, value in (("--lora-targets", args.lora_targets), ("--lora-alpha", args.lora_alpha),
+                                          ("--lora-dropout", args.lora_dropout),
+                                          ("--lora-modules-to-save", args.lora_modules_to_save)) if value is not None]
+    if rank is None:
+        if given:
+            raise CommandError(f"{given[0]} needs --lora-r")
+        return None
+    if rank < 1:
+        raise CommandError(f"--lora-r must be a positive int; got {rank}")
+    dropout = 0.0 if args.lora_dropout is None else args.lora_dropout
+    if not 0.0 <= dropout < 1.0:
+        raise CommandError(f"--lora-dropout must be at least 0 and below 1; got {args.lora_dropout}")
+    targets = _names("--lora-targets", args.lora_targets)
+    try:
+        from peft import LoraConfig
+    except ImportError:
+        raise CommandError("--lora-r needs the peft package (pip install peft)") from None
+    return LoraConfig(r=rank, lora_alpha=2 * rank if args.lora_alpha is None else args.lora_alpha,
+                      target_modules=targets if targets is not None and targets != ["all-linear"] else "all-linear",
+                      lora_dropout=dropout, modules_to_save=_names("--lora-modules-to-save", args.lora_modules_to_save))
+
+
+def _quantization(args: argparse.Namespace, check_dtype: Callable[[str], Any]):
+    """The ``BitsAndBytesConfig`` the ``--quantize`` flags describe, or None (``check_dtype``: the estimator's,
+    imported by :func:`run`)."""
+    four_bit_only = [option for option, given in (("--quant-type", args.quant_type is not None),
+                                                   ("--double-quant", args.double_quant),
+                                                   ("--quant-compute-dtype", args.quant_compute_dtype is not None))
+                     if given]
+    if args.quantize is None:
+        if four_bit_only:
+            raise CommandError(f"{four_bit_only[0]} needs --quantize 4bit")
+        return None
+    if args.quantize not in ("4bit", "8bit"):
+        raise CommandError(f"--quantize must be 4bit or 8bit; got {args.quantize!r}")
+    if args.quantize == "8bit":
+        if four_bit_only:
+            raise CommandError(f"{four_bit_only[0]} applies to --quantize 4bit only")
+        return _bitsandbytes_config(load_in_8bit=True)
+    quant_type = args.quant_type or "nf4"
+    if quant_type not in ("nf4", "fp4"):
+        raise CommandError(f"--quant-type must be nf4 or fp4; got {quant_type!r}")
+    try:
+        compute = check_dtype(args.quant_compute_dtype or args.autocast or args.dtype)
+    except ValueError as error:
+        option = "--quant-compute-dtype" if args.quant_compute_dtype else "--autocast" if args.autocast else "--dtype"
+        raise CommandError(f"{option}: {error}") from None
+    return _bitsandbytes_config(load_in_4bit=True, bnb_4bit_quant_type=quant_type,
+                                bnb_4bit_use_double_quant=args.double_quant, bnb_4bit_compute_dtype=compute)
+
+
+def _bitsandbytes_config(**options: Any) -> Any:
+    """``transformers.BitsAndBytesConfig(**options)``; before transformers 5 its checks read bitsandbytes' version, so
+    there it needs bitsandbytes installed (the estimate itself does not)."""
+    from importlib.metadata import PackageNotFoundError
+
+    from transformers import BitsAndBytesConfig
+
+    try:
+        return BitsAndBytesConfig(**options)
+    except PackageNotFoundError:
+        raise CommandError("--quantize: this transformers release's BitsAndBytesConfig needs bitsandbytes installed "
+                           "(pip install bitsandbytes); the estimate itself loads none of it") from None
+
+
+_OPTIONS = {"world_size": "--world-size", "shard": "--shard", "offload_optimizer": "--offload-optimizer",
+            "head_chunk_size": "--head-chunk-size", "quantization_config": "--quantize",
+            "attn_implementation": "--attn", "mlp_chunk_size": "--mlp-chunk-size",
+            "host_memory": "--host-memory", "device_memory": "--device-memory", "pcie_bandwidth": "--pcie-bandwidth",
+            "offload_parameters": "--offload-parameters", "fsdp_param_dtype": "--fsdp-param-dtype",
+            "gradient_accumulation_steps": "--gradient-accumulation-steps"}
+
+
+def _option_names(message: str) -> str:
+    """An estimate() error with its argument spelled as the command's option (``world_size`` -> ``--world-size``)."""
+    if message.startswith("peft_config: "):  # peft refused the adapters the --lora-* flags describe
+        option = "--lora-targets" if "target" in message.lower() else "--lora-modules-to-save" \
+            if "modules_to_save" in message else "--lora-r"
+        return option + message[len("peft_config"):]
+    for argument, option in _OPTIONS.items():
+        if message.startswith(argument + " ") or message.startswith(argument + ":"):
+            return option + message[len(argument):]
+    return message
+
+
+def _device_memory(args: argparse.Namespace) -> int | None:
+    """``--device-memory`` in bytes (None: not given), checked with the options that need it."""
+    _folder_exists("--json", args.json)
+    _folder_exists("--plan-json", args.plan_json)
+    device_memory = None
+    if args.device_memory is not None:
+        try:
+            device_memory = parse_size(args.device_memory)
+        except ValueError as error:
+            raise CommandError(f"--device-memory: {error}") from None
+    if args.plan_json is not None and device_memory is None:
+        raise CommandError("--plan-json needs --device-memory (the plan is the cheapest that fits it)")
+    return device_memory
+
+
+def _refuse_combinations(args: argparse.Namespace, quantization: Any) -> None:
+    """The options that cannot go together, each refused naming the one to drop."""
+    if args.check and args.keep_outputs:
+        raise CommandError("--keep-outputs: --check compares the Trainer's step (outputs dropped) only; drop one")
+    if args.check and quantization is not None:
+        raise CommandError("--quantize: --check compares an unquantized step (bitsandbytes is not needed); drop one")
+    if args.check and args.offload:
+        raise CommandError("--offload: --check compares a step without offload (there is no accelerator to offload "
+                           "from); drop one")
+    if args.max_seq and args.offload:
+        raise CommandError("--offload: --max-seq offloads the checkpointed inputs where --host-memory is given; drop "
+                           "--offload")

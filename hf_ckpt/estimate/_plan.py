@@ -1,5 +1,5 @@
 """A :class:`~hf_ckpt.CheckpointPlan` from an estimate: the one solver (:func:`hf_ckpt.solver.knapsack.solve`) on the
-estimated per-block profile's menu."""
+estimated per-block profile's menu, and the line ``hf-ckpt estimate`` prints on it (:func:`plan_line`)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,10 @@ import os
 from typing import Any
 
 from hf_ckpt.solver.knapsack import BlockProfile, solve
-from hf_ckpt.runtime.units import format_bytes, parse_budget
+from hf_ckpt.runtime.units import format_bytes, format_flops, parse_budget
 from hf_ckpt.runtime.plans import CheckpointPlan
-from hf_ckpt.estimate._estimate import estimate
+from hf_ckpt.strategies import ALL_STRATEGIES
+from hf_ckpt.estimate._estimate import CHUNKED_HEAD_ROW, EVERY_BLOCK_ROW, estimate
 from hf_ckpt.estimate._result import MemoryEstimate
 
 _PLANNED = ("none", "selective", "full")
@@ -189,3 +190,36 @@ def write_plan(
     made = plan_for(model_or_config, batch_size=batch_size, seq_len=seq_len, budget=budget, **kwargs)
     made.save(path)
     return made
+
+
+def _row_of(plan: CheckpointPlan, made: MemoryEstimate) -> str | None:
+    """The table's row for the same setting as ``plan``: every block on one strategy (and the head as the row's)."""
+    kinds = set(plan.strategies)
+    if len(kinds) != 1:
+        return None
+    (kind,) = kinds
+    if plan.head_chunk_size is not None:
+        kind = f"{CHUNKED_HEAD_ROW}{plan.head_chunk_size}" if kind == EVERY_BLOCK_ROW else ""
+    return kind if kind in made.activation_bytes else None
+
+
+def plan_line(plan: CheckpointPlan, made: MemoryEstimate) -> str:
+    """``hf-ckpt estimate``'s line on the plan that fits: its table row's figures where the table has the same setting
+    (one figure per setting), else the solver's, each block counted at its largest whatever its neighbours run, as
+    the line says."""
+    counts = {s: plan.strategies.count(s) for s in ALL_STRATEGIES}
+    head = "" if plan.head_chunk_size is None else f", head in chunks of {plan.head_chunk_size} tokens"
+    row = _row_of(plan, made)
+    if row is not None:
+        activations, peak = made.activation_bytes[row], made.peak_bytes[row]
+        recompute, ratio, source = made.recompute_flops[row], made.flops_ratio[row], f" (the table's row {row})"
+    else:
+        activations, recompute = plan.predicted_bytes, plan.predicted_recompute_flops
+        ratio = (made.step_flops["none"] + recompute) / made.step_flops["none"]
+        peak = plan_peak(made, activations, plan.head_chunk_size or False)
+        source = " (activations: each block at its most, whatever its neighbours run)"
+    return (f"cheapest plan that fits: {counts['full']} full, {counts['selective']} selective, {counts['none']} none"
+            f"{head}; "
+            f"activations {format_bytes(activations)}, peak {format_bytes(peak)}"
+            f"{' per device' if made.shard != 'none' else ''}, recompute {format_flops(recompute)}"
+            f", FLOPs ratio {ratio:.3f}x{source}")
