@@ -2,11 +2,13 @@
 
 Every planner states its choices the same way, as a menu: per block, a list of :class:`Option` (a name, the bytes the
 block retains with it, its cost, a tie-break rank and the recompute FLOPs to report), plus the bytes retained outside
-the blocks. The measured block planner (:mod:`hf_ckpt.planning.planner`) and the estimated plans
-(:mod:`hf_ckpt.estimate`) pass a :class:`BlockProfile` to :func:`solve`, which reads its menu (:meth:`BlockProfile.menu`);
-the op-level planner (:mod:`hf_ckpt.planning.menus.oplevel`) passes its menu, into which the partition and outside
-menus (:mod:`hf_ckpt.planning.menus.partition`, :mod:`hf_ckpt.planning.menus.outside`) put their options, to
-:func:`solve_menu` with ``exact=True``.
+the blocks, and hands it to the one planning path, :func:`hf_ckpt.solver.verified.verified_plan`, which calls
+:func:`solve_menu`, measures the candidate, tightens and records the plan. The measured block planner
+(:mod:`hf_ckpt.planning.planner`) and the estimated plans (:mod:`hf_ckpt.estimate`) hand it a :class:`BlockProfile`'s
+menu (:meth:`BlockProfile.menu`); the op-level planner (:mod:`hf_ckpt.planning.menus.oplevel`) its menu, into which the
+partition and outside menus (:mod:`hf_ckpt.planning.menus.partition`, :mod:`hf_ckpt.planning.menus.outside`) put their
+options, solved with ``exact=True``. :func:`solve` (a profile's menu, quantised) stays for callers that solve a profile
+without a plan.
 
 Retained bytes add up over blocks, so the problem is a multiple-choice knapsack: reach the required savings (the
 bytes of no checkpointing, ``"none"`` in every block, less the budget) at the least total (cost, checkpointed blocks,
