@@ -278,3 +278,85 @@ def test_enable_with_a_budget_only_the_chunked_head_meets_trains_with_equal_grad
     assert torch.allclose(output.loss, reference.loss, rtol=1e-6, atol=0)
     assert all(torch.allclose(grads[name], expected[name], rtol=1e-5, atol=1e-7) for name in expected)
     assert retained <= smallest - 1
+
+
+def _solver_calls_outside(package) -> list[str]:
+    """``file:line`` of each call of the solver (``solve_menu``, ``solve``) in ``package`` outside ``hf_ckpt/solver``."""
+    import ast
+
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        if path.parent.name == "solver":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call):
+                name = getattr(node.func, "id", None) or getattr(node.func, "attr", None)
+                if name in ("solve", "solve_menu"):
+                    found.append(f"{path.relative_to(package.parent)}:{node.lineno}")
+    return found
+
+
+def test_every_planner_solves_verifies_and_records_through_the_one_planning_path(monkeypatch):
+    """``hf_ckpt.plan`` (block strategies, op-level, partition, outside), ``plan_for``, a budget planned at the first
+    batch: each solves its menu in :func:`hf_ckpt.solver.verified.verified_plan` (the one solver, looked up there)
+    and its plan is the one record's. ``max_seq`` makes no plan of the solver's: it compares whole-model rows
+    (``full``, the head and MLP chunked, offloaded), with no choice per block (the slow test below). No module calls
+    the solver elsewhere."""
+    import functools
+    from pathlib import Path
+
+    from hf_ckpt.estimate import plan_for
+    from hf_ckpt.planning.menus import oplevel
+    from hf_ckpt.runtime.plans import model_signature
+    from hf_ckpt.solver import verified
+    from hf_ckpt.strategies import kinds, strategy_class
+
+    assert _solver_calls_outside(Path(hf_ckpt.__file__).parent) == []
+    solves, records = [], []
+    solve_menu, record = verified.solve_menu, verified.PlanRecord.plan
+
+    def counted_solve(*args, **kwargs):
+        solves.append(kwargs.get("exact", False))
+        return solve_menu(*args, **kwargs)
+
+    def counted_record(self, *args, **kwargs):
+        records.append(record(self, *args, **kwargs))
+        return records[-1]
+
+    monkeypatch.setattr(verified, "solve_menu", counted_solve)
+    monkeypatch.setattr(verified.PlanRecord, "plan", counted_record)
+    # two partition budgets, not eleven: the path is the test's, not the partitions (tests/test_partition.py)
+    monkeypatch.setattr(oplevel, "partition_options", functools.partial(oplevel.partition_options, budgets=(1.0, 0.0)))
+    ids = torch.randint(1, VOCAB, (2, 16), generator=torch.Generator().manual_seed(0))
+    batch = {"input_ids": ids, "labels": ids}
+    model = tiny_llama(layers=2)
+    finer = [s for s in ("oplevel", "partition", "outside") if s not in kinds() or strategy_class(s).unavailable() is None]
+    for strategies in [("none", "selective", "full")] + [("none", "full", s) for s in finer]:
+        solves.clear()
+        made = hf_ckpt.plan(model, batch, 0.5, strategies=strategies)
+        assert solves and made is records[-1] and made.made_for == model_signature(model), strategies
+        assert solves == [strategies[-1] in finer] * len(solves)  # the op-level menus solve exactly
+    solves.clear()
+    made = plan_for(model.config, batch_size=2, seq_len=16, budget=0.5)
+    assert solves == [False] and made is records[-1] and made.made_for == {}
+    solves.clear()
+    hf_ckpt.enable(model, budget="50%")
+    try:
+        model(**batch).loss.backward()
+    finally:
+        hf_ckpt.disable(model)
+    assert solves == [False] and records[-1].strategies  # planned at the first batch, from the estimate
+
+
+@pytest.mark.slow
+def test_max_seq_makes_no_plan_of_the_solvers(monkeypatch):
+    """``max_seq`` compares whole-model rows of the estimate (``full``, the head and MLP chunked, offloaded): it has
+    no choice per block to solve, and calls neither the solver nor the planning path."""
+    from hf_ckpt.estimate import max_seq
+    from hf_ckpt.solver import knapsack, verified
+
+    calls = []
+    for module, name in ((verified, "solve_menu"), (knapsack, "solve_menu"), (verified.PlanRecord, "plan")):
+        monkeypatch.setattr(module, name, lambda *args, _name=name, **kwargs: calls.append(_name))
+    found = max_seq(tiny_llama(layers=2).config, device_memory="64MiB", dtype="float32", device="cpu", granularity=64)
+    assert calls == [] and found.plan in found.lengths

@@ -4,8 +4,9 @@
   optimizer-state bytes, activation bytes retained per checkpointing strategy, the predicted step peak and
   recompute FLOPs, for a config, a ``config.json`` or a model on the meta device. It traces one block per block
   type on fake tensors and scales.
-* :func:`plan_for` -> :class:`~hf_ckpt.CheckpointPlan`: the cheapest per-block plan within a budget, solved by
-  :func:`hf_ckpt.planning.planner.solve` on the estimate's per-block profile (no sample batch, no real step).
+* :func:`plan_for` -> :class:`~hf_ckpt.CheckpointPlan`: the cheapest per-block plan within a budget, the estimate's
+  per-block profile through the one planning path (:func:`hf_ckpt.solver.verified.verified_plan`; no sample batch,
+  no real step: the prediction is the measure).
   ``hf_ckpt.plan(config, batch_size=..., seq_len=..., budget=...)`` calls it.
 * :func:`max_seq` -> :class:`MaxSeq`: the longest sequence for which some plan fits a device (and host) memory
   (``hf-ckpt estimate CONFIG --max-seq --device-memory SIZE [--host-memory SIZE]``).

@@ -1,12 +1,14 @@
-"""A :class:`~hf_ckpt.CheckpointPlan` from an estimate: the one solver (:func:`hf_ckpt.solver.knapsack.solve`) on the
-estimated per-block profile's menu, and the line ``hf-ckpt estimate`` prints on it (:func:`plan_line`)."""
+"""A :class:`~hf_ckpt.CheckpointPlan` from an estimate: the estimated per-block profile's menu through the one planning
+path (:func:`hf_ckpt.solver.verified.verified_plan`: the one solver, its prediction as the measure, the one record),
+and the line ``hf-ckpt estimate`` prints on it (:func:`plan_line`)."""
 
 from __future__ import annotations
 
 import os
 from typing import Any
 
-from hf_ckpt.solver.knapsack import BlockProfile, solve
+from hf_ckpt.solver.knapsack import BlockProfile
+from hf_ckpt.solver.verified import PlanRecord, verified_plan
 from hf_ckpt.runtime.units import format_bytes, format_flops, parse_budget
 from hf_ckpt.runtime.plans import CheckpointPlan
 from hf_ckpt.strategies import ALL_STRATEGIES
@@ -95,18 +97,11 @@ def _plan(estimate: MemoryEstimate, budget: Any, whole_step: bool, chunk: int | 
           transient_in_budget: bool) -> CheckpointPlan:
     profile = profile_of(estimate, chunk or False)
     budget_bytes = _activation_budget(estimate, budget, whole_step, chunk, transient_in_budget)
-    chosen = solve(profile, budget_bytes)
-    return CheckpointPlan(
-        strategies=chosen,
-        predicted_bytes=profile.predicted_bytes(chosen),
-        predicted_recompute_flops=profile.predicted_recompute_flops(chosen)
-        + (_head_figures(estimate, chunk)[2] if chunk else 0),
-        baseline_bytes=profile_of(estimate).baseline_bytes,
-        budget_bytes=budget_bytes,
-        block_bytes=profile.retained,
-        block_recompute_flops=profile.recompute_flops,
-        model_type=estimate.model_type,
-        head_chunk_size=chunk,
+    return verified_plan(
+        profile.menu(), profile.base_bytes, budget_bytes,
+        candidate=lambda chosen: CheckpointPlan(chosen, head_chunk_size=chunk),
+        record=PlanRecord.of(profile_of(estimate), model_type=estimate.model_type),
+        extra_flops=_head_figures(estimate, chunk)[2] if chunk else 0,
     )
 
 

@@ -12,9 +12,10 @@ block retains at the end of forward and what its recompute costs, then picks a s
    decoder blocks of a T5), less the step without checkpointing, shared among the group.
 2. **Solve.** Retained bytes add up over blocks (a block's retention depends on its own strategy only: its output
    is kept whatever the next block does), so the plan is a multiple-choice knapsack: reach the required savings at
-   the least recompute FLOPs. The profile's menu (per block, an option per strategy) goes to the one solver,
-   :func:`hf_ckpt.solver.knapsack.solve`: dynamic programming over savings quantised *down* (so the predicted memory
-   never understates), with ties going to fewer checkpointed blocks.
+   the least recompute FLOPs. The profile's menu (per block, an option per strategy) goes through the one planning
+   path of every planner, :func:`hf_ckpt.solver.verified.verified_plan`, to the one solver,
+   :func:`hf_ckpt.solver.knapsack.solve_menu`: dynamic programming over savings quantised *down* (so the predicted
+   memory never understates), with ties going to fewer checkpointed blocks.
 3. **The head, when blocks are not enough.** Where no assignment fits and the model is a causal LM whose head can
    run in checkpointed chunks (``head_chunk_size``; the sample has ``labels`` by keyword and no ``loss_fn`` is
    given, which might read the logits), one more step measures the base with the head chunked (the full logits and
@@ -23,8 +24,9 @@ block retains at the end of forward and what its recompute costs, then picks a s
    Where blocks alone fit, the head is left whole and nothing more is measured.
 4. **Verify.** The chosen plan runs one more step and its retained bytes are measured; that figure is the plan's
    ``predicted_bytes``. Where blocks interact (on some releases a mask or position tensor is kept once more when
-   checkpointed and plain blocks mix) and the plan overshoots, the solver is asked for the overshoot less, up to
-   a few times.
+   checkpointed and plain blocks mix) and the plan overshoots, the solver is asked for less, up to a few times:
+   the one verification loop and the one plan record (``made_for``, ``head_chunk_size``) of
+   :func:`~hf_ckpt.solver.verified.verified_plan`, which the op-level planner and the plans from an estimate share.
 
 The model is left as it was found: its checkpointing setting, training mode, gradients and the global RNG state.
 """
@@ -39,6 +41,7 @@ import torch
 from hf_ckpt.planning.preserve import check_trainable
 from hf_ckpt.solver.knapsack import BlockProfile, solve
 from hf_ckpt.solver.knapsack import budget_bytes as _in_bytes
+from hf_ckpt.solver.verified import PlanRecord, verified_plan
 from hf_ckpt.runtime.target import target_model
 from hf_ckpt.runtime.units import format_bytes as _mib
 from hf_ckpt.runtime.units import parse_budget
@@ -46,16 +49,12 @@ from hf_ckpt.runtime.request import EnableRequest
 from hf_ckpt.estimate import plan_for
 from hf_ckpt.meters.step import LossFn
 from hf_ckpt.planning.menus.oplevel import plan_oplevel
-from hf_ckpt.runtime.plans import CheckpointPlan, model_signature
+from hf_ckpt.runtime.plans import CheckpointPlan
 from hf_ckpt.planning.profiling import measured_bytes, profile_blocks, profile_chunked_head
 from hf_ckpt.strategies import FINER_CHOICES, PLANNER_CHOICES, kinds, strategy_class
 from hf_ckpt.runtime import head as _head
 
 __all__ = ["BlockProfile", "plan", "profile_blocks", "solve"]
-
-#: How many times the planner measures a candidate plan and tightens its target before giving up.
-_VERIFY_ROUNDS = 4
-
 
 
 def plan(
@@ -137,16 +136,31 @@ def plan(
     if set(FINER_CHOICES) & set(strategies):  # finer options: hf_ckpt.strategies.oplevel plans
         return plan_oplevel(model, sample_inputs, budget, strategies=strategies, policy=policy, loss_fn=loss_fn,
                             **checkpoint_kwargs)
+    return _plan_blocks(model, sample_inputs, budget, strategies=strategies, policy=policy, loss_fn=loss_fn,
+                        checkpoint_kwargs=checkpoint_kwargs)
+
+
+def _plan_blocks(model: Any, sample_inputs: Mapping[str, Any], budget: int | float, *, strategies: Sequence[str],
+                 policy: Any, loss_fn: LossFn | None, checkpoint_kwargs: dict[str, Any]) -> CheckpointPlan:
+    """The block-level plan: the profile's menu through the one planning path
+    (:func:`hf_ckpt.solver.verified.verified_plan`), again with the head chunked where the blocks are not enough."""
     profile = profile_blocks(
         model, sample_inputs, strategies=strategies, policy=policy, loss_fn=loss_fn, **checkpoint_kwargs
     )
     budget_bytes = _in_bytes(budget, profile.baseline_bytes)
-    baseline_bytes = profile.baseline_bytes
-    verify = dict(model=model, sample_inputs=sample_inputs, loss_fn=loss_fn, policy=policy,
-                  checkpoint_kwargs=dict(checkpoint_kwargs), budget_bytes=budget_bytes, baseline_bytes=baseline_bytes)
-    chunk, head_flops = None, 0
+    record = PlanRecord.of(profile, model)
+
+    def verified(on: BlockProfile, chunk: int | None, head_flops: int) -> CheckpointPlan:
+        """The cheapest plan on ``on`` (the head in chunks of ``chunk`` tokens, or whole) that fits, measured."""
+        return verified_plan(
+            on.menu(), on.base_bytes, budget_bytes, record=record, extra_flops=head_flops,
+            candidate=lambda chosen: CheckpointPlan(chosen, head_chunk_size=chunk),
+            measure=lambda candidate: measured_bytes(model, candidate, sample_inputs, loss_fn, policy,
+                                                     dict(checkpoint_kwargs)),
+        )
+
     try:
-        chosen, measured = _verified(profile, None, **verify)
+        return verified(profile, None, 0)
     except ValueError as error:
         chunk = _head_chunk(model, sample_inputs, loss_fn)
         if chunk is None:
@@ -154,45 +168,10 @@ def plan(
         base, head_flops = profile_chunked_head(model, sample_inputs, chunk, loss_fn, **checkpoint_kwargs)
         chunked = dataclasses.replace(profile, base_bytes=base)
         try:
-            chosen, measured = _verified(chunked, chunk, **verify)
+            return verified(chunked, chunk, head_flops)
         except ValueError:
             raise ValueError(f"{error}; with the head in chunks of {chunk} tokens (head_chunk_size), the smallest "
                              f"is {_mib(_smallest(chunked))}") from None
-        profile = chunked
-    return CheckpointPlan(
-        strategies=chosen,
-        predicted_bytes=measured,
-        predicted_recompute_flops=profile.predicted_recompute_flops(chosen) + head_flops,
-        baseline_bytes=baseline_bytes,
-        budget_bytes=budget_bytes,
-        block_bytes=profile.retained,
-        block_recompute_flops=profile.recompute_flops,
-        model_type=getattr(getattr(target_model(model), "config", None), "model_type", None),
-        made_for=model_signature(target_model(model)),
-        head_chunk_size=chunk,
-    )
-
-
-def _verified(profile: BlockProfile, chunk: int | None, *, model: Any, sample_inputs: Mapping[str, Any],
-              loss_fn: LossFn | None, policy: Any, checkpoint_kwargs: dict[str, Any],
-              budget_bytes: int, baseline_bytes: int) -> tuple[tuple[str, ...], int]:
-    """(strategies, measured bytes) of the cheapest plan on ``profile`` (with the head in chunks of ``chunk``
-    tokens, or whole) whose retained bytes, measured, fit ``budget_bytes``."""
-    target = budget_bytes
-    for _ in range(_VERIFY_ROUNDS):
-        chosen = solve(profile, target)
-        candidate = CheckpointPlan(chosen, head_chunk_size=chunk)
-        measured = measured_bytes(model, candidate, sample_inputs, loss_fn, policy, checkpoint_kwargs)
-        if measured <= budget_bytes:
-            return chosen, measured
-        # Blocks interact a little on some releases (a mask or position tensor kept once more when checkpointed
-        # and plain blocks mix): ask the solver for the overshoot less.
-        target -= measured - budget_bytes
-    raise ValueError(
-        f"no plan fits a budget of {_mib(budget_bytes)}: the best plan found retains {_mib(measured)} when "
-        f"measured ({100 * measured / baseline_bytes:.1f}% of the {_mib(baseline_bytes)} "
-        "retained without checkpointing)"
-    )
 
 
 def _smallest(profile: BlockProfile) -> int:

@@ -2,11 +2,13 @@
 
 Every planner states its choices the same way, as a menu: per block, a list of :class:`Option` (a name, the bytes the
 block retains with it, its cost, a tie-break rank and the recompute FLOPs to report), plus the bytes retained outside
-the blocks. The measured block planner (:mod:`hf_ckpt.planning.planner`) and the estimated plans
-(:mod:`hf_ckpt.estimate`) pass a :class:`BlockProfile` to :func:`solve`, which reads its menu (:meth:`BlockProfile.menu`);
-the op-level planner (:mod:`hf_ckpt.planning.menus.oplevel`) passes its menu, into which the partition and outside
-menus (:mod:`hf_ckpt.planning.menus.partition`, :mod:`hf_ckpt.planning.menus.outside`) put their options, to
-:func:`solve_menu` with ``exact=True``.
+the blocks, and hands it to the one planning path, :func:`hf_ckpt.solver.verified.verified_plan`, which calls
+:func:`solve_menu`, measures the candidate, tightens and records the plan. The measured block planner
+(:mod:`hf_ckpt.planning.planner`) and the estimated plans (:mod:`hf_ckpt.estimate`) hand it a :class:`BlockProfile`'s
+menu (:meth:`BlockProfile.menu`); the op-level planner (:mod:`hf_ckpt.planning.menus.oplevel`) its menu, into which the
+partition and outside menus (:mod:`hf_ckpt.planning.menus.partition`, :mod:`hf_ckpt.planning.menus.outside`) put their
+options, solved with ``exact=True``. :func:`solve` (a profile's menu, quantised) stays for callers that solve a profile
+without a plan.
 
 Retained bytes add up over blocks, so the problem is a multiple-choice knapsack: reach the required savings (the
 bytes of no checkpointing, ``"none"`` in every block, less the budget) at the least total (cost, checkpointed blocks,
@@ -108,9 +110,12 @@ def solve_menu(menu: Sequence[Sequence[Option]], base_bytes: int, budget_bytes: 
     """Per block, the name of the option such that ``base_bytes`` plus the options' bytes fit ``budget_bytes`` at
     the least total (cost, checkpointed blocks, overhead); every block has a ``"none"`` option, its baseline.
 
-    The two ways keep the results each planner had before they shared this solver. Quantised (the block planners):
-    dynamic programming over savings quantised down to ``required / quanta`` bytes; where the rounding loses the
-    last bytes, every block's smallest option (ties: menu order). ``exact=True`` (the op-level planner): first the
+    The two ways keep the results each planner had before they shared this solver (the exact way on the block
+    planners' menus gives the same figures on the tests' models, but on 19 of their plans puts the same options on
+    other twin blocks, ``("full", "full", "selective", "selective")`` for ``("selective", "selective", "full",
+    "full")``: the ties between equal totals fall the other way, so the plans would change). Quantised (the block
+    planners): dynamic programming over savings quantised down to ``required / quanta`` bytes; where the rounding
+    loses the last bytes, every block's smallest option (ties: menu order). ``exact=True`` (the op-level planner): first the
     exact Pareto front, up to ``max_states`` states; where it gives way, the quantised programme, then single blocks
     moved to cheaper options while the exact bytes fit; where the rounding loses the last bytes, every block's
     smallest option (ties: least cost).

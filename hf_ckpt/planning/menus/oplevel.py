@@ -8,13 +8,15 @@
    selective dispatch to save elementwise work only). An option's cost is its recompute FLOPs plus its recompute elementwise output elements (one
    each, :mod:`hf_ckpt.meters.flops`): ``none`` costs 0, ``full`` the whole block's recompute, ``selective``
    the measured FLOPs plus the elementwise ops its policy does not keep (the op profile asks the policy).
-3. **Solve.** The one solver, :func:`hf_ckpt.solver.knapsack.solve_menu` with ``exact=True``: a multiple-choice
+3. **Solve.** Through the one planning path of every planner, :func:`hf_ckpt.solver.verified.verified_plan`, the
+   one solver, :func:`hf_ckpt.solver.knapsack.solve_menu` with ``exact=True``: a multiple-choice
    knapsack over blocks, solved exactly over the options' exact bytes (a Pareto front, block by block) or, where
    that front grows too large (many blocks of many types), by dynamic programming over savings quantised *down*
    (so memory is never understated), as the block-level planner does. Ties go to fewer checkpointed blocks, then
    to plain ``full`` over a selective policy (the options' overhead ranks: less dispatch overhead).
 4. **Verify.** The plan runs one step and its retained bytes are measured; on an overshoot the solver is asked for
-   the overshoot less, up to a few times.
+   less, up to a few times (the same loop, error and plan record as the block-level planner's: ``made_for`` is
+   recorded; ``head_chunk_size`` is None, the op-level planner does not chunk the head).
 """
 
 from __future__ import annotations
@@ -26,8 +28,9 @@ import torch
 from torch import nn
 
 from hf_ckpt.runtime.apply import remove
-from hf_ckpt.solver.knapsack import Option, solve_menu
+from hf_ckpt.solver.knapsack import Option
 from hf_ckpt.solver.knapsack import budget_bytes as in_bytes
+from hf_ckpt.solver.verified import PlanRecord, verified_plan
 from hf_ckpt.runtime.target import target_model
 from hf_ckpt.runtime.blocks import find_blocks
 from hf_ckpt.runtime.plans import CheckpointPlan
@@ -41,7 +44,6 @@ from hf_ckpt.strategies.partition.spec import Partition
 from hf_ckpt.strategies.oplevel.ops.profile import BlockOpProfile, capture_inputs, profile_block
 from hf_ckpt.strategies.oplevel.ops.frontier import MAX_POINTS, frontier
 
-_VERIFY_ROUNDS = 4
 #: Tie-breaks between options of equal FLOPs: no checkpoint, then plain checkpointing, then selective contexts.
 _OVERHEAD = {"none": 0, "full": 1}
 
@@ -166,36 +168,15 @@ def plan_oplevel(
     budget_bytes = in_bytes(budget, block_profile.baseline_bytes)
     menu, policies, base_bytes, outside = _finer_menu(model, sample_inputs, strategies, block_profile, policy, loss_fn,
                                                       checkpoint_kwargs)
-    slack = 0  # what a measured step keeps beyond the per-block prediction (blocks interact a little on some releases)
-    for _ in range(_VERIFY_ROUNDS):
-        chosen = solve_menu(menu, base_bytes, budget_bytes - slack, exact=True)
+    num_blocks = len(block_profile.retained["none"])
+
+    def candidate(chosen: tuple[str, ...]) -> CheckpointPlan:
         used = {name for name in policies if OpLevel(name, ()).spelling in chosen}
-        candidate = CheckpointPlan(strategies=chosen[:len(block_profile.retained["none"])],
-                                   policies={name: policies[name] for name in sorted(used)},
-                                   outside_blocks=outside if OUTSIDE in chosen else ())
-        measured = measured_bytes(model, candidate, sample_inputs, loss_fn, policy, dict(checkpoint_kwargs))
-        if measured <= budget_bytes:
-            break
-        predicted = base_bytes + sum(
-            next(option.retained for option in menu[i] if option.name == strategy) for i, strategy in enumerate(chosen)
-        )
-        # at least the overshoot more, so that the next plan differs; at least the prediction's error
-        slack = max(slack + measured - budget_bytes, measured - predicted)
-    else:
-        raise ValueError(
-            f"no plan fits a budget of {budget_bytes / 2**20:.2f} MiB: the best plan found retains "
-            f"{measured / 2**20:.2f} MiB when measured"
-        )
-    recompute = sum(next(o.flops for o in menu[i] if o.name == strategy) for i, strategy in enumerate(chosen))
-    return CheckpointPlan(
-        strategies=candidate.strategies,
-        policies=candidate.policies,
-        outside_blocks=candidate.outside_blocks,
-        predicted_bytes=measured,
-        predicted_recompute_flops=recompute,
-        baseline_bytes=block_profile.baseline_bytes,
-        budget_bytes=budget_bytes,
-        block_bytes=block_profile.retained,
-        block_recompute_flops=block_profile.recompute_flops,
-        model_type=getattr(getattr(target_model(model), "config", None), "model_type", None),
+        return CheckpointPlan(strategies=chosen[:num_blocks], policies={name: policies[name] for name in sorted(used)},
+                              outside_blocks=outside if OUTSIDE in chosen else ())
+
+    return verified_plan(
+        menu, base_bytes, budget_bytes, candidate=candidate, record=PlanRecord.of(block_profile, model),
+        exact=True,
+        measure=lambda plan: measured_bytes(model, plan, sample_inputs, loss_fn, policy, dict(checkpoint_kwargs)),
     )
