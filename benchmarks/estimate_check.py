@@ -32,7 +32,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import arch_zoo  # noqa: E402  (the tiny-config recipe of the architecture sweep)
 
 import hf_ckpt  # noqa: E402
-from hf_ckpt.estimate import estimate  # noqa: E402
+from hf_ckpt.estimation import estimate  # noqa: E402
 from hf_ckpt.measure import measure_step  # noqa: E402
 
 #: decoder, MoE, encoder, encoder-decoder architectures (the vision-language model is built separately).

@@ -31,7 +31,7 @@ def main() -> int:
     import torch
 
     torch.set_num_threads(args.threads)
-    from hf_ckpt.estimate import estimate, plan_from_estimate
+    from hf_ckpt.estimation import estimate, plan_from_estimate
 
     imported = time.perf_counter()
     made = estimate(args.config, batch_size=args.batch, seq_len=args.seq, dtype="bfloat16", device="cuda")

@@ -51,7 +51,7 @@ def main() -> int:
     import transformers
 
     import hf_ckpt
-    from hf_ckpt.estimate import estimate
+    from hf_ckpt.estimation import estimate
 
     if args.overlap:
         return _overlap(args)
@@ -103,7 +103,7 @@ def _overlap(args) -> int:
     import transformers
 
     import hf_ckpt
-    from hf_ckpt.estimate import estimate
+    from hf_ckpt.estimation import estimate
 
     config, chunk = _config(), args.mlp_chunk
     made = estimate(config, batch_size=args.batch, seq_len=args.seq, dtype="bfloat16", device="cuda",

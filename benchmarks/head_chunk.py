@@ -21,7 +21,7 @@ import torch
 import transformers
 
 import hf_ckpt
-from hf_ckpt.estimate import estimate
+from hf_ckpt.estimation import estimate
 from hf_ckpt.measure import measure_step
 
 

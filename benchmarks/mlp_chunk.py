@@ -19,7 +19,7 @@ import torch
 import transformers
 
 import hf_ckpt
-from hf_ckpt.estimate import estimate
+from hf_ckpt.estimation import estimate
 from hf_ckpt.meters.memory import StorageTracker
 
 

@@ -166,7 +166,7 @@ def _estimate(setting, cache):
     key = json.dumps([setting["config"], kwargs], sort_keys=True, default=str)
     if key in cache:
         return cache[key], 0.0
-    from hf_ckpt.estimate import estimate
+    from hf_ckpt.estimation import estimate
 
     peft = kwargs.pop("peft", None)
     quantize = kwargs.pop("quantize", False)

@@ -12,7 +12,7 @@ are shown apart and not counted.
 of hf_ckpt's own files and its caller, the nearest hf_ckpt function up the stack, ranks lower. A caller reached through
 frames of torch or Python (a hook torch runs inside a runtime call, a package's ``__getattr__`` run by an import) is
 marked: through an import (a package's lazy ``__getattr__``) it counts; through torch (a dispatch mode or hook
-that a higher layer pushed around the runtime's call) it is torch's callback, shown apart and not counted. A package's lazy ``__getattr__`` (``hf_ckpt.runtime.lazy``) counts as that package's.
+that a higher layer pushed around the runtime's call) it is torch's callback, shown apart and not counted. A package's lazy ``__getattr__`` (``hf_ckpt.runtime.util.lazy``) counts as that package's.
 Every entry point is followed on a tiny ``LlamaForCausalLM``: ``enable`` with
 each runtime setting (every second layer, selective, offload, a plan with partitions and outside blocks, the chunked
 head) and a step and ``disable`` after each, a budget planned at the first batch, ``hf_ckpt.plan``, the mixin, the

@@ -124,7 +124,7 @@ def render_full_sweep(sweep: dict | None) -> list[str]:
         "Where a model's loop calls its blocks directly and never hands them to a checkpoint function (its stack keeps "
         "a `gradient_checkpointing` flag, but no method of the stack names `_gradient_checkpointing_func` or "
         "`checkpoint`), hf_ckpt checkpoints the selected blocks itself by wrapping their `forward`, as torch's "
-        "`checkpoint_wrapper` does (`hf_ckpt/runtime/direct.py`; `disable` unwraps them): so pass CLVP's text and speech "
+        "`checkpoint_wrapper` does (`hf_ckpt/runtime/stacks/direct.py`; `disable` unwraps them): so pass CLVP's text and speech "
         "encoders (`clvp`), Mllama's vision encoder (`mllama`), HGNetV2's encoder (`pp_ocrv5_server_rec`) and "
         "PP-LCNetV4's encoder (`pp_ocrv6_small_rec`). Where a stack's loop calls torch's `checkpoint` by name and "
         "never its bound function (CLVP's encoders and decoder before 5.16: every block checkpointed whatever was "

@@ -116,7 +116,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "undo_removes_later_wrappers",
         "undoing a wrapped forward never removes a wrapper another library put on since",
-        "hf_ckpt/runtime/wrapping.py",
+        "hf_ckpt/runtime/stacks/wrapping.py",
         "        if module.__dict__.get(\"forward\") is not wrapper:\n            return",
         "        if False:\n            return",
         ("tests/test_direct_blocks.py",),
@@ -124,7 +124,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "estimate_token_labels_for_every_head",
         "the estimate gives a sequence classifier one label per sequence (token labels crashed it, issue 45)",
-        "hf_ckpt/estimate/_labels.py",
+        "hf_ckpt/estimation/_labels.py",
         '    if name.endswith("ForSequenceClassification"):\n',
         "    if False:  # mutant: token labels for every head\n",
         ("tests/test_estimate_heads.py",),
@@ -132,7 +132,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "estimate_plan_line_bound_for_uniform_plans",
         "the estimate's plan line gives the table's figures for a setting the table has (one figure per setting)",
-        "hf_ckpt/estimate/_plan.py",
+        "hf_ckpt/estimation/_plan.py",
         "    if len(kinds) != 1:\n        return None\n",
         "    if True:  # mutant: always the solver's bound\n        return None\n",
         ("tests/test_estimate_plan_line.py",),
@@ -140,7 +140,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "estimate_gradients_whole_through_backward",
         "the estimate's step is a timeline: gradients appear as the activations are freed, states from the first step",
-        "hf_ckpt/estimate/_timeline.py",
+        "hf_ckpt/estimation/_timeline.py",
         "    if states.sharded is not None or backward is None or accumulation > 1:\n",
         "    if True:  # mutant: every gradient and the states through backward, the sum of worst moments\n",
         ("tests/test_estimate_timeline.py",),
@@ -221,7 +221,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "warn_every_time",
         "a setting that cannot take effect warns once (per model, or per process)",
-        "hf_ckpt/runtime/warn.py",
+        "hf_ckpt/runtime/util/warn.py",
         "    if key in seen:\n        return False\n",
         "    if False:  # mutant: warn every time\n        return False\n",
         ("tests/test_use_cache.py", "tests/test_measured_recompute.py"),

@@ -97,7 +97,7 @@ def enable(
             profiling step.
         keep_outputs: With ``budget`` and no ``sample_inputs``: plan for a loop that keeps the model's outputs
             (logits, ...) alive through backward (``outputs = model(**batch); backward(outputs.loss)``) instead of
-            the ``Trainer``'s step, which keeps only the loss (see :func:`hf_ckpt.estimate.estimate`).
+            the ``Trainer``'s step, which keeps only the loss (see :func:`hf_ckpt.estimation.estimate`).
         offload: Keep the inputs saved for the recompute in pinned host memory. Without an accelerator there is
             nothing to offload: plain checkpointing runs and one warning says so.
         checkpoint_fn: Checkpoint the selected blocks with this function instead of

@@ -17,7 +17,7 @@ import warnings
 from typing import Any
 
 from hf_ckpt.runtime.apply import remove
-from hf_ckpt.runtime.compat import has_activation_checkpointing_names
+from hf_ckpt.runtime.util.compat import has_activation_checkpointing_names
 from hf_ckpt.core import configure
 
 

@@ -10,13 +10,13 @@ from the first batch and saves the plan in the Trainer's ``output_dir`` (the pat
 
 from __future__ import annotations
 
-from hf_ckpt.runtime import upstream
-from hf_ckpt.runtime.upstream import PATCHED_NAMES as _PATCHED_NAMES
-from hf_ckpt.runtime.upstream import original  # noqa: F401  (hf_ckpt.patch.original, as before)
-from hf_ckpt.runtime.warn import warn_once
+from hf_ckpt.runtime.util import upstream
+from hf_ckpt.runtime.util.upstream import PATCHED_NAMES as _PATCHED_NAMES
+from hf_ckpt.runtime.util.upstream import original  # noqa: F401  (hf_ckpt.patch.original, as before)
+from hf_ckpt.runtime.util.warn import warn_once
 from hf_ckpt.mixin import GradientCheckpointingMixin
 
-#: Upstream's methods while the patch is in effect (the runtime's record: :func:`hf_ckpt.runtime.upstream.original`).
+#: Upstream's methods while the patch is in effect (the runtime's record: :func:`hf_ckpt.runtime.util.upstream.original`).
 _originals = upstream.ORIGINALS
 
 

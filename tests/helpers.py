@@ -245,7 +245,7 @@ class DirectStackModel(_ToyStack):
 
 class InertStackModel(_ToyStack):
     """Has the flag but never checkpoints (as a few upstream releases had by mistake): no method of it names a
-    checkpoint function, so hf_ckpt wraps its blocks (``hf_ckpt.runtime.direct``)."""
+    checkpoint function, so hf_ckpt wraps its blocks (``hf_ckpt.runtime.stacks.direct``)."""
 
     def _run_layer(self, layer, hidden_states):
         return layer(hidden_states)

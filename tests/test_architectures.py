@@ -48,7 +48,7 @@ import pytest
 import torch
 
 import hf_ckpt
-from hf_ckpt.runtime import compat as _compat
+from hf_ckpt.runtime.util import compat as _compat
 from hf_ckpt.runtime.blocks import find_blocks
 from hf_ckpt.runtime.counting import BlockRunCounter
 
@@ -108,7 +108,7 @@ KNOWN_FAILURES: dict[str, KnownFailure] = {
         _upstream_fails,
     ),
     # starcoder2 (4.51) and gpt_bigcode (4.57) call their blocks directly and never checkpoint: hf_ckpt wraps them
-    # (hf_ckpt/runtime/direct.py), so they pass on every release.
+    # (hf_ckpt/runtime/stacks/direct.py), so they pass on every release.
     "recurrent_gemma": KnownFailure(
         "The recurrent block keeps its state on the module between calls, so the recompute sees other inputs than "
         "the forward did and torch.utils.checkpoint raises a CheckpointError (upstream bug, up to 4.57).",

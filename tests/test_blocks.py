@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch import nn
 
-from hf_ckpt.runtime.compat import gradient_checkpointing_layer_class
+from hf_ckpt.runtime.util.compat import gradient_checkpointing_layer_class
 from hf_ckpt.runtime.blocks import find_blocks
 
 LAYER = gradient_checkpointing_layer_class()

@@ -17,10 +17,10 @@ import torch
 import hf_ckpt
 from hf_ckpt.budget import forms as _budget, from_estimate as _from_estimate
 from hf_ckpt.budget.record import PLAN_FILE
-from hf_ckpt.runtime.units import DEFERRED_BUDGET_FORMS
+from hf_ckpt.runtime.util.units import DEFERRED_BUDGET_FORMS
 from hf_ckpt.runtime.state import AttributeSnapshot, get_state
 from hf_ckpt.runtime.counting import BlockRunCounter
-from hf_ckpt.estimate import profile_of
+from hf_ckpt.estimation import profile_of
 from helpers import VOCAB, TokenRows, max_grad_diff, tiny_llama, train_step
 
 SEQ = 16
@@ -93,7 +93,7 @@ def test_stock_trainer_plans_the_first_batch_logs_once_and_saves_the_plan(patche
     messages = budget_log()
     assert len(messages) == 1, messages
     assert messages[0].startswith("budget 50% for LlamaForCausalLM at batch 2 x seq 16 (float32 on cpu): plan ")
-    assert f"predicted activation memory {hf_ckpt.runtime.units.format_bytes(plan.predicted_bytes)}" in messages[0]
+    assert f"predicted activation memory {hf_ckpt.runtime.util.units.format_bytes(plan.predicted_bytes)}" in messages[0]
     assert messages[0].endswith(f"saved to {saved}")
 
 
@@ -103,7 +103,7 @@ def test_stock_trainer_with_bf16_plans_for_the_autocast_its_blocks_run_under(pat
     outer forward in autocast, the outer level plans without it and the inner model's forward plans again, once."""
     from transformers import Trainer
 
-    from hf_ckpt.estimate import plan_from_estimate
+    from hf_ckpt.estimation import plan_from_estimate
 
     model = tiny_llama()
     args = _training_args(tmp_path, {"budget": 0.5}, max_steps=2, bf16=True)
@@ -202,7 +202,7 @@ def test_byte_budget_larger_batch_replans_smaller_keeps(tmp_path, budget_log):
 def test_weights_moved_after_the_first_plan_are_planned_again_and_auto_read_again(free_memory, budget_log):
     """``model.to(...)`` between steps: the plan in effect was made for the old dtype (or device), so the next
     forward plans again for the new one, and ``"auto"`` reads the free memory again."""
-    from hf_ckpt.estimate import plan_from_estimate
+    from hf_ckpt.estimation import plan_from_estimate
 
     model = tiny_llama()
     strategies = ("none", "full", "selective")
@@ -368,7 +368,7 @@ def test_a_planned_budget_changed_by_upstreams_disable_gives_way_to_it_in_the_ne
     """Upstream's disable after a budget's plan (not patched: the record goes stale). The next step's first pre-hook
     drops the record, hooks and all, inside that forward; the hooks it removed do nothing for that forward (torch
     still calls them, a ``with_kwargs`` one without its kwargs): the step is upstream's, no block rerun."""
-    from hf_ckpt.runtime.warn import HfCkptWarning
+    from hf_ckpt.runtime.util.warn import HfCkptWarning
 
     model = tiny_llama()
     reference = train_step(model, _batch())

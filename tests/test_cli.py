@@ -321,7 +321,7 @@ def test_bench_check_fails_on_a_real_overhead_only(overhead, noise, label, code,
     """The timed rounds are replaced by synthetic ones (no timing in tests): ours = upstream x (1 + overhead) x
     noise."""
     import hf_ckpt.measure.bench
-    from hf_ckpt.runtime import compat as _compat
+    from hf_ckpt.runtime.util import compat as _compat
 
     if not _compat.upstream_supports_every_n_layers():
         pytest.skip("this transformers release has no upstream every_n_layers (the upstream:every_n:2 setting)")

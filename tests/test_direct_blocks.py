@@ -17,8 +17,8 @@ import arch_build
 import arch_check
 import hf_ckpt
 from hf_ckpt import HfCkptWarning
-from hf_ckpt.runtime.direct import directly_called
-from hf_ckpt.runtime.stack_code import hard_codes_checkpoint, never_checkpoints
+from hf_ckpt.runtime.stacks.direct import directly_called
+from hf_ckpt.runtime.stacks.stack_code import hard_codes_checkpoint, never_checkpoints
 from hf_ckpt.runtime.blocks import find_blocks
 from hf_ckpt.runtime.counting import BlockRunCounter
 from helpers import (

@@ -17,7 +17,7 @@ import transformers
 
 import hf_ckpt
 from hf_ckpt.runtime.blocks import find_blocks
-from hf_ckpt.estimate import estimate, plan_for, plan_from_estimate
+from hf_ckpt.estimation import estimate, plan_for, plan_from_estimate
 from hf_ckpt.measure import measure_step
 
 pytestmark = pytest.mark.edge_releases  # the matrix's ends only (tests/release_guard.py)

@@ -138,7 +138,7 @@ def test_the_check_model_repeats_the_layer_types_of_a_config_with_fewer_blocks()
     repeated to that many, not cut short (which made the tiny model's build fail with an IndexError)."""
     from transformers import Gemma2Config
 
-    from hf_ckpt.estimate._check import BLOCKS, tiny_config
+    from hf_ckpt.estimation._check import BLOCKS, tiny_config
 
     config = Gemma2Config(num_hidden_layers=2, layer_types=["sliding_attention", "full_attention"])
     tiny = tiny_config(config)
@@ -176,7 +176,7 @@ def test_offload_adds_the_offloaded_rows_with_their_host_memory(config_path, tmp
 
 
 def test_offload_activations_must_be_a_bool():
-    from hf_ckpt.estimate import estimate
+    from hf_ckpt.estimation import estimate
 
     with pytest.raises(ValueError, match="offload_activations"):
         estimate(transformers.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,

@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 
 import arch_build  # tests/ is on sys.path (conftest.py)
-from hf_ckpt.estimate import MemoryEstimate, estimate
+from hf_ckpt.estimation import MemoryEstimate, estimate
 from test_architectures import GENERIC
 
 pytestmark = pytest.mark.edge_releases  # the matrix's ends only (tests/release_guard.py)

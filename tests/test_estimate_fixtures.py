@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from hf_ckpt.estimate._model import build_on_meta, load_config, model_class
-from hf_ckpt.estimate._states import count_states
+from hf_ckpt.estimation._model import build_on_meta, load_config, model_class
+from hf_ckpt.estimation._states import count_states
 
 pytestmark = pytest.mark.edge_releases  # the matrix's ends only (tests/release_guard.py)
 

@@ -19,8 +19,8 @@ import hf_ckpt
 from hf_ckpt import CheckpointPlan
 from hf_ckpt import cli
 from hf_ckpt.runtime import head as _head
-from hf_ckpt.estimate import estimate, plan_from_estimate, profile_of
-from hf_ckpt.estimate._estimate import head_chunk_for
+from hf_ckpt.estimation import estimate, plan_from_estimate, profile_of
+from hf_ckpt.estimation._estimate import head_chunk_for
 from hf_ckpt.measure import measure_step
 from test_head import HAS_LOSS_FUNCTION, needs_loss_function
 

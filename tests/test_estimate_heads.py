@@ -11,8 +11,8 @@ import torch
 import transformers
 
 from hf_ckpt import cli
-from hf_ckpt.estimate import estimate
-from hf_ckpt.estimate._labels import batch_for
+from hf_ckpt.estimation import estimate
+from hf_ckpt.estimation._labels import batch_for
 from hf_ckpt.meters.step import measure_step
 
 pytestmark = pytest.mark.edge_releases  # the matrix's ends only (tests/release_guard.py)

@@ -14,7 +14,7 @@ import torch
 import transformers
 
 import hf_ckpt
-from hf_ckpt.estimate import estimate
+from hf_ckpt.estimation import estimate
 from hf_ckpt.meters.memory import HOST, StorageTracker
 
 pytestmark = pytest.mark.edge_releases  # the matrix's ends only (tests/release_guard.py)

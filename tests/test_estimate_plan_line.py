@@ -7,8 +7,8 @@ import pytest
 import transformers
 
 from hf_ckpt import cli
-from hf_ckpt.estimate import estimate
-from hf_ckpt.runtime.units import format_bytes, format_flops
+from hf_ckpt.estimation import estimate
+from hf_ckpt.runtime.util.units import format_bytes, format_flops
 
 pytestmark = pytest.mark.edge_releases  # the matrix's ends only (tests/release_guard.py)
 

@@ -12,7 +12,7 @@ import torch
 import transformers
 
 from hf_ckpt import cli
-from hf_ckpt.estimate import estimate
+from hf_ckpt.estimation import estimate
 
 pytestmark = pytest.mark.edge_releases  # the matrix's ends only (tests/release_guard.py)
 

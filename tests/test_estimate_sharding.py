@@ -18,8 +18,8 @@ import pytest
 import transformers
 
 from hf_ckpt import cli
-from hf_ckpt.estimate import estimate
-from hf_ckpt.estimate._sharding import SHARDS
+from hf_ckpt.estimation import estimate
+from hf_ckpt.estimation._sharding import SHARDS
 
 pytestmark = pytest.mark.edge_releases  # the matrix's ends only (tests/release_guard.py)
 

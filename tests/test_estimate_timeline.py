@@ -1,4 +1,4 @@
-"""The step as a timeline (:mod:`hf_ckpt.estimate._timeline`): the estimate's first and steady step against real
+"""The step as a timeline (:mod:`hf_ckpt.estimation._timeline`): the estimate's first and steady step against real
 CPU steps of tiny models trained by the optimizer the ``Trainer`` builds, within 3 %: the gradients appear as the
 activations are freed, the optimizer's states exist from the first ``step()``, the step's temporaries on top.
 Each setting the estimate takes: checkpointing, Adafactor, LoRA with dropout and chosen targets, classification
@@ -12,9 +12,9 @@ import torch
 import transformers
 
 import hf_ckpt
-from hf_ckpt.estimate import estimate
-from hf_ckpt.estimate._check import training_peaks
-from hf_ckpt.estimate._labels import batch_for
+from hf_ckpt.estimation import estimate
+from hf_ckpt.estimation._check import training_peaks
+from hf_ckpt.estimation._labels import batch_for
 
 pytestmark = pytest.mark.edge_releases  # the matrix's ends only (tests/release_guard.py)
 

@@ -39,7 +39,7 @@ _CLIMBS = _load_climbs()
 #: The registrations made when ``hf_ckpt`` is imported load no torch: each loads its runtime at its first call.
 DEFERRED = {
     ("hf_ckpt.core", "hf_ckpt.budget.deferred"): "the lab (planner, estimator) loads only when a budget is asked for",
-    ("hf_ckpt.runtime.apply", "hf_ckpt.runtime.direct"): "wrapping directly called blocks loads only for models with a stack flag",
+    ("hf_ckpt.runtime.apply", "hf_ckpt.runtime.stacks.direct"): "wrapping directly called blocks loads only for models with a stack flag",
     ("hf_ckpt.runtime.apply", "hf_ckpt.runtime.head"): "the chunked head (and its source check) loads only when head_chunk_size is set",
     ("hf_ckpt.runtime.apply", "hf_ckpt.runtime.mlp_chunks"): "the chunked MLP (and its position-wise check) loads only when mlp_chunk_size is set",
     ("hf_ckpt.patch", "hf_ckpt.integrations.trainer"): "transformers' Trainer is imported only when patching",
@@ -63,11 +63,11 @@ DEFERRED = {
         ("verify", "hf_ckpt.core"),
         ("verify", "hf_ckpt.runtime.plans"),  # --plan
         ("verify", "hf_ckpt.verification"),
-        ("estimate", "hf_ckpt.estimate._arguments"),
-        ("estimate", "hf_ckpt.estimate._check"),
-        ("estimate", "hf_ckpt.estimate._estimate"),
-        ("estimate", "hf_ckpt.estimate._max_seq"),
-        ("estimate", "hf_ckpt.estimate._plan"),
+        ("estimate", "hf_ckpt.estimation._arguments"),
+        ("estimate", "hf_ckpt.estimation._check"),
+        ("estimate", "hf_ckpt.estimation._estimate"),
+        ("estimate", "hf_ckpt.estimation._max_seq"),
+        ("estimate", "hf_ckpt.estimation._plan"),
     )},
 }
 #: At most this many imports inside functions: 13 before the CLI's runners joined their parsers (#46), and the CLI's
@@ -86,7 +86,7 @@ TOP_LEVEL_MODULES = 12
 #: import of hf_ckpt makes (each kind's folder, distributed, integrations: no torch, the kinds' modules still load
 #: only when a setting uses them) and the one door (EnableRequest.of, apply_request) add about 215 lines, so that the
 #: runtime imports no package above it); #44 (the chunked head in hooks, the stale record's
-#: warning, the stale check, runtime/wrapping.py: about 110) and #47 (mlp_chunk_size through core, config, apply, the
+#: warning, the stale check, runtime/stacks/wrapping.py: about 110) and #47 (mlp_chunk_size through core, config, apply, the
 #: mixin: 36): 5,014 with the chunked head; #47's offload measured (its host copies counted apart on a CPU: about
 #: 12 in runtime/offload.py): 5,026; a hook removed within a forward doing nothing (runtime/state.py) and the fake
 #: tensor errors the estimator refuses with (runtime/_torch.py): 5,050, the bound itself.

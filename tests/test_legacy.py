@@ -88,7 +88,7 @@ class LegacyInertModel(_LegacyBase):
 
 
 def test_a_stack_that_never_checkpoints_gets_its_blocks_checkpointed_by_hf_ckpt():
-    # No method of it names a checkpoint function: hf_ckpt wraps the selected blocks itself (hf_ckpt/runtime/direct.py).
+    # No method of it names a checkpoint function: hf_ckpt wraps the selected blocks itself (hf_ckpt/runtime/stacks/direct.py).
     model = tiny_legacy(LegacyInertModel)
     batch = batch_for(model)
     reference = train_step(model, batch)

@@ -11,8 +11,8 @@ import pytest
 import transformers
 
 from hf_ckpt import cli
-from hf_ckpt.estimate import estimate, max_seq
-from hf_ckpt.estimate._max_seq import PlanFit, _binds, _longest, _quadratic
+from hf_ckpt.estimation import estimate, max_seq
+from hf_ckpt.estimation._max_seq import PlanFit, _binds, _longest, _quadratic
 
 pytestmark = pytest.mark.edge_releases  # the matrix's ends only (tests/release_guard.py)
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import hf_ckpt
-import hf_ckpt.runtime.warn
+import hf_ckpt.runtime.util.warn
 from hf_ckpt.measure import measure_step
 from hf_ckpt.strategies.partition import graph as _partition
 from hf_ckpt.strategies.partition.graph import partition_unavailable, partitioned_checkpoint
@@ -66,7 +66,7 @@ def test_the_menu_measures_norms_partitions_only_where_a_block_has_norm_ops():
 
 def test_a_torch_whose_partitioner_cannot_be_extended_checkpoints_in_full_and_says_why(monkeypatch):
     monkeypatch.setattr(_partition, "norms_unavailable", lambda: "no op list (test)")
-    monkeypatch.setattr(hf_ckpt.runtime.warn, "_per_process", set())  # the warning is once per process
+    monkeypatch.setattr(hf_ckpt.runtime.util.warn, "_per_process", set())  # the warning is once per process
     block = tiny_bert(layers=1).bert.encoder.layer[0]
     x = torch.randn(2, 8, block.attention.self.query.in_features, requires_grad=True)
     with pytest.warns(hf_ckpt.HfCkptWarning) as caught:

@@ -8,7 +8,7 @@ import torch
 
 import hf_ckpt
 from hf_ckpt.measure import measure_step
-from hf_ckpt.runtime.units import format_bytes
+from hf_ckpt.runtime.util.units import format_bytes
 from hf_ckpt.planning.planner import profile_blocks, solve
 from helpers import VOCAB, tiny_llama
 from test_head import needs_loss_function
@@ -305,7 +305,7 @@ def test_every_planner_solves_verifies_and_records_through_the_one_planning_path
     import functools
     from pathlib import Path
 
-    from hf_ckpt.estimate import plan_for
+    from hf_ckpt.estimation import plan_for
     from hf_ckpt.planning.menus import oplevel
     from hf_ckpt.runtime.plans import model_signature
     from hf_ckpt.solver import verified
@@ -352,7 +352,7 @@ def test_every_planner_solves_verifies_and_records_through_the_one_planning_path
 def test_max_seq_makes_no_plan_of_the_solvers(monkeypatch):
     """``max_seq`` compares whole-model rows of the estimate (``full``, the head and MLP chunked, offloaded): it has
     no choice per block to solve, and calls neither the solver nor the planning path."""
-    from hf_ckpt.estimate import max_seq
+    from hf_ckpt.estimation import max_seq
     from hf_ckpt.solver import knapsack, verified
 
     calls = []

@@ -13,8 +13,8 @@ import transformers
 
 import hf_ckpt
 from hf_ckpt.budget import from_estimate as _from_estimate
-from hf_ckpt.estimate import estimate
-from hf_ckpt.estimate._engine import detected_sharding, still_allocated
+from hf_ckpt.estimation import estimate
+from hf_ckpt.estimation._engine import detected_sharding, still_allocated
 
 accelerate_state = pytest.importorskip("accelerate.state")
 from accelerate.utils import DistributedType  # noqa: E402

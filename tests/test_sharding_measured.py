@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from hf_ckpt.estimate import estimate
-from hf_ckpt.estimate._sharding import parameters_of
+from hf_ckpt.estimation import estimate
+from hf_ckpt.estimation._sharding import parameters_of
 
 HERE = Path(__file__).resolve().parent
 WORKER = HERE / "_sharding_worker.py"

@@ -20,7 +20,7 @@ from transformers.modeling_outputs import CausalLMOutput
 
 import hf_ckpt
 from hf_ckpt import HfCkptWarning
-from hf_ckpt.runtime.compat import gradient_checkpointing_layer_class
+from hf_ckpt.runtime.util.compat import gradient_checkpointing_layer_class
 from hf_ckpt.cli import main
 from hf_ckpt.verification import InplaceInput, parameter_groups
 from helpers import VOCAB, batch_for, recomputed_in_step, tiny_gpt2, tiny_llama

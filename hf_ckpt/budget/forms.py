@@ -1,7 +1,7 @@
 """Budgets planned before the batch is known: the accepted forms, ``"auto"`` and the free memory it reads.
 
 A budget given without ``sample_inputs`` (``hf_ckpt.enable(model, budget=...)``, or ``{"budget": ...}`` in
-``gradient_checkpointing_kwargs``) is parsed at the call (:func:`hf_ckpt.runtime.units.parse_budget`, with the
+``gradient_checkpointing_kwargs``) is parsed at the call (:func:`hf_ckpt.runtime.util.units.parse_budget`, with the
 request: :class:`hf_ckpt.runtime.request.EnableRequest`) and planned at the first training batch by
 :mod:`hf_ckpt.budget.deferred`. It is one of:
 
@@ -25,7 +25,7 @@ from typing import Callable
 
 import torch
 
-from hf_ckpt.runtime.units import AUTO, format_bytes  # AUTO is defined with the parser
+from hf_ckpt.runtime.util.units import AUTO, format_bytes  # AUTO is defined with the parser
 
 #: Share of the device's total memory ``"auto"`` leaves free: allocator rounding and fragmentation, the CUDA
 #: context and library workspaces, and what the estimate does not model.

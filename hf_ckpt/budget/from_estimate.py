@@ -12,13 +12,13 @@ from torch import nn
 
 from hf_ckpt.budget import forms as _budget
 from hf_ckpt.budget.record import DeferredBudget, ModelWeights
-from hf_ckpt.runtime.compat import has_peft_adapters
-from hf_ckpt.runtime.units import format_bytes, precision_label
-from hf_ckpt.runtime.warn import warn_once
+from hf_ckpt.runtime.util.compat import has_peft_adapters
+from hf_ckpt.runtime.util.units import format_bytes, precision_label
+from hf_ckpt.runtime.util.warn import warn_once
 from hf_ckpt.meters.optimizer_states import pending_state_bytes, unwrap
-from hf_ckpt.estimate import estimate, plan_from_estimate
-from hf_ckpt.estimate._engine import detected_sharding, still_allocated
-from hf_ckpt.estimate._model import build_on_meta
+from hf_ckpt.estimation import estimate, plan_from_estimate
+from hf_ckpt.estimation._engine import detected_sharding, still_allocated
+from hf_ckpt.estimation._model import build_on_meta
 from hf_ckpt.strategies.selective.policy import selective_supported
 from hf_ckpt.strategies import FULL, NONE, SELECTIVE, strategy_class
 
@@ -41,7 +41,7 @@ def _strategies(request: DeferredBudget) -> tuple[str, ...]:
 
 def estimate_for(target: nn.Module, shape: tuple[int, int], strategies: tuple[str, ...],
                  autocast: torch.dtype | None = None, keep_outputs: bool = False) -> Any:
-    """The estimator's :class:`~hf_ckpt.estimate.MemoryEstimate` for ``target`` at ``shape`` (under autocast to
+    """The estimator's :class:`~hf_ckpt.estimation.MemoryEstimate` for ``target`` at ``shape`` (under autocast to
     ``autocast`` when given; for a loop that keeps the outputs with ``keep_outputs``), cached."""
     weights = ModelWeights.read(target)
     dtype, device = weights.dtype, weights.device

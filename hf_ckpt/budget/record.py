@@ -17,8 +17,8 @@ from torch import nn
 from hf_ckpt.budget import forms as _budget
 from hf_ckpt.runtime.config import CheckpointConfig
 from hf_ckpt.runtime.request import EnableRequest
-from hf_ckpt.runtime.dtype_names import DTYPE_NAMES
-from hf_ckpt.runtime.units import format_bytes
+from hf_ckpt.runtime.util.dtype_names import DTYPE_NAMES
+from hf_ckpt.runtime.util.units import format_bytes
 from hf_ckpt.strategies import summary_order
 
 logger = logging.getLogger("hf_ckpt")
@@ -48,7 +48,7 @@ class DeferredBudget:
         auto_bytes: ``"auto"`` resolved to activation bytes at the first batch.
         plan_path: Where the plan was last saved.
         keep_outputs: Plan for a loop that keeps the model's outputs alive through backward
-            (:func:`hf_ckpt.estimate.estimate`'s ``keep_outputs``); False: the ``Trainer``'s step.
+            (:func:`hf_ckpt.estimation.estimate`'s ``keep_outputs``); False: the ``Trainer``'s step.
     """
 
     request: EnableRequest

@@ -20,8 +20,8 @@ import struct
 from typing import Any, Callable
 
 from hf_ckpt.cli.errors import CommandError
-from hf_ckpt.runtime import dtype_names
-from hf_ckpt.runtime.units import precision_label
+from hf_ckpt.runtime.util import dtype_names
+from hf_ckpt.runtime.util.units import precision_label
 
 DEFAULT_MODEL = "llama"
 DEFAULT_LAYERS = 8

@@ -18,7 +18,7 @@ from hf_ckpt.cli.arguments import (
     add_workload_arguments, build_workload_from, converter, non_negative_int, output_file, png_file, positive_int,
 )
 from hf_ckpt.cli.errors import CommandError
-from hf_ckpt.runtime.units import format_bytes, precision_label
+from hf_ckpt.runtime.util.units import format_bytes, precision_label
 
 NAME = "bench"
 HELP = "measure the memory, compute and time trade-off of checkpointing settings"

@@ -10,7 +10,7 @@ one row per strategy (activation memory, predicted peak, whether it fits, FLOPs 
 ``hf_ckpt.enable(model, plan=...)``). For a causal LM the row ``full+head:<tokens>`` is every block checkpointed
 with the output projection and loss in checkpointed chunks (``head_chunk_size``); a plan chunks the head only
 when nothing fits without; ``--mlp-chunk-size`` adds the rows with every block's MLP in chunks too. ``--max-seq``
-(with ``--device-memory``, no ``--seq``) prints the longest sequence that fits instead (:mod:`hf_ckpt.estimate._max_seq`).
+(with ``--device-memory``, no ``--seq``) prints the longest sequence that fits instead (:mod:`hf_ckpt.estimation._max_seq`).
 ``--check`` instead runs a real CPU step of a tiny model of the same
 architecture and compares it with the estimate. Exit status: 0, 1 when nothing fits (or the check fails), 2 for
 bad arguments.
@@ -24,7 +24,7 @@ import os
 from dataclasses import asdict
 from typing import Any, Callable
 
-from hf_ckpt.runtime.units import format_bytes, parse_size
+from hf_ckpt.runtime.util.units import format_bytes, parse_size
 from hf_ckpt.cli.errors import CommandError
 
 NAME = "estimate"
@@ -128,11 +128,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Run ``hf-ckpt estimate``; returns the exit status."""
     # Imported when the command runs: the estimator loads torch and transformers, --help must not.
-    from hf_ckpt.estimate._arguments import check_dtype
-    from hf_ckpt.estimate._check import run_check
-    from hf_ckpt.estimate._estimate import estimate
-    from hf_ckpt.estimate._max_seq import DEVICE_FLOPS, copies_line, copy_and_compute_seconds, max_seq
-    from hf_ckpt.estimate._plan import plan_from_estimate, plan_line
+    from hf_ckpt.estimation._arguments import check_dtype
+    from hf_ckpt.estimation._check import run_check
+    from hf_ckpt.estimation._estimate import estimate
+    from hf_ckpt.estimation._max_seq import DEVICE_FLOPS, copies_line, copy_and_compute_seconds, max_seq
+    from hf_ckpt.estimation._plan import plan_from_estimate, plan_line
 
     device_memory = _device_memory(args)
     quantization = _quantization(args, check_dtype)

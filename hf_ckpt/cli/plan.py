@@ -12,7 +12,7 @@ import argparse
 import os
 from typing import Any
 
-from hf_ckpt.runtime.units import BUDGET_FORMS, parse_budget, precision_label
+from hf_ckpt.runtime.util.units import BUDGET_FORMS, parse_budget, precision_label
 from hf_ckpt.cli.arguments import add_workload_arguments, build_workload_from, output_file, workload_line
 from hf_ckpt.cli.errors import CommandError
 from hf_ckpt.strategies import ALL_STRATEGIES, FINER_CHOICES
@@ -28,7 +28,7 @@ FINER_STRATEGIES = FINER_CHOICES
 
 
 def budget(text: str) -> float | int:
-    """``--budget``: :func:`hf_ckpt.runtime.units.parse_budget` on the text (``0.5``, ``50%``, ``40GiB``)."""
+    """``--budget``: :func:`hf_ckpt.runtime.util.units.parse_budget` on the text (``0.5``, ``50%``, ``40GiB``)."""
     try:
         return parse_budget(text)
     except ValueError as error:

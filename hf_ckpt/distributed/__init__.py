@@ -17,7 +17,7 @@ engines' wrappers cover with the runtime (:mod:`hf_ckpt.runtime.extensions`), lo
 from typing import TYPE_CHECKING, Any
 
 from hf_ckpt.runtime import extensions
-from hf_ckpt.runtime.lazy import lazy_exports
+from hf_ckpt.runtime.util.lazy import lazy_exports
 
 _EXPORTS = {"guard": ".checks", "unguard": ".checks", "apply": ".wrapper", "remove": ".wrapper",
             "wrapped_layers": ".wrapper"}

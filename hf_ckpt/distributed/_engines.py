@@ -21,7 +21,7 @@ from typing import Any
 from torch import nn
 
 from hf_ckpt.runtime import _torch
-from hf_ckpt.runtime.compat import is_gradient_checkpointing_layer
+from hf_ckpt.runtime.util.compat import is_gradient_checkpointing_layer
 from hf_ckpt.runtime.state import ACTIVE_ATTRIBUTE
 from hf_ckpt.runtime.blocks import Block, find_blocks
 

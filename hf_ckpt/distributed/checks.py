@@ -31,7 +31,7 @@ from hf_ckpt.runtime import _torch
 from hf_ckpt.runtime.binding import block_function, is_block_checkpointed, turn_block_off
 from hf_ckpt.runtime.state import ACTIVE_ATTRIBUTE, STATE_ATTRIBUTE, peek_state
 from hf_ckpt.runtime.target import target_model
-from hf_ckpt.runtime.warn import warn_once
+from hf_ckpt.runtime.util.warn import warn_once
 from hf_ckpt.runtime.blocks import Block
 from hf_ckpt.distributed import _engines
 

@@ -24,8 +24,8 @@ from typing import Any, Mapping
 
 from torch import nn
 
-from hf_ckpt.runtime.compat import defined_in
-from hf_ckpt.runtime.warn import warn_once
+from hf_ckpt.runtime.util.compat import defined_in
+from hf_ckpt.runtime.util.warn import warn_once
 
 _PACKAGE = "deepspeed"
 #: The keys of the ``"activation_checkpointing"`` block, and what to do instead of each in a transformers model.

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from hf_ckpt.runtime.compat import defined_in
+from hf_ckpt.runtime.util.compat import defined_in
 
 _PACKAGE = "sentence_transformers"
 

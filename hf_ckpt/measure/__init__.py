@@ -13,7 +13,7 @@
 from __future__ import annotations
 
 
-from hf_ckpt.runtime.lazy import lazy_exports
+from hf_ckpt.runtime.util.lazy import lazy_exports
 
 #: Public name -> the module that defines it. Loaded on first use (PEP 562). The measuring primitives (memory,
 #: flops, step) live in :mod:`hf_ckpt.meters`, below the planners, while the bench settings here build on the

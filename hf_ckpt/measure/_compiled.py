@@ -39,7 +39,7 @@ import torch
 from torch import nn
 
 from hf_ckpt.runtime import _torch
-from hf_ckpt.runtime.flop_formulas import flop_registry
+from hf_ckpt.runtime.util.flop_formulas import flop_registry
 from hf_ckpt.strategies.partition.graph import draws_random
 from hf_ckpt.meters.flops import elementwise_elements
 from hf_ckpt.meters.step import forward_loss

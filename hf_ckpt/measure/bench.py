@@ -20,7 +20,7 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 from torch import nn
 
-from hf_ckpt.runtime.version import VERSION
+from hf_ckpt.runtime.util.version import VERSION
 from hf_ckpt.runtime.apply import checkpointed_layers, remove
 from hf_ckpt.runtime.state import AttributeSnapshot, CheckpointState, clear_state, get_state, set_state
 from hf_ckpt.runtime.target import target_model

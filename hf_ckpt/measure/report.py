@@ -6,7 +6,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any, Sequence
 
-from hf_ckpt.runtime.units import format_bytes, format_flops
+from hf_ckpt.runtime.util.units import format_bytes, format_flops
 from hf_ckpt.measure.bench import BenchmarkReport
 from hf_ckpt.measure.labels import place_labels
 from hf_ckpt.measure.settings import BASELINE, EVERY_BLOCK, EVERY_BLOCK_SELECTIVE

@@ -23,8 +23,8 @@ from torch import nn
 from hf_ckpt.runtime import _torch
 from hf_ckpt.runtime.apply import apply_request, remove
 from hf_ckpt.runtime.request import EnableRequest
-from hf_ckpt.runtime.warn import warn_once
-from hf_ckpt.runtime.upstream import original
+from hf_ckpt.runtime.util.warn import warn_once
+from hf_ckpt.runtime.util.upstream import original
 from hf_ckpt.planning.planner import plan as make_plan
 from hf_ckpt.strategies.selective.policy import SELECTIVE_POLICIES
 from hf_ckpt.strategies.oplevel.spec import OpLevel

@@ -14,7 +14,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from hf_ckpt.runtime import dtype_names
+from hf_ckpt.runtime.util import dtype_names
 
 #: The embedded default: a Llama-style decoder, sized so that ``hf-ckpt bench`` runs in well under two minutes
 #: on two CPU cores while its activations dominate (see docs/benchmarks.md).

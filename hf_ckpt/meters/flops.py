@@ -28,7 +28,7 @@ from typing import Any, Iterator, Mapping
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from hf_ckpt.runtime.flop_formulas import missing_formulas
+from hf_ckpt.runtime.util.flop_formulas import missing_formulas
 from hf_ckpt.runtime._torch import TorchDispatchMode, tree_leaves
 
 

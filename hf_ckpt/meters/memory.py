@@ -36,7 +36,7 @@ import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
 from hf_ckpt.runtime.offload import making_host_copy
-from hf_ckpt.runtime.storage import storage_of
+from hf_ckpt.runtime.util.storage import storage_of
 from hf_ckpt.runtime._torch import TorchDispatchMode, tree_leaves
 
 

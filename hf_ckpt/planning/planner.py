@@ -43,10 +43,10 @@ from hf_ckpt.solver.knapsack import BlockProfile, solve
 from hf_ckpt.solver.knapsack import budget_bytes as _in_bytes
 from hf_ckpt.solver.verified import PlanRecord, verified_plan
 from hf_ckpt.runtime.target import target_model
-from hf_ckpt.runtime.units import format_bytes as _mib
-from hf_ckpt.runtime.units import parse_budget
+from hf_ckpt.runtime.util.units import format_bytes as _mib
+from hf_ckpt.runtime.util.units import parse_budget
 from hf_ckpt.runtime.request import EnableRequest
-from hf_ckpt.estimate import plan_for
+from hf_ckpt.estimation import plan_for
 from hf_ckpt.meters.step import LossFn
 from hf_ckpt.planning.menus.oplevel import plan_oplevel
 from hf_ckpt.runtime.plans import CheckpointPlan
@@ -73,7 +73,7 @@ def plan(
     """Make the plan that fits ``budget`` at the least recompute.
 
     Two ways: with ``sample_inputs``, by profiling real steps of ``model`` on this machine; or, with
-    ``batch_size`` and ``seq_len`` instead, from shapes alone (:func:`hf_ckpt.estimate.plan_for`: fake tensors,
+    ``batch_size`` and ``seq_len`` instead, from shapes alone (:func:`hf_ckpt.estimation.plan_for`: fake tensors,
     no allocation), so that ``model`` may be a config, a ``config.json`` path or a meta-device model that does not
     fit here. ``checkpoint_kwargs`` then go to the estimate (``dtype``, ``autocast``, ``device``, ``optimizer``,
     ``peft_config``; ``world_size``, ``shard``, ``offload_optimizer``, ``offload_parameters`` for the states per
@@ -96,7 +96,7 @@ def plan(
         policy: The selective policy (see :mod:`hf_ckpt.strategies.selective.policy`).
         loss_fn: Maps the model output to the scalar loss; default ``output.loss``.
         keep_outputs: With ``batch_size`` and ``seq_len``: plan for a loop that keeps the model's outputs alive
-            through backward, not the ``Trainer``'s step (see :func:`hf_ckpt.estimate.estimate`).
+            through backward, not the ``Trainer``'s step (see :func:`hf_ckpt.estimation.estimate`).
         **checkpoint_kwargs: Passed to ``torch.utils.checkpoint.checkpoint`` while profiling and kept for the plan's
             application.
 

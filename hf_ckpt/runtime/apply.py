@@ -16,10 +16,10 @@ from hf_ckpt.runtime import hooks as _hooks
 from hf_ckpt.runtime.binding import (
     Binding, bind, is_block_checkpointed, resolve, run_model_logic, uses_legacy_signature,
 )
-from hf_ckpt.runtime.stack_code import never_calls_bound_function
+from hf_ckpt.runtime.stacks.stack_code import never_calls_bound_function
 from hf_ckpt.runtime.state import CheckpointState, PlannedBudget, Source, get_state, set_state, take_back
 from hf_ckpt.runtime.target import target_model
-from hf_ckpt.runtime.warn import warn_once
+from hf_ckpt.runtime.util.warn import warn_once
 from hf_ckpt.runtime.blocks import find_blocks
 from hf_ckpt.runtime.config import CheckpointConfig
 from hf_ckpt.runtime.request import EnableRequest
@@ -143,7 +143,7 @@ def _outside_modules(target: nn.Module, config: CheckpointConfig, binding: Bindi
 def _install_direct(state: CheckpointState, binding: Binding) -> None:
     """Blocks a stack calls directly (it never calls its bound function): checkpointed by wrapping them."""
     if any(not block.layer_flag and never_calls_bound_function(type(block.owner)) for block in binding.blocks):
-        from hf_ckpt.runtime import direct as _direct  # deferred: only such a stack has blocks to wrap
+        from hf_ckpt.runtime.stacks import direct as _direct  # deferred: only such a stack has blocks to wrap
 
         _direct.install(state, binding.blocks)
 

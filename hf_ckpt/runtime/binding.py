@@ -17,9 +17,9 @@ from typing import Any
 
 from torch import nn
 
-from hf_ckpt.runtime.compat import current_accelerator, is_gradient_checkpointing_layer
-from hf_ckpt.runtime.stack_code import hard_codes_checkpoint
-from hf_ckpt.runtime.warn import warn_once
+from hf_ckpt.runtime.util.compat import current_accelerator, is_gradient_checkpointing_layer
+from hf_ckpt.runtime.stacks.stack_code import hard_codes_checkpoint
+from hf_ckpt.runtime.util.warn import warn_once
 from hf_ckpt.runtime.blocks import SELECTED_ATTRIBUTE, Block, find_blocks
 from hf_ckpt.runtime.config import CheckpointConfig
 from hf_ckpt.runtime.functions import (
@@ -154,7 +154,7 @@ def bind(target: nn.Module, binding: Binding) -> list[tuple[nn.Module, str, Any]
             index = enclosing[id(module)].index
             put(module, "_gradient_checkpointing_func", functions.get(index, binding.default))
             put(module, "gradient_checkpointing", index in functions and not is_gradient_checkpointing_layer(module))
-        else:  # a stack; one whose loop hard-codes torch's checkpoint keeps its flag off (hf_ckpt.runtime.direct wraps)
+        else:  # a stack; one whose loop hard-codes torch's checkpoint keeps its flag off (hf_ckpt.runtime.stacks.direct wraps)
             put(module, "_gradient_checkpointing_func", stack_function)
             put(module, "gradient_checkpointing", not (id(module) in owners and hard_codes_checkpoint(type(module))))
     for block in binding.blocks:

@@ -16,7 +16,7 @@ their layers) are not, since nothing ever checkpoints them.
 A third kind only **declares** support: the model class sets ``supports_gradient_checkpointing = True`` but no module
 of it has a flag or is a ``GradientCheckpointingLayer`` (Gemma 3n's and Gemma 4's audio encoders, PP-LCNetV4,
 VAN on transformers 4.45). Its blocks are its stack's list (the largest ``nn.ModuleList``), owned by the model
-itself; hf_ckpt gives the model the flag and checkpoints them by wrapping (``hf_ckpt.runtime.direct``).
+itself; hf_ckpt gives the model the flag and checkpoints them by wrapping (``hf_ckpt.runtime.stacks.direct``).
 
 Blocks are numbered in module registration order, which is encoder blocks then decoder blocks for
 encoder-decoder models.
@@ -30,7 +30,7 @@ from typing import Any, Callable
 
 from torch import nn
 
-from hf_ckpt.runtime.compat import is_gradient_checkpointing_layer
+from hf_ckpt.runtime.util.compat import is_gradient_checkpointing_layer
 from hf_ckpt.runtime._torch import child_modules
 
 #: Attribute hf_ckpt sets on the blocks of a stack-flag model to say whether the stack should recompute them.

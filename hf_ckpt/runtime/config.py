@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from hf_ckpt.runtime import _torch
-from hf_ckpt.runtime.compat import checkpoint_keyword_names
+from hf_ckpt.runtime.util.compat import checkpoint_keyword_names
 from hf_ckpt.runtime.plans import CheckpointPlan
 from hf_ckpt.runtime.selection import (
     SELECTION_METHODS,

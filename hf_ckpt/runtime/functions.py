@@ -64,7 +64,7 @@ def with_block_selection(checkpoint_function: Callable[..., Any]) -> functools.p
 
 def stack_checkpoints(stack: Any) -> bool:
     """Whether the blocks of ``stack`` are checkpointed: its flag is on, or hf_ckpt's selecting function is bound
-    to it with the flag left off (a stack whose loop hard-codes torch's checkpoint, ``hf_ckpt.runtime.stack_code``: hf_ckpt
+    to it with the flag left off (a stack whose loop hard-codes torch's checkpoint, ``hf_ckpt.runtime.stacks.stack_code``: hf_ckpt
     wraps its selected blocks instead). Upstream's enable and disable both rebind the function, which ends the
     second case."""
     if getattr(stack, "gradient_checkpointing", False):

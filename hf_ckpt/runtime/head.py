@@ -22,7 +22,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from hf_ckpt.runtime.state import CheckpointState, peek_state, warn_stale
-from hf_ckpt.runtime.warn import warn_once
+from hf_ckpt.runtime.util.warn import warn_once
 
 _AUX = "router_aux_loss_coef"
 

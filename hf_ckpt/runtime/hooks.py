@@ -27,10 +27,10 @@ import torch
 from torch import nn
 
 from hf_ckpt.runtime.binding import Binding
-from hf_ckpt.runtime.compat import has_peft_adapters
+from hf_ckpt.runtime.util.compat import has_peft_adapters
 from hf_ckpt.runtime.probe import RecomputeProbe
 from hf_ckpt.runtime.state import STATE_ATTRIBUTE, CheckpointState, Hooks, clear_state, warn_stale
-from hf_ckpt.runtime.warn import warn_once
+from hf_ckpt.runtime.util.warn import warn_once
 from hf_ckpt.runtime.blocks import Block
 
 

@@ -16,9 +16,9 @@ from typing import Any
 
 from torch import nn
 
-from hf_ckpt.runtime.units import format_bytes as _mib
-from hf_ckpt.runtime.units import format_flops
-from hf_ckpt.runtime.warn import HfCkptWarning
+from hf_ckpt.runtime.util.units import format_bytes as _mib
+from hf_ckpt.runtime.util.units import format_flops
+from hf_ckpt.runtime.util.warn import HfCkptWarning
 from hf_ckpt.runtime.blocks import find_blocks
 from hf_ckpt.runtime.kinds import parse, strategy_class, summary_order
 

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from hf_ckpt.runtime._torch import queue_backward_callback
-from hf_ckpt.runtime.warn import warn_once
+from hf_ckpt.runtime.util.warn import warn_once
 from hf_ckpt.runtime.blocks import Block, unwrapped
 from hf_ckpt.runtime.counting import BlockRunCounter, in_backward, listeners
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from hf_ckpt.runtime.config import CheckpointConfig
-from hf_ckpt.runtime.units import parse_budget
+from hf_ckpt.runtime.util.units import parse_budget
 
 
 _ABSENT = object()  # an argument the call did not give, where None and False are values

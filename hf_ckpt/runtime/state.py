@@ -38,7 +38,7 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from hf_ckpt.runtime.blocks import SELECTED_ATTRIBUTE
-from hf_ckpt.runtime.warn import warn_once
+from hf_ckpt.runtime.util.warn import warn_once
 
 if TYPE_CHECKING:
     from hf_ckpt.runtime.config import CheckpointConfig

@@ -16,7 +16,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from hf_ckpt.runtime.compat import peft_model_base
+from hf_ckpt.runtime.util.compat import peft_model_base
 from hf_ckpt.runtime.extensions import register_unwrapper, unwrappers
 
 Unwrapper = Callable[[nn.Module], "nn.Module | None"]

@@ -4,7 +4,7 @@ Every planner states its choices the same way, as a menu: per block, a list of :
 block retains with it, its cost, a tie-break rank and the recompute FLOPs to report), plus the bytes retained outside
 the blocks, and hands it to the one planning path, :func:`hf_ckpt.solver.verified.verified_plan`, which calls
 :func:`solve_menu`, measures the candidate, tightens and records the plan. The measured block planner
-(:mod:`hf_ckpt.planning.planner`) and the estimated plans (:mod:`hf_ckpt.estimate`) hand it a :class:`BlockProfile`'s
+(:mod:`hf_ckpt.planning.planner`) and the estimated plans (:mod:`hf_ckpt.estimation`) hand it a :class:`BlockProfile`'s
 menu (:meth:`BlockProfile.menu`); the op-level planner (:mod:`hf_ckpt.planning.menus.oplevel`) its menu, into which the
 partition and outside menus (:mod:`hf_ckpt.planning.menus.partition`, :mod:`hf_ckpt.planning.menus.outside`) put their
 options, solved with ``exact=True``. :func:`solve` (a profile's menu, quantised) stays for callers that solve a profile
@@ -23,7 +23,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Sequence
 
-from hf_ckpt.runtime.units import format_bytes as _mib
+from hf_ckpt.runtime.util.units import format_bytes as _mib
 from hf_ckpt.strategies import ALL_STRATEGIES, NONE, keeps_everything, kind_of
 
 #: The byte units of the quantised programme: the savings a plan requires are counted in this many units.
@@ -258,5 +258,5 @@ def _refine(menu: Sequence[Sequence[Option]], chosen: tuple[str, ...], base_byte
 
 
 def budget_bytes(budget: float | int, baseline: int) -> int:
-    """A budget already checked by :func:`hf_ckpt.runtime.units.parse_budget`, in bytes."""
+    """A budget already checked by :func:`hf_ckpt.runtime.util.units.parse_budget`, in bytes."""
     return int(budget * baseline) if isinstance(budget, float) else budget

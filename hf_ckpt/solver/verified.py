@@ -6,7 +6,7 @@ to :func:`verified_plan` with how to make a candidate :class:`~hf_ckpt.Checkpoin
 how to measure it and what the plan records (:class:`PlanRecord`). The planners: ``hf_ckpt.plan`` on measured block
 profiles (:mod:`hf_ckpt.planning.planner`, with the head chunked where the blocks are not enough), on its op-level,
 partition and outside menus (:mod:`hf_ckpt.planning.menus.oplevel`), and the plans from an estimate
-(:func:`hf_ckpt.estimate.plan_for`, :func:`~hf_ckpt.estimate.plan_from_estimate`, and so a budget planned at the first
+(:func:`hf_ckpt.estimation.plan_for`, :func:`~hf_ckpt.estimation.plan_from_estimate`, and so a budget planned at the first
 training batch).
 
 1. **Solve.** :func:`hf_ckpt.solver.knapsack.solve_menu`: the options of least recompute cost whose predicted bytes
@@ -33,7 +33,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from hf_ckpt.runtime.plans import CheckpointPlan, model_signature
 from hf_ckpt.runtime.target import target_model
-from hf_ckpt.runtime.units import format_bytes as _mib
+from hf_ckpt.runtime.util.units import format_bytes as _mib
 from hf_ckpt.solver.knapsack import BlockProfile, Option, solve_menu
 
 #: How many times a candidate plan is measured and the target tightened before no plan fits.

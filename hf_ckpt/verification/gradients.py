@@ -7,7 +7,7 @@ from typing import Any, Mapping
 import torch
 from torch import nn
 
-from hf_ckpt.runtime.compat import peft_model_base
+from hf_ckpt.runtime.util.compat import peft_model_base
 from hf_ckpt.runtime.blocks import find_blocks
 from hf_ckpt.verification.report import GradientParity
 

@@ -36,7 +36,7 @@ sys.path.insert(0, str(HERE.parent))
 
 import hf_ckpt  # noqa: E402
 import hf_ckpt.distributed  # noqa: E402
-from hf_ckpt.runtime.warn import HfCkptWarning  # noqa: E402
+from hf_ckpt.runtime.util.warn import HfCkptWarning  # noqa: E402
 from hf_ckpt.runtime.counting import BlockRunCounter  # noqa: E402
 from helpers import tiny_llama  # noqa: E402
 

@@ -19,7 +19,7 @@ import pytest
 
 deepspeed = pytest.importorskip("deepspeed")
 
-from hf_ckpt.estimate import estimate  # noqa: E402
+from hf_ckpt.estimation import estimate  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 WORKER = HERE / "_deepspeed_sharding_worker.py"

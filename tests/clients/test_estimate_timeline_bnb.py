@@ -11,7 +11,7 @@ import transformers
 bnb = pytest.importorskip("bitsandbytes")
 
 import hf_ckpt  # noqa: E402
-from hf_ckpt.estimate import estimate  # noqa: E402
+from hf_ckpt.estimation import estimate  # noqa: E402
 from test_estimate_timeline import _LLAMA, BATCH, SEQ, _measured  # noqa: E402
 
 

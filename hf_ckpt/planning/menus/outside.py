@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from hf_ckpt.runtime.apply import remove
-from hf_ckpt.runtime.flop_formulas import flop_registry
+from hf_ckpt.runtime.util.flop_formulas import flop_registry
 from hf_ckpt.strategies.outside.hook import DROPOUTS
 from hf_ckpt.runtime.target import target_model
 from hf_ckpt.runtime._torch import TorchDispatchMode

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from hf_ckpt.runtime.kinds import Strategy, register_lazy
-from hf_ckpt.runtime.lazy import lazy_exports
+from hf_ckpt.runtime.util.lazy import lazy_exports
 
 #: Public name -> the module that defines it, loaded on first use (PEP 562).
 _EXPORTS = {

@@ -41,11 +41,11 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from hf_ckpt.strategies.partition.boundary import MadeAgain, still_noted
 from hf_ckpt.strategies.partition.boundary import pack as boundary_pack
 from hf_ckpt.strategies.partition.boundary import unpack as _unpack
-from hf_ckpt.runtime.rng import rng_state, set_rng_state
-from hf_ckpt.runtime.storage import storage_of
+from hf_ckpt.runtime.util.rng import rng_state, set_rng_state
+from hf_ckpt.runtime.util.storage import storage_of
 from hf_ckpt.runtime._torch import saved_alpha, saved_tensors_hook_active, version_counter, view_base
-from hf_ckpt.runtime.warn import warn_once
-from hf_ckpt.runtime.wrapping import wrap_forward
+from hf_ckpt.runtime.util.warn import warn_once
+from hf_ckpt.runtime.stacks.wrapping import wrap_forward
 
 #: A module's recompute counts as cheap up to this many matmul-class FLOPs per element of its output.
 
@@ -274,7 +274,7 @@ def install(state: Any, outer: list[nn.Module], modules: list[tuple[str, nn.Modu
     runtime = OutsideRecompute()
     for name, module in modules:
         forward = module.forward
-        # undone without removing a wrapper another library put on since (hf_ckpt.runtime.wrapping)
+        # undone without removing a wrapper another library put on since (hf_ckpt.runtime.stacks.wrapping)
         state.undo.append(wrap_forward(module, functools.partial(_checkpointed, runtime, module, _draws(module))))
         state.hooks.add(module, "register_forward_hook", functools.partial(runtime.produced, name, forward),
                         with_kwargs=True)

@@ -30,8 +30,8 @@ from typing import Any, Callable
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from hf_ckpt.runtime.flop_formulas import flop_registry
-from hf_ckpt.runtime.storage import storage_of
+from hf_ckpt.runtime.util.flop_formulas import flop_registry
+from hf_ckpt.runtime.util.storage import storage_of
 from hf_ckpt.runtime._torch import is_op_overload, version_counter
 
 #: A tail of more ops than this is not worth a graph of its own; the output is kept.

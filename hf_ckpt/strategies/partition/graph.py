@@ -40,8 +40,8 @@ from torch import nn
 
 from hf_ckpt.runtime import _torch
 from hf_ckpt.strategies.partition.boundary import output_tails, register
-from hf_ckpt.runtime.rng import rng_state, set_rng_state
-from hf_ckpt.runtime.warn import warn_once
+from hf_ckpt.runtime.util.rng import rng_state, set_rng_state
+from hf_ckpt.runtime.util.warn import warn_once
 from hf_ckpt.runtime.blocks import module_of
 from hf_ckpt.runtime.counting import note_block_run
 from hf_ckpt.strategies.partition.norms import has_norm_ops, norms_unavailable, recomputable_norms

@@ -34,8 +34,8 @@ from typing import Any, Callable, Mapping
 import torch
 from torch import nn
 
-from hf_ckpt.runtime.flop_formulas import flop_registry
-from hf_ckpt.runtime.storage import storage_of
+from hf_ckpt.runtime.util.flop_formulas import flop_registry
+from hf_ckpt.runtime.util.storage import storage_of
 from hf_ckpt.runtime._torch import TorchDispatchMode, op_schema, tree_leaves, tree_map
 from hf_ckpt.runtime.blocks import Block
 from hf_ckpt.meters.flops import elementwise_elements

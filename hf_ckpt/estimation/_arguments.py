@@ -10,8 +10,8 @@ from torch import nn
 
 from hf_ckpt.meters.optimizer_states import optimizer_named
 from hf_ckpt.runtime.plans import CheckpointPlan
-from hf_ckpt.runtime.dtype_names import DTYPE_NAMES, dtype_name
-from hf_ckpt.estimate._attention import DEVICES
+from hf_ckpt.runtime.util.dtype_names import DTYPE_NAMES, dtype_name
+from hf_ckpt.estimation._attention import DEVICES
 from hf_ckpt.strategies import ALL_STRATEGIES
 
 STRATEGY_FORMS = "none, full, selective, every_n:K (K a positive int) or a hf_ckpt.CheckpointPlan"

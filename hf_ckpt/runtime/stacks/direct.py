@@ -14,9 +14,9 @@ grad (a stack that hard-codes torch's checkpoint keeps its own flag off: :mod:`h
 flags at every call (:func:`hf_ckpt.runtime.functions.stack_checkpoints` and the block's ``_hf_ckpt_selected``), so the
 no-grad hooks, a suspended setting, upstream's ``gradient_checkpointing_disable`` and an unselected block all run
 the block plainly; :func:`install` records an undo that puts the block's ``forward`` back, or, where another
-library wrapped it since, leaves that wrapper in place (:mod:`hf_ckpt.runtime.wrapping`).
+library wrapped it since, leaves that wrapper in place (:mod:`hf_ckpt.runtime.stacks.wrapping`).
 
-**Which stacks** (:mod:`hf_ckpt.runtime.stack_code`, read from the compiled code's names, not from source text): a stack
+**Which stacks** (:mod:`hf_ckpt.runtime.stacks.stack_code`, read from the compiled code's names, not from source text): a stack
 no method of which names ``_gradient_checkpointing_func`` or ``checkpoint``, and a stack that names torch's
 ``checkpoint`` but never its bound function. Every module between the stack and the block must never checkpoint,
 so wrapping cannot checkpoint a block twice. Whether it worked is then measured as for every model: the first-step
@@ -32,11 +32,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from hf_ckpt.runtime.stack_code import hard_codes_checkpoint, never_checkpoints
+from hf_ckpt.runtime.stacks.stack_code import hard_codes_checkpoint, never_checkpoints
 from hf_ckpt.runtime.blocks import SELECTED_ATTRIBUTE, Block
 from hf_ckpt.runtime.counting import in_backward
 from hf_ckpt.runtime.functions import stack_checkpoints
-from hf_ckpt.runtime.wrapping import wrap_forward
+from hf_ckpt.runtime.stacks.wrapping import wrap_forward
 
 
 def _runs_unchecked(owner: nn.Module, names: dict[int, str], module: nn.Module) -> bool:
@@ -95,7 +95,7 @@ def _reentrant(choice: Any, forward: Any, args: tuple, kwargs: dict) -> Any:
 
 
 def install(state: Any, blocks: tuple[Block, ...]) -> list[int]:
-    """Wrap the ``forward`` of every directly called block in ``blocks`` (:func:`hf_ckpt.runtime.wrapping.wrap_forward`:
+    """Wrap the ``forward`` of every directly called block in ``blocks`` (:func:`hf_ckpt.runtime.stacks.wrapping.wrap_forward`:
     its undo, in ``state.undo``, never removes a wrapper another library put on since). Returns the indices of the
     wrapped blocks."""
     wrapped = []

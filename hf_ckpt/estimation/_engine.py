@@ -1,5 +1,5 @@
 """The sharding a training run uses, read from accelerate's state (the ``Trainer`` and ``accelerate launch`` set it),
-as :func:`~hf_ckpt.estimate.estimate`'s keywords; and what a ``"auto"`` budget must leave for the sharded states.
+as :func:`~hf_ckpt.estimation.estimate`'s keywords; and what a ``"auto"`` budget must leave for the sharded states.
 
 Read from the initialized ``AcceleratorState`` when accelerate has been imported (never importing it): its
 ``distributed_type`` (``FSDP`` or ``DEEPSPEED``), the FSDP plugin (``fsdp_version``, ``reshard_after_forward`` /
@@ -13,7 +13,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from hf_ckpt.runtime.units import format_bytes
+from hf_ckpt.runtime.util.units import format_bytes
 
 #: FSDP1 sharding strategies (by name or enum value) -> ``shard``.
 _FSDP1 = {"FULL_SHARD": "fsdp-full", "SHARD_GRAD_OP": "fsdp-grad-op", "HYBRID_SHARD": "fsdp-full",

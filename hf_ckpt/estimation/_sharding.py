@@ -46,7 +46,7 @@ import torch
 from torch import nn
 
 from hf_ckpt.meters.optimizer_states import like_parameter, optimizer_named
-from hf_ckpt.estimate._states import count_states
+from hf_ckpt.estimation._states import count_states
 
 #: The sharding strategies ``estimate(shard=...)`` and ``hf-ckpt estimate --shard`` accept.
 NO_SHARD = "none"
@@ -286,7 +286,7 @@ class PerDevice:
     """The states one device holds: the single-device count, or the sharded one (see :func:`shard_estimate`)."""
 
     sharding: Sharding
-    whole: Any  # hf_ckpt.estimate._states.States: the whole model's states on one device
+    whole: Any  # hf_ckpt.estimation._states.States: the whole model's states on one device
     sharded: DeviceStates | None
     #: The whole model's optimizer bytes as the engine keeps them (ZeRO: fp32 master weights and fp32 states, the
     #: per-device figure's definition); None: as ``whole`` counts them (the states in the parameters' dtype).
@@ -321,7 +321,7 @@ class PerDevice:
         return self.sharded.fixed_bytes + self.sharded.step_bytes
 
     def fields(self) -> dict[str, Any]:
-        """The :class:`~hf_ckpt.estimate.MemoryEstimate` fields that describe the sharding."""
+        """The :class:`~hf_ckpt.estimation.MemoryEstimate` fields that describe the sharding."""
         sharded = self.sharded or DeviceStates(0, 0, 0)
         return {
             "world_size": self.sharding.world_size, "shard": self.sharding.shard,

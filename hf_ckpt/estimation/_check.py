@@ -2,7 +2,7 @@
 
 The config's sizes are shrunk (hidden 64, 4 heads, 6 blocks per stack, vocab 256, ...; its structure, layer
 types and options kept), a model is built with random weights, and for each strategy one real step is measured
-by :func:`hf_ckpt.measure.measure_step` and compared with :func:`hf_ckpt.estimate.estimate` (``device="cpu"``,
+by :func:`hf_ckpt.measure.measure_step` and compared with :func:`hf_ckpt.estimation.estimate` (``device="cpu"``,
 fp32, ``adamw_torch``): retained activation bytes within 3%, FLOPs within 1%, and the peaks of a first and a
 steady training step with torch's AdamW, the ``Trainer``'s parameter groups (:func:`training_peaks`), within 3%. For a causal LM the row ``full+head:<chunk>`` (every
 block full, the head and loss in checkpointed chunks of the estimate's default chunk) is checked the same way.
@@ -19,12 +19,12 @@ import torch
 
 from hf_ckpt.runtime.apply import apply_request, remove
 from hf_ckpt.runtime.request import EnableRequest
-from hf_ckpt.runtime.units import format_bytes, format_flops
+from hf_ckpt.runtime.util.units import format_bytes, format_flops
 from hf_ckpt.meters.memory import StorageTracker
 from hf_ckpt.meters.step import measure_step
-from hf_ckpt.estimate._estimate import CHUNKED_HEAD_ROW, EVERY_BLOCK_ROW, estimate, row_options
-from hf_ckpt.estimate._labels import batch_for
-from hf_ckpt.estimate._model import load_config, model_class
+from hf_ckpt.estimation._estimate import CHUNKED_HEAD_ROW, EVERY_BLOCK_ROW, estimate, row_options
+from hf_ckpt.estimation._labels import batch_for
+from hf_ckpt.estimation._model import load_config, model_class
 
 #: Tiny sizes by config attribute name.
 _SIZES = {

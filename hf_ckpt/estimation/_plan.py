@@ -9,11 +9,11 @@ from typing import Any
 
 from hf_ckpt.solver.knapsack import BlockProfile
 from hf_ckpt.solver.verified import PlanRecord, verified_plan
-from hf_ckpt.runtime.units import format_bytes, format_flops, parse_budget
+from hf_ckpt.runtime.util.units import format_bytes, format_flops, parse_budget
 from hf_ckpt.runtime.plans import CheckpointPlan
 from hf_ckpt.strategies import ALL_STRATEGIES
-from hf_ckpt.estimate._estimate import CHUNKED_HEAD_ROW, EVERY_BLOCK_ROW, estimate
-from hf_ckpt.estimate._result import MemoryEstimate
+from hf_ckpt.estimation._estimate import CHUNKED_HEAD_ROW, EVERY_BLOCK_ROW, estimate
+from hf_ckpt.estimation._result import MemoryEstimate
 
 _PLANNED = ("none", "selective", "full")
 
@@ -120,7 +120,7 @@ def plan_from_estimate(estimate: MemoryEstimate, budget: Any, *, whole_step: boo
     Args:
         estimate: A :class:`MemoryEstimate` (its ``block_bytes`` / ``block_recompute_flops`` are the profile).
         budget: Activation memory: a size (``"40GiB"``, or an int of bytes) or a fraction of what no
-            checkpointing retains (``0.5``, ``"50%"``), as :func:`hf_ckpt.runtime.units.parse_budget` reads it. With
+            checkpointing retains (``0.5``, ``"50%"``), as :func:`hf_ckpt.runtime.util.units.parse_budget` reads it. With
             ``whole_step=True`` a size is the device memory for the whole step (parameters, gradients, optimizer
             states and transients are subtracted first).
         whole_step: See ``budget``.
@@ -154,10 +154,10 @@ def plan_for(
     whole_step: bool = False,
     **estimate_kwargs: Any,
 ) -> CheckpointPlan:
-    """Make a plan from shapes alone: :func:`~hf_ckpt.estimate.estimate` then :func:`plan_from_estimate`.
+    """Make a plan from shapes alone: :func:`~hf_ckpt.estimation.estimate` then :func:`plan_from_estimate`.
 
     Args:
-        model_or_config: As for :func:`~hf_ckpt.estimate.estimate`.
+        model_or_config: As for :func:`~hf_ckpt.estimation.estimate`.
         batch_size: Sequences per step.
         seq_len: Tokens per sequence.
         budget: See :func:`plan_from_estimate` (``"40GiB"``, ``0.5``, ``"50%"``, bytes as an int).

@@ -5,7 +5,7 @@ gradients appear during backward while the activations they needed are freed, an
 only from the first ``step()``. So the device holds, above the parameters:
 
 * at the end of forward, the activations and the loss's temporaries (the logits' float32 copies);
-* in backward, what the trace's :class:`~hf_ckpt.estimate._trace.StepTimeline` says for the head and loss, then
+* in backward, what the trace's :class:`~hf_ckpt.estimation._trace.StepTimeline` says for the head and loss, then
   for each block from the last to the first: the activations of it and the blocks before it, the gradients of
   the head and the blocks after it, and its own rise (its recompute, its gradients appearing); plus, in every step
   after the first, the optimizer's states;
@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from hf_ckpt.estimate._trace import StepTimeline
+from hf_ckpt.estimation._trace import StepTimeline
 
 #: Where a step's peak falls, as the estimate says it.
 OPTIMIZER_STEP = "the optimizer step"
@@ -72,7 +72,7 @@ def step_peaks(states: Any, activation: int, transient: int, backward: tuple[int
                accumulation: int, kept: int = 0) -> StepPeaks:
     """The peaks of a row: ``activation`` and ``transient`` as the trace gives them (the transient with every
     gradient held), ``backward`` from :func:`backward_held`; ``states``: the
-    :class:`~hf_ckpt.estimate._sharding.PerDevice` states, whose ``step_peak_bytes`` is the optimizer step, with
+    :class:`~hf_ckpt.estimation._sharding.PerDevice` states, whose ``step_peak_bytes`` is the optimizer step, with
     ``kept`` (outputs a loop holds through it) on top."""
     step = states.step_peak_bytes + kept
     if states.sharded is not None or backward is None or accumulation > 1:

@@ -3,7 +3,7 @@ host where the plan offloads.
 
 **Plans**, from the plainest: every block checkpointed (``full``); and the head in chunks (``+head``); and every
 block's MLP in chunks (``+mlp``); and the checkpointed block inputs offloaded to pinned host memory (``+offload``,
-only with ``host_memory``). Each is a row of :func:`~hf_ckpt.estimate.estimate` (``full``, ``full+head:<c>``,
+only with ``host_memory``). Each is a row of :func:`~hf_ckpt.estimation.estimate` (``full``, ``full+head:<c>``,
 ``full+head:<c>+mlp:<m>`` and, with ``offload_activations``, that ``+offload``: the blocks' checkpointed inputs in
 host memory but for the two that the overlapped offload holds in flight on the device, one copied back while the one
 before it is recomputed).
@@ -36,9 +36,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from hf_ckpt.runtime.units import format_bytes, parse_size
-from hf_ckpt.estimate import _arguments as arguments
-from hf_ckpt.estimate._estimate import OFFLOAD_SUFFIX, estimate, mlp_row_name
+from hf_ckpt.runtime.util.units import format_bytes, parse_size
+from hf_ckpt.estimation import _arguments as arguments
+from hf_ckpt.estimation._estimate import OFFLOAD_SUFFIX, estimate, mlp_row_name
 
 #: Bytes per second of a pinned host<->device copy: PCIe 4.0 x16 is 32 GB/s raw per direction, about 25 GB/s
 #: effective for large pinned copies.
@@ -286,7 +286,7 @@ def max_seq(
     ``host_memory``), the plan, and what binds at the next step up (see the module's docstring for the method).
 
     Args:
-        model_or_config: As for :func:`~hf_ckpt.estimate.estimate` (a config, a ``config.json``, a meta model).
+        model_or_config: As for :func:`~hf_ckpt.estimation.estimate` (a config, a ``config.json``, a meta model).
         device_memory: Memory of one device: bytes, or a size string (``"80GiB"``).
         batch_size: Sequences per step.
         host_memory: Host memory for offloaded checkpointed inputs (bytes or a size string); None: plans that
@@ -296,7 +296,7 @@ def max_seq(
         pcie_bandwidth: Bytes per second of a host<->device copy (default :data:`PCIE_BANDWIDTH`, PCIe 4.0 x16).
         device_flops: FLOPs per second of a block's forward (default :data:`DEVICE_FLOPS`).
         granularity: The lengths searched are multiples of this many tokens.
-        **estimate_options: Passed to :func:`~hf_ckpt.estimate.estimate` (``dtype``, ``optimizer``,
+        **estimate_options: Passed to :func:`~hf_ckpt.estimation.estimate` (``dtype``, ``optimizer``,
             ``peft_config``, ``device``, ...).
 
     Raises:

@@ -13,9 +13,9 @@ from hf_ckpt.runtime import _torch
 from hf_ckpt.runtime import head as _head
 from hf_ckpt.runtime.plans import CheckpointPlan
 from hf_ckpt.strategies import kind_class
-from hf_ckpt.estimate import _arguments as arguments
-from hf_ckpt.estimate._attention import attention_model
-from hf_ckpt.estimate._model import (
+from hf_ckpt.estimation import _arguments as arguments
+from hf_ckpt.estimation._attention import attention_model
+from hf_ckpt.estimation._model import (
     blocks_of,
     build_on_meta,
     load_config,
@@ -23,12 +23,12 @@ from hf_ckpt.estimate._model import (
     model_class,
     reduced_config,
 )
-from hf_ckpt.estimate._labels import batch_for, check_text_model
-from hf_ckpt.estimate._quantized import as_traced, check_quantization, dequantized_bytes, quantized_weights
-from hf_ckpt.estimate._result import MemoryEstimate
-from hf_ckpt.estimate._sharding import check_sharding, shard_estimate
-from hf_ckpt.estimate._timeline import StepPeaks, backward_held, held_above, step_peaks
-from hf_ckpt.estimate._trace import TRACED, Trace, fake_mode, to_fake, trace
+from hf_ckpt.estimation._labels import batch_for, check_text_model
+from hf_ckpt.estimation._quantized import as_traced, check_quantization, dequantized_bytes, quantized_weights
+from hf_ckpt.estimation._result import MemoryEstimate
+from hf_ckpt.estimation._sharding import check_sharding, shard_estimate
+from hf_ckpt.estimation._timeline import StepPeaks, backward_held, held_above, step_peaks
+from hf_ckpt.estimation._trace import TRACED, Trace, fake_mode, to_fake, trace
 
 #: The row of every block checkpointed whole: the chunked head's row (``full+head:<chunk>``) builds on it.
 EVERY_BLOCK_ROW = "full"
@@ -251,7 +251,7 @@ def _with_dequantized(traced: Trace, dequantized: int) -> None:
 
 def _row_peaks(states: Any, accumulation: int, base: int, blocks: Sequence[int], transient: int,
                lines: Sequence[Any], rep: Sequence[int], back: Sequence[int] | None = None) -> StepPeaks:
-    """A row's peaks (:func:`~hf_ckpt.estimate._timeline.step_peaks`): ``base`` and ``blocks`` retained,
+    """A row's peaks (:func:`~hf_ckpt.estimation._timeline.step_peaks`): ``base`` and ``blocks`` retained,
     ``lines`` the timeline of each block's strategy, ``back`` what an activation offload brings back per block."""
     backward = backward_held(lines, base, blocks, rep, back=back)
     in_flight = (2 * max(back) if len(back) > 1 else max(back)) if back else 0  # gradients held whole: the most
@@ -261,7 +261,7 @@ def _row_peaks(states: Any, accumulation: int, base: int, blocks: Sequence[int],
 
 def _held_for_planners(traced: Trace, rep: Sequence[int], states: Any, accumulation: int) -> dict[str, int]:
     """:attr:`MemoryEstimate.held_above_bytes`: per head setting, the timeline's bound
-    (:func:`~hf_ckpt.estimate._timeline.held_above`) over the planned strategies, or, where the backward counts
+    (:func:`~hf_ckpt.estimation._timeline.held_above`) over the planned strategies, or, where the backward counts
     the gradients whole, the fixed part and the largest transient."""
     planned = [s for s in TRACED if s in traced.transient]
     settings = [("", traced.transient, traced.base_bytes, "")]
@@ -531,8 +531,8 @@ def estimate(
             of the parameters, gradients and, without ``autocast``, the activations.
         autocast: Mixed precision: the step runs under ``torch.autocast`` to ``"bfloat16"`` or ``"float16"``
             (the ``Trainer``'s ``bf16=True``/``fp16=True`` over ``dtype="float32"`` weights); None: no autocast.
-            Traced with CPU autocast's op lists (see :mod:`hf_ckpt.estimate._trace`).
-        device: ``"cuda"`` (attention kernels modelled, see :mod:`hf_ckpt.estimate._attention`) or ``"cpu"``.
+            Traced with CPU autocast's op lists (see :mod:`hf_ckpt.estimation._trace`).
+        device: ``"cuda"`` (attention kernels modelled, see :mod:`hf_ckpt.estimation._attention`) or ``"cpu"``.
         optimizer: The ``Trainer``'s ``optim`` name (``"adamw_torch"``, ``"adamw_torch_fused"``, ``"adamw_8bit"``,
             ``"paged_adamw_8bit"``, ``"adafactor"``, ``"lion_8bit"``, ``"sgd"``, ...: the keys of
             :data:`hf_ckpt.meters.optimizer_states.TRAINER_OPTIMIZERS`), or ``"adamw"`` (the default, torch's
@@ -568,7 +568,7 @@ def estimate(
             double quantization, or ``load_in_8bit``) the base is loaded with; with ``peft_config``: QLoRA. The
             quantized weights count as bitsandbytes stores them, the layers transformers leaves out (the output
             embeddings) in ``dtype``; each transient is at least the largest weight dequantized (see
-            :mod:`hf_ckpt.estimate._quantized`). Its compute dtype must be ``dtype``; single device only.
+            :mod:`hf_ckpt.estimation._quantized`). Its compute dtype must be ``dtype``; single device only.
 
         attn_implementation: The attention the model runs: None (its default, SDPA: on CUDA the fused kernels,
             modelled), ``"sdpa"`` (the same), ``"flash"`` (flash_attention_2, CUDA only: what the fused kernels

@@ -11,7 +11,7 @@ included; ``object``'s, torch's and transformers' shared methods left out):
   checkpoints **every** block with torch's default arguments, whatever was selected;
 * not at all (:func:`never_checkpoints`: a flag its loop never reads, or one a model only declares).
 
-In the last two cases hf_ckpt checkpoints the selected blocks itself by wrapping them (:mod:`hf_ckpt.runtime.direct`);
+In the last two cases hf_ckpt checkpoints the selected blocks itself by wrapping them (:mod:`hf_ckpt.runtime.stacks.direct`);
 for a stack that hard-codes torch's checkpoint it also leaves the stack's own flag off (:mod:`hf_ckpt.runtime.binding`),
 so that its loop calls every block plainly.
 """

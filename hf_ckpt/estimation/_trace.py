@@ -32,7 +32,7 @@ from torch import nn
 
 from hf_ckpt.runtime import _torch
 from hf_ckpt.runtime.apply import apply_request, remove
-from hf_ckpt.runtime.flop_formulas import missing_formulas
+from hf_ckpt.runtime.util.flop_formulas import missing_formulas
 from hf_ckpt.runtime.target import target_model
 from hf_ckpt.runtime._torch import TorchDispatchMode, tree_leaves, tree_map
 from hf_ckpt.runtime.blocks import Block
@@ -42,8 +42,8 @@ from hf_ckpt.meters.step import loss_of
 from hf_ckpt.runtime.plans import CheckpointPlan
 from hf_ckpt.strategies.selective.policy import SelectiveRecomputeError
 from hf_ckpt.strategies import FULL as EVERY_BLOCK, kind_class
-from hf_ckpt.estimate._attention import attention_for
-from hf_ckpt.estimate._model import block_key
+from hf_ckpt.estimation._attention import attention_for
+from hf_ckpt.estimation._model import block_key
 
 #: The per-block strategies traced; every other strategy (every_n:k, a plan) is composed from them.
 TRACED = ("none", "full", "selective")

@@ -45,7 +45,7 @@ def count_states(
 
     ``receives_gradient(name)`` tells whether the step reaches a parameter: one that gets no gradient gets no
     optimizer state either (``torch.optim`` skips parameters whose ``grad`` is None). ``stored``: ``id(parameter)``
-    -> the bytes a quantized base keeps for it (:mod:`hf_ckpt.estimate._quantized`), in place of its dtype's.
+    -> the bytes a quantized base keeps for it (:mod:`hf_ckpt.estimation._quantized`), in place of its dtype's.
     """
     stored = stored or {}
     named = list(model.named_parameters())  # each parameter once (tied weights under their first name)

@@ -1,6 +1,6 @@
-"""``hf_ckpt.estimate``: will it fit? Training memory and recompute cost from a config, without allocating.
+"""``hf_ckpt.estimation``: will it fit? Training memory and recompute cost from a config, without allocating.
 
-* ``hf_ckpt.estimate(...)`` (the same as :func:`estimate`) -> :class:`MemoryEstimate`: parameter, gradient and
+* :func:`estimate` (also ``hf_ckpt.estimate``) -> :class:`MemoryEstimate`: parameter, gradient and
   optimizer-state bytes, activation bytes retained per checkpointing strategy, the predicted step peak and
   recompute FLOPs, for a config, a ``config.json`` or a model on the meta device. It traces one block per block
   type on fake tensors and scales.
@@ -12,18 +12,14 @@
   (``hf-ckpt estimate CONFIG --max-seq --device-memory SIZE [--host-memory SIZE]``).
 * ``hf-ckpt estimate CONFIG --batch B --seq S`` (:mod:`hf_ckpt.cli.estimate`) prints the table.
 
-The package is callable, so ``hf_ckpt.estimate(config, batch_size=1, seq_len=8192)`` works while
-``hf_ckpt.estimate.plan_for`` stays reachable; names load on first use (the command must not import torch for
-``--help``).
+Names load on first use (the command must not import torch for ``--help``).
 """
 
 from __future__ import annotations
 
-import sys
-import types
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from hf_ckpt.runtime.lazy import lazy_exports
+from hf_ckpt.runtime.util.lazy import lazy_exports
 
 _EXPORTS = {
     "DEFAULT_STRATEGIES": "._estimate",
@@ -40,20 +36,10 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 if TYPE_CHECKING:  # for type checkers and the API docs: the same names, imported eagerly
-    from hf_ckpt.estimate._estimate import DEFAULT_STRATEGIES, estimate
-    from hf_ckpt.estimate._max_seq import MaxSeq, max_seq
-    from hf_ckpt.estimate._plan import plan_for, plan_from_estimate, profile_of, write_plan
-    from hf_ckpt.estimate._result import MemoryEstimate
+    from hf_ckpt.estimation._estimate import DEFAULT_STRATEGIES, estimate
+    from hf_ckpt.estimation._max_seq import MaxSeq, max_seq
+    from hf_ckpt.estimation._plan import plan_for, plan_from_estimate, profile_of, write_plan
+    from hf_ckpt.estimation._result import MemoryEstimate
 
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
-
-
-class _CallableModule(types.ModuleType):
-    """``hf_ckpt.estimate(...)`` calls :func:`estimate`; attribute access is the package's."""
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self.estimate(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule

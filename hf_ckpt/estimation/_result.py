@@ -7,8 +7,8 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from hf_ckpt.runtime.units import format_bytes, precision_label
-from hf_ckpt.estimate._sharding import optimizer_definition
+from hf_ckpt.runtime.util.units import format_bytes, precision_label
+from hf_ckpt.estimation._sharding import optimizer_definition
 
 _FORMAT = "hf_ckpt.MemoryEstimate"
 
@@ -48,7 +48,7 @@ class MemoryEstimate:
         optimizer_bytes: Bytes of the optimizer states on the device.
         activation_bytes: Bytes retained at the end of forward, per strategy (what backward holds).
         peak_bytes: Predicted peak of a steady step per strategy: the most the step's timeline holds (see
-            :mod:`hf_ckpt.estimate._timeline`: the backward as the gradients appear, the optimizer step).
+            :mod:`hf_ckpt.estimation._timeline`: the backward as the gradients appear, the optimizer step).
         first_step_peak_bytes: The same for the first step, before the optimizer has allocated its states.
         peak_phase: Per strategy, where the steady step's peak falls (``"the optimizer step"``, ``"the backward
             of block 27"``, ``"the forward's loss"``, ``"the backward of the head and loss"``, or ``"backward, gradients held whole"`` with

@@ -1,0 +1,1 @@
+"""Small helpers of every layer: units, dtypes, warnings, lazy names, RNG, storages, FLOPs, capabilities."""
