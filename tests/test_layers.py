@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import importlib.util
 import logging
+import re
 import json
 import sys
 from pathlib import Path
@@ -277,6 +278,34 @@ def test_the_architecture_page_draws_the_contracts_layers_and_states_the_line_bo
              if line.startswith("  ") and not line.startswith("   ") and line.split()[1] in ("PUBLIC", "LAB", "RUNTIME")]
     assert drawn == [name for names in reversed(_CLIMBS.LAYERS) for name in names]
     assert f"at most {RUNTIME_LINES:,} lines of hf_ckpt" in page.replace("\n", " ")
+
+
+#: A module of hf_ckpt as docs/architecture.md writes it: a path (``runtime/state.py``, ``planning/menus/``) or a
+#: dotted name (``runtime.state.suspended``, ``hf_ckpt.solver.verified``), from a package's name on.
+_NAMED_MODULE = re.compile(r"`(?:hf_ckpt[./])?((?:%s)(?:[./]\w+)*)" % "|".join(
+    sorted({name for names in _CLIMBS.LAYERS for name in names} - {"core", "mixin", "patch", "__main__"})))
+
+
+def _names_a_module(written: str) -> bool:
+    """Whether ``written`` (``runtime/util/lazy.py``, ``runtime.apply.apply_request``) names a module or package of
+    hf_ckpt, or a name one of them defines."""
+    parts = written.removesuffix(".py").replace("/", ".").split(".")
+    for k in range(len(parts), 0, -1):
+        folder = PACKAGE.joinpath(*parts[:k])
+        path = folder / "__init__.py" if (folder / "__init__.py").exists() else folder.with_suffix(".py")
+        if path.exists():
+            return k == len(parts) or re.search(rf"\b{parts[k]}\b", path.read_text()) is not None
+    return False
+
+
+@pytest.mark.any_release
+def test_the_architecture_page_names_only_modules_that_exist():
+    """Every module, package or name of hf_ckpt that docs/architecture.md writes (``runtime/state.py``,
+    ``solver/verified.verified_plan``) exists: the page cannot go on naming modules a change removed."""
+    page = (PACKAGE.parent / "docs" / "architecture.md").read_text()
+    written = sorted(set(_NAMED_MODULE.findall(page)))
+    assert len(written) > 20
+    assert [name for name in written if not _names_a_module(name)] == []
 
 
 @pytest.mark.any_release
