@@ -52,29 +52,10 @@ DEFERRED = {
     ("hf_ckpt.strategies.selective", "hf_ckpt.strategies.selective.spec"): "a kind registers without torch; its module loads when a setting uses it",
     ("hf_ckpt.strategies.oplevel", "hf_ckpt.strategies.oplevel.spec"): "a kind registers without torch; its module loads when a plan uses it",
     ("hf_ckpt.strategies.partition", "hf_ckpt.strategies.partition.spec"): "a kind registers without torch; its module loads when a plan uses it",
-    # The CLI: each command's module holds its parser and its run; torch, transformers and the lab load when the
-    # command runs (or an option that needs them is given), not for --help or an argument error.
-    **{("hf_ckpt.cli." + command, module): "the command loads torch when it runs, not for --help" for command, module in (
-        ("arguments", "hf_ckpt.measure.workload"),  # the workload the options describe, and --device
-        ("bench", "hf_ckpt.measure.bench"),
-        ("bench", "hf_ckpt.measure.report"),
-        ("bench", "hf_ckpt.measure.settings"),  # and --settings
-        ("bench", "hf_ckpt.measure.workload"),
-        ("plan", "hf_ckpt.planning.planner"),
-        ("verify", "hf_ckpt.core"),
-        ("verify", "hf_ckpt.runtime.plans"),  # --plan
-        ("verify", "hf_ckpt.verification"),
-        ("estimate", "hf_ckpt.estimation._arguments"),
-        ("estimate", "hf_ckpt.estimation._check"),
-        ("estimate", "hf_ckpt.estimation._estimate"),
-        ("estimate", "hf_ckpt.estimation._max_seq"),
-        ("estimate", "hf_ckpt.estimation._plan"),
-    )},
 }
-#: At most this many imports inside functions: 13 before the CLI's runners joined their parsers (#46), and the CLI's
-#: 14, one per lab module a command (or its --device, --settings, --plan) loads when it runs: they were imported at
-#: the top of the runner modules the parsers named by dotted path, out of this count's sight.
-DEFERRED_BOUND = 27
+#: At most this many imports inside functions. The CLI has none: a command's module imports the lab's packages at
+#: its top, which load a module only when the command first uses it (PEP 562), so ``--help`` loads no torch.
+DEFERRED_BOUND = 13
 #: The lab's packages: what decides or measures (the meters, the solver, the planners, budgets, the estimator, the
 #: bench, verify, the CLI). A training step with a runtime setting loads none of them.
 LAB_PACKAGES = _CLIMBS.LAB_PACKAGES

@@ -3,8 +3,8 @@ they describe.
 
 Every value is checked while parsing, before any model is built: a wrong value is an argparse error, one line
 naming the argument (and the file, for a model directory). Nothing here imports torch or transformers at module
-level; the types that need them (``--device``, a model type name) import them when such a value is given, and
-:func:`build_workload_from` when a command runs.
+level; the types that need them (``--device``, a model type name) load them when such a value is given, and
+:func:`build_workload_from` when a command runs (:mod:`hf_ckpt.measure` loads a name on its first use).
 
 The defaults below are those of :mod:`hf_ckpt.measure.workload` (a test keeps them equal); they are repeated
 here so that ``--help`` does not import torch.
@@ -19,6 +19,7 @@ import os
 import struct
 from typing import Any, Callable
 
+from hf_ckpt import measure
 from hf_ckpt.cli.errors import CommandError
 from hf_ckpt.runtime.util import dtype_names
 from hf_ckpt.runtime.util.units import precision_label
@@ -95,9 +96,7 @@ def autocast_name(text: str) -> str:
 
 def device(text: str) -> Any:
     """``--device``: a ``torch.device`` that exists on this machine."""
-    from hf_ckpt.measure.workload import parse_device  # torch loads when the option is given, not for --help
-
-    return converter(parse_device)(text)
+    return converter(measure.workload.parse_device)(text)  # torch loads when the option is given, not for --help
 
 
 def output_file(text: str) -> str:
@@ -213,20 +212,18 @@ def build_workload_from(args: argparse.Namespace, device: Any = None) -> Any:
     A model directory that passed the parse-time checks can still fail to load (weights that do not match the
     config, a format transformers refuses): that is a one-line :class:`CommandError` naming the directory.
     """
-    from hf_ckpt.measure.workload import build_workload, default_device, parse_dtype  # torch: when a command runs
-
     spec = args.model
     try:
-        return build_workload(
+        return measure.workload.build_workload(
             spec,
             layers=args.layers,
             hidden=args.hidden,
             batch=args.batch,
             seq=args.seq,
-            dtype=parse_dtype(args.dtype) if isinstance(args.dtype, str) else args.dtype,
-            device=device if device is not None else (args.device or default_device()),
+            dtype=measure.workload.parse_dtype(args.dtype) if isinstance(args.dtype, str) else args.dtype,
+            device=device if device is not None else (args.device or measure.workload.default_device()),
             seed=args.seed,
-            autocast=parse_dtype(args.autocast) if getattr(args, "autocast", None) else None,
+            autocast=measure.workload.parse_dtype(args.autocast) if getattr(args, "autocast", None) else None,
         )
     except ValueError as error:
         if spec is None or not os.path.isdir(spec):

@@ -14,6 +14,7 @@ import sys
 import time
 from typing import Any
 
+from hf_ckpt import measure
 from hf_ckpt.cli.arguments import (
     add_workload_arguments, build_workload_from, converter, non_negative_int, output_file, png_file, positive_int,
 )
@@ -32,9 +33,7 @@ SETTING_SYNTAX = "none, full, every_n:N, offload, head:N, mlp:N, upstream:full|u
 
 def settings(text: str) -> list:
     """``--settings``: the settings :func:`hf_ckpt.measure.parse_settings` reads in the text."""
-    from hf_ckpt.measure.settings import parse_settings  # torch loads when the option is given, not for --help
-
-    return converter(parse_settings)(text)
+    return converter(measure.settings.parse_settings)(text)  # torch loads when the option is given, not for --help
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -90,17 +89,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``hf-ckpt bench``; returns the exit status."""
-    # Imported when the command runs: the bench loads torch and transformers, --help must not.
+    # Imported when the command runs: the bench loads torch and transformers (hf_ckpt.measure loads a name on its
+    # first use), --help must not.
     import torch
     from tqdm.auto import tqdm  # a dependency of transformers
 
-    from hf_ckpt.measure import report as reporting
-    from hf_ckpt.measure.bench import environment, run_benchmark, steps_of
-    from hf_ckpt.measure.settings import BASELINE, parse_settings, upstream_supports
-    from hf_ckpt.measure.workload import default_device
-
-    chosen = args.settings if args.settings is not None else parse_settings(default_settings(upstream_supports))
-    device = args.device if args.device is not None else default_device()
+    chosen = args.settings if args.settings is not None else measure.settings.parse_settings(default_settings())
+    device = args.device if args.device is not None else measure.workload.default_device()
     threads = args.threads if args.threads is not None else (1 if device.type == "cpu" else None)
     previous_threads = torch.get_num_threads()
     if threads is not None:
@@ -110,27 +105,27 @@ def run(args: argparse.Namespace) -> int:
         started = time.perf_counter()
         work = build_workload_from(args, device)
         _refuse_without_checkpointing(work.model)
-        info = {"model": work.info, "environment": environment()}
-        count = len(chosen) + (0 if any(setting.name == BASELINE for setting in chosen) else 1)
-        bar = _progress_bar(tqdm, steps_of(count, repeat=args.repeat, warmup=args.warmup), args.progress)
+        info = {"model": work.info, "environment": measure.bench.environment()}
+        count = len(chosen) + (0 if any(setting.name == measure.settings.BASELINE for setting in chosen) else 1)
+        steps = measure.bench.steps_of(count, repeat=args.repeat, warmup=args.warmup)
+        bar = _progress_bar(tqdm, steps, args.progress)
         try:
-            report = run_benchmark(
+            report = measure.bench.run_benchmark(
                 work.model, work.batch, chosen, repeat=args.repeat, warmup=args.warmup, loss_fn=work.loss_fn,
                 on_step=lambda label: bar.update(1), info=info, clock=clock,
             )
         finally:
             bar.close()
         report.info["wall_time_s"] = time.perf_counter() - started
-        return _report(args, report, clock, reporting)
+        return _report(args, report, clock)
     finally:
         torch.set_num_threads(previous_threads)
 
 
-def default_settings(upstream_supports: Any) -> str:
-    """``none,full,every_n:2``, each next to the same setting through transformers' own method where it has it
-    (``upstream_supports``: :func:`hf_ckpt.measure.settings.upstream_supports`)."""
+def default_settings() -> str:
+    """``none,full,every_n:2``, each next to the same setting through transformers' own method where it has it."""
     specs = ["none", "full", "upstream:full", "every_n:2"]
-    if upstream_supports("every_n:2"):
+    if measure.settings.upstream_supports("every_n:2"):
         specs.append("upstream:every_n:2")
     return ",".join(specs)
 
@@ -173,11 +168,11 @@ def _header(info: dict[str, Any], repeat: int, warmup: int, clock: str) -> str:
     )
 
 
-def _report(args: argparse.Namespace, report: Any, clock: str, reporting: Any) -> int:
-    """Print the table and the checks, write the JSON and the plot when asked; the exit status (``reporting``:
-    :mod:`hf_ckpt.measure.report`, imported by :func:`run`)."""
+def _report(args: argparse.Namespace, report: Any, clock: str) -> int:
+    """Print the table and the checks, write the JSON and the plot when asked; the exit status."""
     print(_header(report.info, args.repeat, args.warmup, clock))
     print()
+    reporting = measure.report
     print(reporting.format_table(report))
     for result in report.results:
         measurement = result.measurement

@@ -24,6 +24,7 @@ import os
 from dataclasses import asdict
 from typing import Any, Callable
 
+from hf_ckpt import estimation
 from hf_ckpt.runtime.util.units import format_bytes, parse_size
 from hf_ckpt.cli.errors import CommandError
 
@@ -127,22 +128,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``hf-ckpt estimate``; returns the exit status."""
-    # Imported when the command runs: the estimator loads torch and transformers, --help must not.
-    from hf_ckpt.estimation._arguments import check_dtype
-    from hf_ckpt.estimation._check import run_check
-    from hf_ckpt.estimation._estimate import estimate
-    from hf_ckpt.estimation._max_seq import DEVICE_FLOPS, copies_line, copy_and_compute_seconds, max_seq
-    from hf_ckpt.estimation._plan import plan_from_estimate, plan_line
-
     device_memory = _device_memory(args)
-    quantization = _quantization(args, check_dtype)
+    quantization = _quantization(args)
     _refuse_combinations(args, quantization)
     if args.check:
-        return run_check(args.config)
+        return estimation._check.run_check(args.config)
     if args.max_seq:  # the longest sequence that fits, printed (and written as JSON); 1 when nothing fits
         _check_max_seq(args, device_memory)
-        found = _computed(max_seq, args, quantization, device_memory=device_memory, host_memory=args.host_memory,
-                          pcie_bandwidth=args.pcie_bandwidth * 1e9)
+        found = _computed(estimation._max_seq.max_seq, args, quantization, device_memory=device_memory,
+                          host_memory=args.host_memory, pcie_bandwidth=args.pcie_bandwidth * 1e9)
         print(found)
         if args.json is not None:
             _write_json(args.json, asdict(found), "result")
@@ -152,7 +146,7 @@ def run(args: argparse.Namespace) -> int:
     if args.host_memory is not None:
         raise CommandError("--host-memory only applies with --max-seq; drop it or add --max-seq")
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
-    made = _computed(estimate, args, quantization, seq_len=args.seq, strategies=strategies,
+    made = _computed(estimation._estimate.estimate, args, quantization, seq_len=args.seq, strategies=strategies,
                      offload_activations=args.offload, gradient_accumulation_steps=args.gradient_accumulation_steps)
     print(str(made).rsplit("\n", 1 + len(made.activation_bytes) + 1)[0])
     print(made.table(device_memory))
@@ -164,20 +158,20 @@ def run(args: argparse.Namespace) -> int:
         data["device_memory_bytes"] = device_memory
         data["fits"] = made.fits(device_memory)
         try:
-            plan = plan_from_estimate(made, device_memory, whole_step=True)
+            plan = estimation._plan.plan_from_estimate(made, device_memory, whole_step=True)
         except ValueError as error:
             print(str(error))
             data["plan"] = None
             status = 1
         else:
-            print(plan_line(plan, made))
+            print(estimation._plan.plan_line(plan, made))
             data["plan"] = plan.to_dict()
             if args.plan_json is not None:
                 plan.save(args.plan_json)
                 print(f"plan written to {args.plan_json}")
     if made.activation_host_bytes and made.device == "cuda":
-        print(copies_line(*copy_and_compute_seconds(made, args.pcie_bandwidth * 1e9), args.pcie_bandwidth * 1e9,
-                          DEVICE_FLOPS))
+        bandwidth, copies = args.pcie_bandwidth * 1e9, estimation._max_seq
+        print(copies.copies_line(*copies.copy_and_compute_seconds(made, bandwidth), bandwidth, copies.DEVICE_FLOPS))
     if made.attention.get("modelled"):
         print(f"note: {made.attention['note']}")
     if args.json is not None:
@@ -256,9 +250,8 @@ def _lora(args: argparse.Namespace):
                       lora_dropout=dropout, modules_to_save=_names("--lora-modules-to-save", args.lora_modules_to_save))
 
 
-def _quantization(args: argparse.Namespace, check_dtype: Callable[[str], Any]):
-    """The ``BitsAndBytesConfig`` the ``--quantize`` flags describe, or None (``check_dtype``: the estimator's,
-    imported by :func:`run`)."""
+def _quantization(args: argparse.Namespace):
+    """The ``BitsAndBytesConfig`` the ``--quantize`` flags describe, or None."""
     four_bit_only = [option for option, given in (("--quant-type", args.quant_type is not None),
                                                    ("--double-quant", args.double_quant),
                                                    ("--quant-compute-dtype", args.quant_compute_dtype is not None))
@@ -277,7 +270,7 @@ def _quantization(args: argparse.Namespace, check_dtype: Callable[[str], Any]):
     if quant_type not in ("nf4", "fp4"):
         raise CommandError(f"--quant-type must be nf4 or fp4; got {quant_type!r}")
     try:
-        compute = check_dtype(args.quant_compute_dtype or args.autocast or args.dtype)
+        compute = estimation._arguments.check_dtype(args.quant_compute_dtype or args.autocast or args.dtype)
     except ValueError as error:
         option = "--quant-compute-dtype" if args.quant_compute_dtype else "--autocast" if args.autocast else "--dtype"
         raise CommandError(f"{option}: {error}") from None

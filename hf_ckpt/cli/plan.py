@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import argparse
 import os
-from typing import Any
 
+import hf_ckpt
 from hf_ckpt.runtime.util.units import BUDGET_FORMS, parse_budget, precision_label
 from hf_ckpt.cli.arguments import add_workload_arguments, build_workload_from, output_file, workload_line
 from hf_ckpt.cli.errors import CommandError
@@ -99,13 +99,11 @@ def config_path(text: str) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``hf-ckpt plan``; returns the exit status."""
-    from hf_ckpt.planning.planner import plan  # the planner loads torch when the command runs, not for --help
-
     if args.config is not None:
-        return _run_from_config(args, plan)
+        return _run_from_config(args)
     work = build_workload_from(args)
     try:
-        made = plan(work.model, work.batch, args.budget, strategies=args.strategies, loss_fn=work.loss_fn)
+        made = hf_ckpt.plan(work.model, work.batch, args.budget, strategies=args.strategies, loss_fn=work.loss_fn)
     except ValueError as error:  # the arguments were checked while parsing: what is left is "no plan fits"
         raise CommandError(str(error), exit_code=1) from None
     info = work.info
@@ -117,9 +115,8 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_from_config(args: argparse.Namespace, plan: Any) -> int:
-    """``--config``: the plan from the estimate of ``args.config`` at ``--batch`` x ``--seq`` (``plan``:
-    :func:`hf_ckpt.plan`, imported by :func:`run`)."""
+def _run_from_config(args: argparse.Namespace) -> int:
+    """``--config``: the plan from the estimate of ``args.config`` at ``--batch`` x ``--seq``."""
     if args.model is not None:
         raise CommandError("give --model (profile a real step) or --config (plan from shapes), not both")
     if args.strategies != list(PLAN_STRATEGIES):
@@ -129,7 +126,7 @@ def _run_from_config(args: argparse.Namespace, plan: Any) -> int:
         )
     device = "cuda" if args.device is None else str(args.device).split(":")[0]
     try:
-        made = plan(args.config, batch_size=args.batch, seq_len=args.seq, budget=args.budget,
+        made = hf_ckpt.plan(args.config, batch_size=args.batch, seq_len=args.seq, budget=args.budget,
                     dtype=args.dtype, autocast=args.autocast, device=device)
     except ValueError as error:
         raise CommandError(str(error), exit_code=1) from None

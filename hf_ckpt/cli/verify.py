@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+import hf_ckpt
 from hf_ckpt.cli.arguments import (
     add_workload_arguments, build_workload_from, converter, non_negative_float, positive_int, workload_line,
 )
@@ -58,17 +59,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def plan_file(text: str) -> Any:
     """``--plan``: the :class:`~hf_ckpt.CheckpointPlan` saved at the path."""
-    from hf_ckpt.runtime.plans import CheckpointPlan  # torch loads when the option is given, not for --help
-
-    return converter(CheckpointPlan.load)(text)
+    return converter(hf_ckpt.CheckpointPlan.load)(text)  # torch loads when the option is given, not for --help
 
 
 def run(args: argparse.Namespace) -> int:
     """Run ``hf-ckpt verify``; returns 0 when the report is ok, 1 otherwise."""
-    # Imported when the command runs: checkpointing and verify load torch and transformers, --help must not.
-    from hf_ckpt.core import enable
-    from hf_ckpt.verification import verify
-
     if args.plan is not None and args.every_n_layers != 1:
         raise CommandError("give --plan or --every-n-layers, not both: a plan already chooses every block's strategy")
     work = build_workload_from(args)
@@ -78,11 +73,11 @@ def run(args: argparse.Namespace) -> int:
     if not args.preserve_rng_state:
         options["preserve_rng_state"] = False
     try:
-        enable(work.model, every_n_layers=args.every_n_layers, offload=args.offload, **options)
+        hf_ckpt.enable(work.model, every_n_layers=args.every_n_layers, offload=args.offload, **options)
     except (ValueError, TypeError) as error:  # e.g. a model class that does not support checkpointing
         raise CommandError(str(error), exit_code=1) from None
     info = work.info
     print(workload_line(info))
-    report = verify(work.model, work.batch, loss_fn=work.loss_fn, rtol=args.rtol, seed=args.seed)
+    report = hf_ckpt.verify(work.model, work.batch, loss_fn=work.loss_fn, rtol=args.rtol, seed=args.seed)
     print(report)
     return 0 if report.ok else 1

@@ -42,4 +42,8 @@ if TYPE_CHECKING:  # for type checkers and the API docs: the same names, importe
     from hf_ckpt.estimation._result import MemoryEstimate
 
 
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+#: Modules reached as attributes, loaded on first use: ``hf-ckpt estimate`` imports this package at its top (no
+#: torch) and calls ``estimation._estimate.estimate`` and the like when it runs.
+_SUBMODULES = ("_arguments", "_check", "_estimate", "_max_seq", "_plan")
+
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, _SUBMODULES)

@@ -69,4 +69,8 @@ __all__ = [
 ]
 
 
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+#: Modules reached as attributes, loaded on first use: the CLI imports this package at its top (no torch) and calls
+#: ``measure.bench.run_benchmark`` and the like when a command runs.
+_SUBMODULES = ("bench", "report", "settings", "workload")
+
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, _SUBMODULES)
