@@ -32,7 +32,7 @@ from hf_ckpt.meters.step import training_step
 from hf_ckpt.measure.timing import CLOCKS, interleaved_step_times
 from hf_ckpt.measure.workload import build_workload
 from hf_ckpt.planning.menus.oplevel import profile_ops
-from hf_ckpt.strategies.oplevel import frontier
+from hf_ckpt.planning.menus.frontier import frontier
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -308,11 +308,19 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/test_outside.py",),
     ),
     Mutant(
-        "oplevel_plan_rounded",
-        "the op-level planner finds the cheapest plan whose exact bytes fit, not only those its rounding sees",
+        "plan_rounded",
+        "the planners find the cheapest plan whose exact bytes fit, not only those a rounding to byte units sees",
         "hf_ckpt/solver/knapsack.py",
-        "        found = _exact_plan(menu, none, required, max_states)\n",
-        "        found = None  # mutant: savings rounded to a byte unit\n",
+        "                gain = state.gain + choice.gain if cap is None else min(cap, state.gain + choice.gain)\n",
+        "                gain = (state.gain + choice.gain) // unit * unit  # mutant: savings rounded to a byte unit\n",
+        ("tests/test_solver.py",),
+    ),
+    Mutant(
+        "ties_to_earlier_blocks",
+        "between plans of equal total, the later blocks take the options that save more (the plans' tie order)",
+        "hf_ckpt/solver/knapsack.py",
+        "                order = (-choice.gain,) + state.order\n",
+        "                order = (choice.gain,) + state.order  # mutant: ties to earlier blocks\n",
         ("tests/test_solver.py",),
     ),
     Mutant(

@@ -13,8 +13,9 @@ import hf_ckpt
 from hf_ckpt.measure import measure_step
 from hf_ckpt.meters.flops import count_flops
 from hf_ckpt.measure.settings import parse_setting
+from hf_ckpt.planning.menus.frontier import frontier
 from hf_ckpt.planning.menus.oplevel import profile_ops
-from hf_ckpt.strategies.oplevel import OpPolicy, frontier
+from hf_ckpt.strategies.oplevel import OpPolicy
 from helpers import VOCAB, max_grad_diff, recomputed_in_step, tiny_gpt2, tiny_llama, train_step
 from torch_capabilities import requires
 

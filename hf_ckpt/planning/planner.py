@@ -14,8 +14,8 @@ block retains at the end of forward and what its recompute costs, then picks a s
    is kept whatever the next block does), so the plan is a multiple-choice knapsack: reach the required savings at
    the least recompute FLOPs. The profile's menu (per block, an option per strategy) goes through the one planning
    path of every planner, :func:`hf_ckpt.solver.verified.verified_plan`, to the one solver,
-   :func:`hf_ckpt.solver.knapsack.solve_menu`: dynamic programming over savings quantised *down* (so the predicted
-   memory never understates), with ties going to fewer checkpointed blocks.
+   :func:`hf_ckpt.solver.knapsack.solve_menu`: a Pareto front over the options' exact bytes, block by block (so the
+   predicted memory never understates), with ties going to fewer checkpointed blocks.
 3. **The head, when blocks are not enough.** Where no assignment fits and the model is a causal LM whose head can
    run in checkpointed chunks (``head_chunk_size``; the sample has ``labels`` by keyword and no ``loss_fn`` is
    given, which might read the logits), one more step measures the base with the head chunked (the full logits and

@@ -7,33 +7,33 @@ the blocks, and hands it to the one planning path, :func:`hf_ckpt.solver.verifie
 (:mod:`hf_ckpt.planning.planner`) and the estimated plans (:mod:`hf_ckpt.estimation`) hand it a :class:`BlockProfile`'s
 menu (:meth:`BlockProfile.menu`); the op-level planner (:mod:`hf_ckpt.planning.menus.oplevel`) its menu, into which the
 partition and outside menus (:mod:`hf_ckpt.planning.menus.partition`, :mod:`hf_ckpt.planning.menus.outside`) put their
-options, solved with ``exact=True``. :func:`solve` (a profile's menu, quantised) stays for callers that solve a profile
-without a plan.
+options. The op frontier (:mod:`hf_ckpt.planning.menus.frontier`: which ops of one block type keep their outputs)
+solves its 0/1 knapsack with the same routine, :func:`pareto_front`. :func:`solve` (a profile's menu) stays for
+callers that solve a profile without a plan.
 
 Retained bytes add up over blocks, so the problem is a multiple-choice knapsack: reach the required savings (the
 bytes of no checkpointing, ``"none"`` in every block, less the budget) at the least total (cost, checkpointed blocks,
-overhead), compared in that order. It is solved by dynamic programming over savings quantised *down* to a byte unit of
-``required / quanta`` (so the predicted memory never understates); with ``exact=True``, first over the options' exact
-bytes, as a Pareto front that gives way to the quantised programme where it grows beyond ``max_states``.
+overhead), compared in that order. It is solved over the options' exact bytes, block by block, as a Pareto front of
+(bytes saved so far, capped at the required savings; least total); where a front grows beyond ``max_states`` it keeps
+one state per ``required / quanta`` bytes, each with its exact bytes, so the predicted memory never understates.
+Ties between plans of equal total go to the plan whose later blocks save more.
 """
 
 from __future__ import annotations
 
 import math
+import operator
 from dataclasses import dataclass
-from typing import Any, NamedTuple, Sequence
+from typing import Iterable, NamedTuple, Sequence
 
 from hf_ckpt.runtime.util.units import format_bytes as _mib
 from hf_ckpt.strategies import ALL_STRATEGIES, NONE, keeps_everything, kind_of
 
-#: The byte units of the quantised programme: the savings a plan requires are counted in this many units.
+#: Where a front grows beyond :data:`MAX_STATES`, it keeps one state per 1 / QUANTA of the gain required.
 QUANTA = 4096
-#: The exact front gives way to the quantised programme where it holds more states than this (on a 32-layer Llama
-#: with op-level menus the fronts reach 7,000 states and an exact solve takes 5 s; there it gives way at the 8th block).
+#: The most states a front holds before it keeps one per unit (on a 32-layer Llama with op-level menus the exact
+#: fronts reach 7,000 states and an exact solve takes 5 s; there the units begin at the 8th block).
 MAX_STATES = 2_000
-
-_Total = tuple[float, float, float]
-_INFINITY: _Total = (math.inf, math.inf, math.inf)
 
 
 class Option(NamedTuple):
@@ -97,7 +97,7 @@ class BlockProfile:
 
 def solve(profile: BlockProfile, budget_bytes: int) -> tuple[str, ...]:
     """The per-block strategies that keep the predicted bytes within ``budget_bytes`` at the least recompute FLOPs
-    (ties to fewer checkpointed blocks): :func:`solve_menu` on the profile's menu, quantised.
+    (ties to fewer checkpointed blocks): :func:`solve_menu` on the profile's menu.
 
     Raises:
         ValueError: no assignment of the profiled strategies fits; the message gives the smallest memory reachable.
@@ -105,20 +105,15 @@ def solve(profile: BlockProfile, budget_bytes: int) -> tuple[str, ...]:
     return solve_menu(profile.menu(), profile.base_bytes, budget_bytes)
 
 
-def solve_menu(menu: Sequence[Sequence[Option]], base_bytes: int, budget_bytes: int, *, exact: bool = False,
-               quanta: int = QUANTA, max_states: int = MAX_STATES) -> tuple[str, ...]:
+def solve_menu(menu: Sequence[Sequence[Option]], base_bytes: int, budget_bytes: int, *, quanta: int = QUANTA,
+               max_states: int = MAX_STATES) -> tuple[str, ...]:
     """Per block, the name of the option such that ``base_bytes`` plus the options' bytes fit ``budget_bytes`` at
     the least total (cost, checkpointed blocks, overhead); every block has a ``"none"`` option, its baseline.
 
-    The two ways keep the results each planner had before they shared this solver (the exact way on the block
-    planners' menus gives the same figures on the tests' models, but on 19 of their plans puts the same options on
-    other twin blocks, ``("full", "full", "selective", "selective")`` for ``("selective", "selective", "full",
-    "full")``: the ties between equal totals fall the other way, so the plans would change). Quantised (the block
-    planners): dynamic programming over savings quantised down to ``required / quanta`` bytes; where the rounding
-    loses the last bytes, every block's smallest option (ties: menu order). ``exact=True`` (the op-level planner): first the
-    exact Pareto front, up to ``max_states`` states; where it gives way, the quantised programme, then single blocks
-    moved to cheaper options while the exact bytes fit; where the rounding loses the last bytes, every block's
-    smallest option (ties: least cost).
+    The options' bytes saved against ``"none"`` are the gains of :func:`pareto_front`, capped at what the budget
+    requires; its cheapest plan that saves it all is chosen (ties: the later blocks save more), then single blocks
+    are moved to cheaper options while the exact bytes fit (which changes nothing unless the front kept one state
+    per unit). Where the front lost the last bytes, every block's smallest option (ties: least total).
 
     Raises:
         ValueError: not even every block's smallest option fits; the message gives the smallest memory reachable.
@@ -128,15 +123,12 @@ def solve_menu(menu: Sequence[Sequence[Option]], base_bytes: int, budget_bytes: 
     if required <= 0:
         return (NONE,) * len(menu)
     _check_reachable(menu, base_bytes, budget_bytes)
-    if exact:
-        found = _exact_plan(menu, none, required, max_states)
-        if found is not None:
-            return found
-    chosen = _quantised_plan(menu, none, required, quanta)
-    if chosen is None:  # quantisation lost the last few bytes: the strongest option everywhere
-        key: Any = (lambda o: (o.retained, o.cost)) if exact else (lambda o: o.retained)
-        return tuple(min(options, key=key).name for options in menu)
-    return _refine(menu, chosen, base_bytes, budget_bytes) if exact else chosen
+    groups = [[Choice(option.name, saved - option.retained, _rank(option)) for option in options]
+              for options, saved in zip(menu, none)]
+    best = pareto_front(groups, cap=required, quanta=quanta, max_states=max_states)[-1]
+    if best.gain < required:  # one state per unit lost the last bytes: the strongest option everywhere
+        return tuple(min(options, key=lambda o: (o.retained, _rank(o))).name for options in menu)
+    return _refine(menu, best.names, base_bytes, budget_bytes)
 
 
 def _check_reachable(menu: Sequence[Sequence[Option]], base_bytes: int, budget_bytes: int) -> None:
@@ -154,94 +146,113 @@ def _check_reachable(menu: Sequence[Sequence[Option]], base_bytes: int, budget_b
     )
 
 
-def _rank(option: Option) -> tuple[int, bool, int]:
+def _rank(option: Option) -> tuple[int, int, int]:
     """What an option adds to a plan's total: (cost, checkpointed or not, overhead), compared in order."""
-    return option.cost, not keeps_everything(option.name), option.overhead
+    return option.cost, int(not keeps_everything(option.name)), option.overhead
 
 
-def _quantised_plan(menu: Sequence[Sequence[Option]], none: list[int], required: int,
-                    quanta: int) -> tuple[str, ...] | None:
-    """The options of least total whose savings, each rounded down to ``required / quanta`` bytes, reach
-    ``required``; None where the rounded savings cannot."""
-    unit = max(1, math.ceil(required / quanta))
-    target = math.ceil(required / unit)
-    best: list[_Total] = [(0, 0, 0)] + [_INFINITY] * target
-    history = []
-    for i, options in enumerate(menu):
-        step = [_INFINITY] * (target + 1)
-        picked: list[tuple[int, str] | None] = [None] * (target + 1)
-        for k, total in enumerate(best):
-            if total[0] == math.inf:
-                continue
-            for option in options:
-                reach = min(target, k + max(0, (none[i] - option.retained) // unit))
-                rank = _rank(option)
-                candidate = (total[0] + rank[0], total[1] + rank[1], total[2] + rank[2])
-                if candidate < step[reach]:
-                    step[reach] = candidate
-                    picked[reach] = (k, option.name)
-        best = step
-        history.append(picked)
-    if best[target] == _INFINITY:
-        return None
-    chosen: list[str] = []
-    k = target
-    for picked in reversed(history):
-        k, name = picked[k]
-        chosen.append(name)
-    return tuple(reversed(chosen))
+class Choice(NamedTuple):
+    """One choice of one group, as :func:`pareto_front` sees it.
+
+    Attributes:
+        name: What the plan records for the group.
+        gain: What a plan wants more of (bytes saved; recompute avoided).
+        total: What it wants less of, added up over the groups and compared in order (a plan's cost).
+    """
+
+    name: str
+    gain: int
+    total: tuple[int, ...]
 
 
-def _exact_plan(menu: Sequence[Sequence[Option]], none: list[int], required: int,
-                max_states: int) -> tuple[str, ...] | None:
-    """The options of least total that save at least ``required`` bytes, over their exact bytes; None where a
-    front grows beyond ``max_states``.
+class FrontState(NamedTuple):
+    """One point of a Pareto front: per group its choice's name, and what they add up to."""
 
-    After each block the states are the plans' savings so far (capped at ``required``: beyond it, saving more is
-    worth nothing) and their least total; a state that saves less at no lower total than another is dropped, since
-    whatever the later blocks add, the other does at least as well; so is an option another beats
-    (:func:`_undominated`)."""
-    front: dict[int, tuple[_Total, Any]] = {0: ((0, 0, 0), None)}
-    history = []
-    for i, options in enumerate(menu):
-        step: dict[int, tuple[_Total, Any]] = {}
-        useful = _undominated(options, none[i])
-        for saved, (total, _) in front.items():
-            for name, bytes_, rank in useful:
-                reach = min(required, saved + none[i] - bytes_)
-                candidate = (total[0] + rank[0], total[1] + rank[1], total[2] + rank[2])
-                if reach not in step or candidate < step[reach][0]:
-                    step[reach] = (candidate, (saved, name))
-        front, least = {}, None
-        for saved in sorted(step, reverse=True):  # Pareto: each state cheaper than every state saving more
-            if least is None or step[saved][0] < least:
-                front[saved], least = step[saved], step[saved][0]
+    gain: int
+    total: tuple[int, ...]
+    names: tuple[str, ...]
+
+
+def pareto_front(groups: Sequence[Sequence[Choice]], *, cap: int | None = None, quanta: int = QUANTA,
+                 max_states: int = MAX_STATES) -> list[FrontState]:
+    """The plans (one choice per group) that no other beats, by increasing gain: each with the least total of the
+    plans that gain at least as much (the one knapsack of every planner and of the op frontier).
+
+    Built group by group: the states are the plans so far, keyed by their gain (capped at ``cap``: beyond it,
+    gaining more is worth nothing); a state that gains less at no lower total than another is dropped, since
+    whatever the later groups add, the other does at least as well. Ties between equal totals go to the plan whose
+    later groups gain more, compared from the last group back. Where a front holds more than ``max_states`` states,
+    it keeps the best state per unit of ``cap / quanta`` (without a cap, of the most the groups can gain): every
+    state keeps its exact gain and total, so a plan never claims more than it gains, but the cheapest plan can be
+    missed by a few units (:func:`solve_menu` then moves single blocks to cheaper options).
+    """
+    span = cap if cap is not None else sum(max(choice.gain for choice in choices) for choices in groups)
+    unit = max(1, math.ceil(span / quanta))
+    front = [_State(0, tuple(0 for _ in groups[0][0].total) if groups else (), (), ())]
+    for choices in groups:
+        useful = _undominated(choices)
+        best: dict[int, _State] = {}
+        for state in front:
+            for choice in useful:
+                gain = state.gain + choice.gain if cap is None else min(cap, state.gain + choice.gain)
+                total = tuple(map(operator.add, state.total, choice.total))
+                held = best.get(gain)
+                if held is not None and total > held.total:
+                    continue
+                order = (-choice.gain,) + state.order
+                if held is None or (total, order) < held.key:
+                    best[gain] = _State(gain, total, order, state.names + (choice.name,))
+        front = _pareto(best.values())
         if len(front) > max_states:
-            return None
-        history.append(front)
-    if required not in front:
-        return None
-    chosen, saved = [], required
-    for states in reversed(history):
-        saved, name = states[saved][1]
-        chosen.append(name)
-    return tuple(reversed(chosen))
+            front = _pareto(_bucketed(front, unit, cap))
+    # a state kept for the tie order alone (as much total as one that gains more) is no point of the front
+    points = [state for state, more in zip(front, [None, *front]) if more is None or state.total < more.total]
+    return [FrontState(state.gain, state.total, state.names) for state in reversed(points)]
 
 
-def _undominated(options: Sequence[Option], none: int) -> list[tuple[str, int, tuple[int, bool, int]]]:
-    """(name, bytes, rank) of the options no other option beats: none keeps fewer or as many bytes at a lower or
-    equal :func:`_rank`; an option keeping more than ``none`` never pays."""
-    kept: list[tuple[str, int, tuple[int, bool, int]]] = []
-    for option in sorted((o for o in options if o.retained <= none), key=lambda o: (o.retained, _rank(o))):
-        if not kept or _rank(option) < kept[-1][2]:
-            kept.append((option.name, option.retained, _rank(option)))
+class _State(NamedTuple):
+    gain: int
+    total: tuple[int, ...]
+    order: tuple[int, ...]  # the choices' gains negated, from the last group back: the tie order
+    names: tuple[str, ...]
+
+    @property
+    def key(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        return self.total, self.order
+
+
+def _pareto(states: Iterable[_State]) -> list[_State]:
+    """By decreasing gain, each state better than every state gaining more."""
+    front: list[_State] = []
+    for state in sorted(states, key=lambda s: s.gain, reverse=True):
+        if not front or state.key < front[-1].key:
+            front.append(state)
+    return front
+
+
+def _undominated(choices: Sequence[Choice]) -> list[Choice]:
+    """The choices no other choice of the group beats (as much gain or more at a lower or equal total)."""
+    kept: list[Choice] = []
+    for choice in sorted(choices, key=lambda c: (-c.gain, c.total)):
+        if not kept or choice.total < kept[-1].total:
+            kept.append(choice)
     return kept
+
+
+def _bucketed(front: list[_State], unit: int, cap: int | None) -> list[_State]:
+    """The best state per ``unit`` of gain; a state at ``cap`` keeps a bucket of its own."""
+    best: dict[tuple[int, bool], _State] = {}
+    for state in front:
+        bucket = (state.gain // unit, state.gain == cap)
+        if bucket not in best or state.key < best[bucket].key:
+            best[bucket] = state
+    return list(best.values())
 
 
 def _refine(menu: Sequence[Sequence[Option]], chosen: tuple[str, ...], base_bytes: int,
             budget_bytes: int) -> tuple[str, ...]:
-    """``chosen`` with single blocks moved to cheaper options while the exact bytes fit: the quantised programme
-    rounds each block's saving down to its byte unit, which can leave a cheaper plan unseen by a few KiB."""
+    """``chosen`` with single blocks moved to cheaper options while the exact bytes fit: a front that keeps one
+    state per unit can miss the cheapest plan by a few bytes."""
     current = [next(o for o in options if o.name == name) for options, name in zip(menu, chosen)]
     total = base_bytes + sum(option.retained for option in current)
     improved = True

@@ -95,7 +95,6 @@ def verified_plan(
     record: PlanRecord,
     measure: Callable[[CheckpointPlan], int] | None = None,
     extra_flops: int = 0,
-    exact: bool = False,
     rounds: int = VERIFY_ROUNDS,
 ) -> CheckpointPlan:
     """The cheapest plan on ``menu`` whose bytes, measured, fit ``budget_bytes`` (see the module's docstring).
@@ -108,7 +107,6 @@ def verified_plan(
         record: What the plan records besides its choice.
         measure: The candidate's retained bytes, measured; None: its prediction (a plan from an estimate).
         extra_flops: Recompute FLOPs the plan adds beyond its options' (a chunked head's).
-        exact: Passed to :func:`~hf_ckpt.solver.knapsack.solve_menu`.
         rounds: How many candidates to measure before no plan fits.
 
     Raises:
@@ -117,7 +115,7 @@ def verified_plan(
     """
     slack, measured = 0, 0
     for _ in range(rounds):
-        chosen = solve_menu(menu, base_bytes, budget_bytes - slack, exact=exact)
+        chosen = solve_menu(menu, base_bytes, budget_bytes - slack)
         options = [next(option for option in row if option.name == name) for row, name in zip(menu, chosen)]
         predicted = base_bytes + sum(option.retained for option in options)
         made = candidate(chosen)

@@ -3,16 +3,15 @@
 1. **Profile.** :func:`hf_ckpt.planning.planner.profile_blocks` measures each block's retained bytes and recompute FLOPs
    under the block-level strategies; :func:`profile_ops` profiles one block per twin group op by op.
 2. **Menu.** Each block's options: the block-level strategies, plus every point of its type's op-level frontier
-   (:func:`~hf_ckpt.strategies.oplevel.frontier`), predicted as ``full`` plus the kept bytes and ``full``'s recompute less the
+   (:func:`~hf_ckpt.planning.menus.frontier.frontier`), predicted as ``full`` plus the kept bytes and ``full``'s recompute less the
    avoided recompute; points that avoid no FLOPs are left out (they would trade plain checkpointing for per-op
    selective dispatch to save elementwise work only). An option's cost is its recompute FLOPs plus its recompute elementwise output elements (one
    each, :mod:`hf_ckpt.meters.flops`): ``none`` costs 0, ``full`` the whole block's recompute, ``selective``
    the measured FLOPs plus the elementwise ops its policy does not keep (the op profile asks the policy).
 3. **Solve.** Through the one planning path of every planner, :func:`hf_ckpt.solver.verified.verified_plan`, the
-   one solver, :func:`hf_ckpt.solver.knapsack.solve_menu` with ``exact=True``: a multiple-choice
-   knapsack over blocks, solved exactly over the options' exact bytes (a Pareto front, block by block) or, where
-   that front grows too large (many blocks of many types), by dynamic programming over savings quantised *down*
-   (so memory is never understated), as the block-level planner does. Ties go to fewer checkpointed blocks, then
+   one solver, :func:`hf_ckpt.solver.knapsack.solve_menu`: a multiple-choice knapsack over blocks, solved over the
+   options' exact bytes (a Pareto front, block by block, which keeps one state per byte unit where it grows too
+   large: many blocks of many types), as for the block-level planner. Ties go to fewer checkpointed blocks, then
    to plain ``full`` over a selective policy (the options' overhead ranks: less dispatch overhead).
 4. **Verify.** The plan runs one step and its retained bytes are measured; on an overshoot the solver is asked for
    less, up to a few times (the same loop, error and plan record as the block-level planner's: ``made_for`` is
@@ -42,7 +41,7 @@ from hf_ckpt.planning.menus.outside import outside_option
 from hf_ckpt.planning.menus.partition import partition_options
 from hf_ckpt.strategies.partition.spec import Partition
 from hf_ckpt.strategies.oplevel.ops.profile import BlockOpProfile, capture_inputs, profile_block
-from hf_ckpt.strategies.oplevel.ops.frontier import MAX_POINTS, frontier
+from hf_ckpt.planning.menus.frontier import MAX_POINTS, frontier
 
 #: Tie-breaks between options of equal FLOPs: no checkpoint, then plain checkpointing, then selective contexts.
 _OVERHEAD = {"none": 0, "full": 1}
@@ -177,6 +176,5 @@ def plan_oplevel(
 
     return verified_plan(
         menu, base_bytes, budget_bytes, candidate=candidate, record=PlanRecord.of(block_profile, model),
-        exact=True,
         measure=lambda plan: measured_bytes(model, plan, sample_inputs, loss_fn, policy, dict(checkpoint_kwargs)),
     )

@@ -1,7 +1,8 @@
 """The ``"oplevel:<name>"`` kind: op-level activation budgets in eager mode, which op outputs each block keeps.
 ``spec`` is the registered kind, ``policy`` its runtime (:class:`OpPolicy`, applied through torch's selective
-checkpoint contexts), ``ops`` the op records (:func:`frontier`, :class:`BlockOpProfile`); the planner that chooses
-them is :mod:`hf_ckpt.planning.menus.oplevel` (``hf_ckpt.plan(..., strategies=(..., "oplevel"))``)."""
+checkpoint contexts), ``ops`` the op records (:class:`BlockOpProfile`); the planner that chooses them is
+:mod:`hf_ckpt.planning.menus.oplevel` (``hf_ckpt.plan(..., strategies=(..., "oplevel"))``), from the op sets of
+:mod:`hf_ckpt.planning.menus.frontier`."""
 
 from __future__ import annotations
 
@@ -16,8 +17,6 @@ _EXPORTS = {
     "op_key": ".policy",
     "BlockOpProfile": ".ops.profile",
     "OpRecord": ".ops.profile",
-    "FrontierPoint": ".ops.frontier",
-    "frontier": ".ops.frontier",
 }
 
 __all__ = sorted(_EXPORTS)
@@ -25,7 +24,6 @@ __all__ = sorted(_EXPORTS)
 if TYPE_CHECKING:  # for type checkers and the API docs: the same names, imported eagerly
     from hf_ckpt.strategies.oplevel.policy import OpPolicy, op_key
     from hf_ckpt.strategies.oplevel.ops.profile import BlockOpProfile, OpRecord
-    from hf_ckpt.strategies.oplevel.ops.frontier import FrontierPoint, frontier
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 

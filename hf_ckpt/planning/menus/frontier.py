@@ -11,18 +11,16 @@ and only those no later op writes into in place and that do not themselves write
 with the input, not with the saved return value). Candidates whose outputs share a storage (views of one
 another) are merged into one item, since keeping either keeps the storage: an item's weight is the bytes of its
 distinct fresh storages, its value the recompute cost it avoids. Items are independent: SAC's recompute runs
-every op that is not saved, whatever else is saved, so values add up (see :mod:`._profile`).
+every op that is not saved, whatever else is saved, so values add up (see
+:mod:`hf_ckpt.strategies.oplevel.ops.profile`).
 
-**Frontier.** For each byte cap, the most FLOPs a set of items within the cap avoids: a 0/1 knapsack.
-
-* With at most :data:`EXACT_ITEMS` items (a transformer block has 5 to 10: the projections, the attention
-  matmuls or the fused attention op, the MLP matmuls) every subset is enumerated and the Pareto frontier is
-  **exact**.
-* With more (a transformer block once its elementwise ops count: 20 to 32), a dynamic program over byte weights rounded *up*
-  to ``unit = total bytes / QUANTA`` gives, for every cap ``C``, a set that fits ``C`` (rounding up never
-  understates memory) and avoids at least as much recompute as the best set that fits ``C - n * unit`` (each of
-  the ``n`` items loses under one unit): **within n units of exact**, i.e. at most ``n / QUANTA`` of the block's
-  savable bytes.
+**Frontier.** For each byte cap, the most recompute a set of items within the cap avoids: a 0/1 knapsack, solved
+by the planners' one routine, :func:`hf_ckpt.solver.knapsack.pareto_front`, each item a group of two choices (leave
+it, or keep it: its avoided cost gained at its bytes and its ops). Item by item it keeps the Pareto front of
+(avoided cost; least bytes, then fewer kept ops, then the earlier ops): **exact** on a transformer block (5 to 10
+items for the matmuls alone; 20 to 32 once elementwise ops count). Beyond
+:data:`~hf_ckpt.solver.knapsack.MAX_STATES` points it keeps the best point per 1/4096 of the avoidable cost, each
+with its exact bytes and cost.
 
 The planner offers every frontier point to every block of the type; beyond :data:`MAX_POINTS` points the frontier
 is thinned to the best point under each of :data:`MAX_POINTS` evenly spaced byte caps (so a cap between two kept
@@ -32,15 +30,11 @@ FLOP saving: every change of the kept matmuls stays on offer exactly.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
+from hf_ckpt.solver.knapsack import Choice, pareto_front
 from hf_ckpt.strategies.oplevel.ops.profile import BlockOpProfile
 
-#: Up to this many items, the frontier is found by enumerating every subset.
-EXACT_ITEMS = 16
-#: Byte resolution of the dynamic program used beyond :data:`EXACT_ITEMS`.
-QUANTA = 4096
 #: At most this many frontier points per block type are offered to the planner.
 MAX_POINTS = 64
 
@@ -99,16 +93,6 @@ def _point(profile: BlockOpProfile, keys: tuple[str, ...]) -> FrontierPoint:
     return FrontierPoint(keys, profile.saved_bytes(keys), profile.saved_flops(keys), profile.saved_elementwise(keys))
 
 
-def _pareto(points: list[FrontierPoint]) -> list[FrontierPoint]:
-    """Keep the points no other point beats (fewer or equal bytes and more avoided cost), by increasing bytes."""
-    points.sort(key=lambda p: (p.bytes, -p.avoided_cost, len(p.saved)))
-    frontier: list[FrontierPoint] = []
-    for point in points:
-        if not frontier or point.avoided_cost > frontier[-1].avoided_cost:
-            frontier.append(point)
-    return frontier
-
-
 def _thinned(points: list[FrontierPoint], limit: int) -> list[FrontierPoint]:
     """The best point under each of ``limit`` evenly spaced byte caps, plus the smallest point of each distinct
     FLOP saving (the corners where the kept matmuls change, which carry almost all of the value)."""
@@ -130,41 +114,6 @@ def _thinned(points: list[FrontierPoint], limit: int) -> list[FrontierPoint]:
     return sorted(kept.values(), key=lambda point: point.bytes)
 
 
-def _exact(items: list[tuple[tuple[str, ...], int, int]]) -> list[tuple[str, ...]]:
-    points = []
-    for mask in range(1 << len(items)):
-        keys: list[str] = []
-        size = cost = 0
-        for i, (item_keys, item_bytes, item_cost) in enumerate(items):
-            if mask >> i & 1:
-                keys.extend(item_keys)
-                size += item_bytes
-                cost += item_cost
-        points.append(FrontierPoint(tuple(keys), size, cost))
-    return [point.saved for point in _pareto(points)]
-
-
-def _dynamic(items: list[tuple[tuple[str, ...], int, int]]) -> list[tuple[str, ...]]:
-    total = sum(size for _, size, _ in items)
-    unit = max(1, math.ceil(total / QUANTA))
-    weights = [math.ceil(size / unit) for _, size, _ in items]
-    capacity = sum(weights)
-    best: list[tuple[int, tuple[int, ...]] | None] = [None] * (capacity + 1)
-    best[0] = (0, ())
-    for i, ((_, _, flops), weight) in enumerate(zip(items, weights)):
-        for cap in range(capacity, weight - 1, -1):
-            previous = best[cap - weight]
-            if previous is not None and (best[cap] is None or previous[0] + flops > best[cap][0]):
-                best[cap] = (previous[0] + flops, previous[1] + (i,))
-    points = []
-    for entry in best:
-        if entry is not None:
-            chosen = entry[1]
-            keys = tuple(key for i in chosen for key in items[i][0])
-            points.append(FrontierPoint(keys, sum(items[i][1] for i in chosen), entry[0]))
-    return [point.saved for point in _pareto(points)]
-
-
 def frontier(profile: BlockOpProfile, *, max_points: int | None = None) -> list[FrontierPoint]:
     """The memory / avoided-recompute Pareto frontier of ``profile``'s block type, from saving nothing upwards.
 
@@ -173,6 +122,12 @@ def frontier(profile: BlockOpProfile, *, max_points: int | None = None) -> list[
         max_points: Thin the frontier to at most this many points (plus its ends); None keeps every point.
     """
     items = _items(profile)
-    sets = _exact(items) if len(items) <= EXACT_ITEMS else _dynamic(items)
-    points = [_point(profile, keys) for keys in sets]
+    # last item first: where op sets tie, the one that keeps the earlier ops (the front's ties favour later groups)
+    groups = [[Choice("", 0, (0, 0)), Choice("kept", cost, (size, len(keys)))] for keys, size, cost in reversed(items)]
+    points = [_point(profile, tuple(key for (keys, _, _), name in zip(items, reversed(state.names)) if name
+                                    for key in keys))
+              for state in pareto_front(groups)]
+    # a point is kept where no point of as few bytes avoids more (the front ranks fewer kept ops below bytes)
+    points = [point for point, following in zip(points, points[1:] + [None])
+              if following is None or following.bytes > point.bytes]
     return points if max_points is None else _thinned(points, max_points)
