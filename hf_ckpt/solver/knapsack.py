@@ -122,7 +122,7 @@ def solve_menu(menu: Sequence[Sequence[Option]], base_bytes: int, budget_bytes: 
     required = base_bytes + sum(none) - budget_bytes
     if required <= 0:
         return (NONE,) * len(menu)
-    _check_reachable(menu, base_bytes, budget_bytes)
+    _check_reachable(menu, base_bytes + sum(none), base_bytes, budget_bytes)
     groups = [[Choice(option.name, saved - option.retained, _rank(option)) for option in options]
               for options, saved in zip(menu, none)]
     best = pareto_front(groups, cap=required, quanta=quanta, max_states=max_states)[-1]
@@ -131,12 +131,12 @@ def solve_menu(menu: Sequence[Sequence[Option]], base_bytes: int, budget_bytes: 
     return _refine(menu, best.names, base_bytes, budget_bytes)
 
 
-def _check_reachable(menu: Sequence[Sequence[Option]], base_bytes: int, budget_bytes: int) -> None:
-    """ValueError where even every block's smallest option retains more than ``budget_bytes``."""
+def _check_reachable(menu: Sequence[Sequence[Option]], baseline: int, base_bytes: int, budget_bytes: int) -> None:
+    """ValueError where even every block's smallest option retains more than ``budget_bytes`` (``baseline``: the
+    bytes of ``"none"`` everywhere, for the message)."""
     smallest = base_bytes + sum(min(option.retained for option in options) for options in menu)
     if smallest <= budget_bytes:
         return
-    baseline = base_bytes + sum(next(o.retained for o in options if keeps_everything(o.name)) for options in menu)
     kinds = dict.fromkeys(kind_of(option.name) for options in menu for option in options)
     raise ValueError(
         f"no plan fits a budget of {_mib(budget_bytes)} "

@@ -3,11 +3,12 @@
 1. **Profile.** :func:`hf_ckpt.planning.planner.profile_blocks` measures each block's retained bytes and recompute FLOPs
    under the block-level strategies; :func:`profile_ops` profiles one block per twin group op by op.
 2. **Menu.** Each block's options: the block-level strategies, plus every point of its type's op-level frontier
-   (:func:`~hf_ckpt.planning.menus.frontier.frontier`), predicted as ``full`` plus the kept bytes and ``full``'s recompute less the
-   avoided recompute; points that avoid no FLOPs are left out (they would trade plain checkpointing for per-op
-   selective dispatch to save elementwise work only). An option's cost is its recompute FLOPs plus its recompute elementwise output elements (one
-   each, :mod:`hf_ckpt.meters.flops`): ``none`` costs 0, ``full`` the whole block's recompute, ``selective``
-   the measured FLOPs plus the elementwise ops its policy does not keep (the op profile asks the policy).
+   (:func:`~hf_ckpt.planning.menus.frontier.frontier`), predicted as ``full`` plus the kept bytes and ``full``'s
+   recompute less the avoided recompute; points that avoid no FLOPs are left out (they would trade plain
+   checkpointing for per-op selective dispatch to save elementwise work only). An option's cost is its recompute
+   FLOPs plus its recompute elementwise output elements (one each, :mod:`hf_ckpt.meters.flops`): ``none`` costs
+   0, ``full`` the whole block's recompute, ``selective`` the measured FLOPs plus the elementwise ops its policy does
+   not keep (the op profile asks the policy).
 3. **Solve.** Through the one planning path of every planner, :func:`hf_ckpt.solver.verified.verified_plan`, the
    one solver, :func:`hf_ckpt.solver.knapsack.solve_menu`: a multiple-choice knapsack over blocks, solved over the
    options' exact bytes (a Pareto front, block by block, which keeps one state per byte unit where it grows too
